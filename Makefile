@@ -1,0 +1,25 @@
+# `make bench` and `make test` each do the whole set-up (a .venv with colo-data
+# installed) on a fresh machine, and skip it when it is already done.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: bench test benchmarks clean
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(VENV)/bin/colo-data demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+benchmarks: $(STAMP)
+	$(VENV)/bin/python benchmarks/core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,81 @@
+"""Batches as a dict of column arrays, and the conversions between Arrow tables, column
+dicts and per-record dicts. Fixed-width columns become numpy arrays (zero-copy where
+Arrow allows); variable-width ones (lists, strings, columns with nulls) stay `pyarrow`
+arrays until a transform turns them into fixed shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Column: TypeAlias = np.ndarray | pa.Array
+Columns: TypeAlias = dict[str, Column]
+
+
+def _numpy_or_arrow(array: pa.Array) -> Column:
+    kind = array.type
+    if array.null_count == 0:
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            return array.to_numpy(zero_copy_only=False)
+        if pa.types.is_fixed_size_list(kind) and array.flatten().null_count == 0:
+            inner = _numpy_or_arrow(array.flatten())
+            if isinstance(inner, np.ndarray):
+                return inner.reshape(len(array), kind.list_size, *inner.shape[1:])
+    return array
+
+
+def table_to_columns(table: pa.Table) -> Columns:
+    """One column array per table column, numpy where the column is fixed-width."""
+    return {name: _numpy_or_arrow(table.column(name).combine_chunks()) for name in table.column_names}
+
+
+def _row_values(column: Column) -> Sequence[Any]:
+    """The column's rows as Python-level values: numpy rows, or numpy arrays for lists."""
+    if isinstance(column, np.ndarray):
+        return column
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and column.null_count == 0:
+        values = column.flatten()
+        value_type = values.type
+        if values.null_count == 0 and (
+            pa.types.is_integer(value_type) or pa.types.is_floating(value_type) or pa.types.is_boolean(value_type)
+        ):
+            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            return np.split(values.to_numpy(zero_copy_only=False), np.cumsum(lengths)[:-1])
+    return column.to_pylist()
+
+
+def to_records(columns: Mapping[str, Column]) -> list[dict[str, Any]]:
+    """Split a column dict into one dict per row (the per-record transform path)."""
+    rows = {name: _row_values(col) for name, col in columns.items()}
+    count = len(next(iter(rows.values()))) if rows else 0
+    return [{name: values[i] for name, values in rows.items()} for i in range(count)]
+
+
+def _stack(name: str, values: list[Any]) -> Column:
+    if all(isinstance(v, np.ndarray) for v in values):
+        shapes = {v.shape for v in values}
+        if len(shapes) == 1:
+            return np.stack(values)
+        if all(v.ndim == 1 for v in values):
+            lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            flat = np.concatenate(values) if values else np.empty(0)
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        raise ValueError(f"column {name!r}: records hold arrays of shapes {sorted(shapes)[:3]}, which do not stack")
+    if all(isinstance(v, (bool, int, float, np.generic)) for v in values):
+        return np.asarray(values)
+    return pa.array(values)
+
+
+def from_records(records: Sequence[Mapping[str, Any]]) -> Columns:
+    """Stack per-record dicts back into a column dict (inverse of `to_records`)."""
+    if not records:
+        return {}
+    return {name: _stack(name, [r[name] for r in records]) for name in records[0]}

@@ -1,0 +1,130 @@
+"""The global order: which record sits at each position of each epoch, computable for any
+position without materialising the epoch, and the host slices of a global batch."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from grain.experimental import index_shuffle
+
+from colo_data.errors import ConfigError
+
+Shuffle = Literal["none", "global", "block"]
+_SHUFFLES = ("none", "global", "block")
+_INDEX_SHUFFLE_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class Order:
+    """How records are ordered in each epoch.
+
+    `none`: file order. `global`: an exact uniform permutation per epoch (Grain's
+    `index_shuffle`, O(1) memory). `block`: row groups permuted per epoch, records shuffled
+    inside windows of `window` row groups, so a batch reads at most `window` row groups
+    (plus the next window's at a boundary). Every mode is a bijection reseeded per epoch.
+    """
+
+    shuffle: Shuffle = "none"
+    seed: int = 0
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        if self.shuffle not in _SHUFFLES:
+            raise ConfigError(f"Order(shuffle={self.shuffle!r}): allowed values are {', '.join(_SHUFFLES)}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"Order(seed={self.seed!r}): must be an int in [0, 2**63)")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ConfigError(f"Order(window={self.window!r}): must be a positive number of row groups")
+
+    def describe(self) -> str:
+        """The order's identity without the seed, as saved in a loader state."""
+        return f"block:{self.window}" if self.shuffle == "block" else self.shuffle
+
+    def bind(self, row_group_sizes: np.ndarray) -> GlobalOrder:
+        return GlobalOrder(self, np.asarray(row_group_sizes, dtype=np.int64))
+
+
+def _epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, epoch, *more])
+
+
+class GlobalOrder:
+    """`Order` bound to a source's row-group layout: maps (epoch, positions) to record indices."""
+
+    _WINDOW_CACHE = 4
+
+    def __init__(self, order: Order, row_group_sizes: np.ndarray) -> None:
+        self.order = order
+        self._sizes = row_group_sizes
+        self._rg_start = np.concatenate([[0], np.cumsum(row_group_sizes)]).astype(np.int64)
+        self._len = int(self._rg_start[-1])
+        self._epoch_layout: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._windows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Record index at each position (in `[0, len)`) of `epoch`."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.order.shuffle == "none":
+            return positions.copy()
+        if self.order.shuffle == "global":
+            seed = int(_epoch_seed(self.order.seed, epoch).generate_state(1)[0])
+            top = self._len - 1
+            return np.fromiter(
+                (index_shuffle(int(p), max_index=top, seed=seed, rounds=_INDEX_SHUFFLE_ROUNDS) for p in positions),
+                dtype=np.int64,
+                count=len(positions),
+            )
+        return self._block(epoch, positions)
+
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's row-group permutation and the first position of each window."""
+        if self._epoch_layout is None or self._epoch_layout[0] != epoch:
+            perm = np.random.default_rng(_epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
+            window_sizes = np.add.reduceat(self._sizes[perm], np.arange(0, len(perm), self.order.window))
+            starts = np.concatenate([[0], np.cumsum(window_sizes)]).astype(np.int64)
+            self._epoch_layout = (epoch, perm, starts)
+        return self._epoch_layout[1], self._epoch_layout[2]
+
+    def _window_perm(self, epoch: int, window: int, size: int) -> np.ndarray:
+        key = (epoch, window)
+        perm = self._windows.get(key)
+        if perm is None:
+            perm = np.random.default_rng(_epoch_seed(self.order.seed, epoch, window)).permutation(size)
+            self._windows[key] = perm
+            if len(self._windows) > self._WINDOW_CACHE:
+                self._windows.popitem(last=False)
+        return perm
+
+    def _block(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        perm, starts = self._layout(epoch)
+        windows = np.searchsorted(starts, positions, side="right") - 1
+        out = np.empty_like(positions)
+        w_size = self.order.window
+        for window in np.unique(windows):
+            mask = windows == window
+            groups = perm[window * w_size : (window + 1) * w_size]
+            inner = self._window_perm(epoch, int(window), int(starts[window + 1] - starts[window]))
+            local = inner[positions[mask] - starts[window]]
+            group_starts = np.concatenate([[0], np.cumsum(self._sizes[groups])])
+            k = np.searchsorted(group_starts, local, side="right") - 1
+            out[mask] = self._rg_start[groups[k]] + local - group_starts[k]
+        return out
+
+
+def host_rows(global_batch_size: int, host: int, hosts: int) -> tuple[int, int]:
+    """Row range `[start, stop)` of a global batch that host `host` of `hosts` serves."""
+    if hosts < 1 or not 0 <= host < hosts:
+        raise ConfigError(f"host {host} of {hosts}: need 0 <= host < hosts and hosts >= 1")
+    if global_batch_size % hosts:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not divisible by {hosts} hosts: "
+            f"use a multiple of {hosts} (e.g. {global_batch_size - global_batch_size % hosts or hosts})."
+        )
+    per_host = global_batch_size // hosts
+    return host * per_host, (host + 1) * per_host
