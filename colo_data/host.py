@@ -74,8 +74,25 @@ class HostPipeline:
             indices[mask] = self.order.indices(int(epoch), positions[mask])
         return indices
 
+    def _read_ahead(self, batch_position: int) -> None:
+        """Ask the source to decode what the batch one locality span ahead will read; every
+        eighth of that span is often enough not to miss a row group."""
+        prefetch = getattr(self.pipeline.source, "prefetch", None)
+        size = self.pipeline.global_batch_size
+        ahead = -(-self.order.locality // size) * size
+        total = self.pipeline.total_records
+        if (
+            prefetch is None
+            or not ahead
+            or (batch_position // size) % max(1, ahead // (8 * size))
+            or (total is not None and batch_position + ahead + size > total)
+        ):
+            return
+        prefetch(self.record_indices(batch_position + ahead))
+
     def batch(self, batch_position: int) -> HostBatch:
         """This host's piece of the global batch that starts at stream `batch_position`."""
+        self._read_ahead(batch_position)
         indices = self.record_indices(batch_position)
         columns = table_to_columns(self.pipeline.source.take(indices))
         if self.pipeline.index_column is not None:

@@ -67,6 +67,13 @@ class GlobalOrder:
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def locality(self) -> int:
+        """Positions over which reads stay in the same few row groups: how far ahead it pays
+        to start decoding (0 for `global`, where every batch reads anywhere)."""
+        largest = int(self._sizes.max(initial=0))
+        return {"none": largest, "block": self.order.window * largest, "global": 0}[self.order.shuffle]
+
     def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Record index at each position (in `[0, len)`) of `epoch`."""
         positions = np.asarray(positions, dtype=np.int64)

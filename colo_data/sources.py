@@ -7,7 +7,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import posixpath
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +18,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from colo_data.columns import table_to_columns, to_records
+from colo_data.gather import gather
+from colo_data.rowgroup_cache import RowGroupCache
 from colo_data.errors import CorruptFileError, RecordIndexError, SchemaError, SourceError
 
 _PARQUET_MAGIC = b"PAR1"
@@ -110,9 +111,10 @@ def _detect_format(fs: pafs.FileSystem, path: str) -> str:
 
 
 def _open(fs: pafs.FileSystem, path: str, fmt: str) -> pq.ParquetFile | ipc.RecordBatchFileReader:
+    local = isinstance(fs, pafs.LocalFileSystem)
     if fmt == "parquet":
-        return pq.ParquetFile(fs.open_input_file(path))
-    if isinstance(fs, pafs.LocalFileSystem):
+        return pq.ParquetFile(path, memory_map=True) if local else pq.ParquetFile(fs.open_input_file(path))
+    if local:
         return ipc.open_file(pa.memory_map(path))
     return ipc.open_file(fs.open_input_file(path))
 
@@ -138,17 +140,18 @@ def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
 class ArrowSource:
     """Parquet / Arrow IPC files as one table of records with a global index (files sorted by
     path, rows in file order). Random access (`len`, `[i]`) makes it a Grain data source;
-    `take` is the fast path. Picklable: files re-open lazily in the new process."""
+    `take` is the fast path. Decoded row groups are cached up to `cache_bytes`.
+    Picklable: files re-open lazily in the new process."""
 
     def __init__(
         self,
         paths: str | Sequence[str],
         columns: Sequence[str] | None = None,
         filesystem: pafs.FileSystem | None = None,
-        cache_row_groups: int = 16,
+        cache_bytes: int = 512 * 2**20,
     ) -> None:
-        if cache_row_groups < 1:
-            raise SourceError(f"cache_row_groups={cache_row_groups}: must be at least 1")
+        if not isinstance(cache_bytes, int) or cache_bytes < 1:
+            raise SourceError(f"cache_bytes={cache_bytes!r}: must be a positive number of bytes of decoded row groups")
         patterns = [paths] if isinstance(paths, str) else list(paths)
         if not patterns:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
@@ -167,14 +170,14 @@ class ArrowSource:
         self._files = [f for f, _ in inspected]
         self.schema = self._check_schemas(inspected, columns)
         self.columns = tuple(self.schema.names)
-        self._cache_size = cache_row_groups
+        self._cache_bytes = cache_bytes
         sizes = [(i, g, n) for i, f in enumerate(self._files) for g, n in enumerate(f.row_groups)]
         self._rg_file = np.array([i for i, _, _ in sizes], dtype=np.int64)
         self._rg_local = np.array([g for _, g, _ in sizes], dtype=np.int64)
         self._rg_sizes = np.array([n for _, _, n in sizes], dtype=np.int64)
         self._rg_start = np.concatenate([[0], np.cumsum(self._rg_sizes)]).astype(np.int64)
         self._readers: dict[int, Any] = {}
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache: RowGroupCache | None = None
 
     @staticmethod
     def _check_schemas(inspected: list[tuple[_File, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
@@ -198,7 +201,7 @@ class ArrowSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_readers"], state["_cache"] = {}, OrderedDict()
+        state["_readers"], state["_cache"] = {}, None
         return state
 
     def __len__(self) -> int:
@@ -222,11 +225,7 @@ class ArrowSource:
         h.update(self.schema.to_string().encode())
         return h.hexdigest()[:16]
 
-    def _row_group(self, group: int) -> pa.Table:
-        table = self._cache.get(group)
-        if table is not None:
-            self._cache.move_to_end(group)
-            return table
+    def _decode(self, group: int) -> pa.Table:
         file_index, local = int(self._rg_file[group]), int(self._rg_local[group])
         file = self._files[file_index]
         try:
@@ -234,21 +233,30 @@ class ArrowSource:
             if reader is None:
                 reader = self._readers[file_index] = _open(self._fs, file.path, file.format)
             if file.format == "parquet":
-                table = reader.read_row_group(local, columns=list(self.columns))
+                table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
             else:
                 table = pa.Table.from_batches([reader.get_batch(local).select(list(self.columns))])
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptFileError(
                 f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file."
             ) from e
-        self._cache[group] = table
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return table
+        return table.combine_chunks()
+
+    @property
+    def _row_groups(self) -> RowGroupCache:
+        if self._cache is None:
+            self._cache = RowGroupCache(self._decode, self._cache_bytes)
+        return self._cache
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Start decoding, in the background, the row groups that these records live in."""
+        idx = np.asarray(indices, dtype=np.int64)
+        idx = idx[(idx >= 0) & (idx < len(self))]
+        self._row_groups.prefetch(np.unique(np.searchsorted(self._rg_start, idx, side="right") - 1).tolist())
 
     def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
         """The records at these global indices, in the order given: each needed row group is
-        read once (LRU cache) and sliced with one Arrow `take`."""
+        read once (LRU cache) and gathered with Arrow's `take` (see `colo_data.gather`)."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1:
             raise RecordIndexError(f"indices must be one-dimensional, got shape {idx.shape}")
@@ -259,18 +267,9 @@ class ArrowSource:
         if idx.size == 0:
             return self.schema.empty_table()
         groups = np.searchsorted(self._rg_start, idx, side="right") - 1
-        by_group = np.argsort(groups, kind="stable")
-        cuts = np.flatnonzero(np.diff(groups[by_group])) + 1
-        pieces = []
-        for chunk in np.split(by_group, cuts):
-            group = int(groups[chunk[0]])
-            pieces.append(self._row_group(group).take(idx[chunk] - self._rg_start[group]))
-        gathered = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        if len(pieces) == 1 and np.all(by_group[:-1] < by_group[1:]):
-            return gathered
-        inverse = np.empty_like(by_group)
-        inverse[by_group] = np.arange(len(by_group))
-        return gathered.take(inverse)
+        needed, group_of = np.unique(groups, return_inverse=True)
+        tables = [self._row_groups.get(int(g)) for g in needed]
+        return gather(tables, group_of, idx - self._rg_start[groups])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """One record as a dict: numpy arrays for numeric lists, Python values otherwise."""

@@ -11,7 +11,6 @@ from typing import Any
 import grain
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from colo_data.columns import Column, Columns, from_records, to_records
 from colo_data.errors import TransformError
@@ -31,17 +30,14 @@ def _padded(column: Column, length: int, pad_value: int | float, name: str) -> n
         column = column.combine_chunks()
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         raise TransformError(f"pad_or_truncate({name!r}): column is {column.type}, expected a list column")
-    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    values = column.flatten()
-    if values.null_count:
-        raise TransformError(f"pad_or_truncate({name!r}): the lists hold nulls; fill them first (pyarrow.compute.fill_null)")
-    flat = values.to_numpy(zero_copy_only=False)
-    starts = np.cumsum(lengths) - lengths
-    keep = np.minimum(lengths, length)
-    out = np.full((len(lengths), length), pad_value, dtype=flat.dtype)
-    mask = np.arange(length)[None, :] < keep[:, None]
-    out[mask] = flat[(starts[:, None] + np.arange(length)[None, :])[mask]]
-    return out
+    if column.null_count or column.values.null_count:
+        raise TransformError(f"pad_or_truncate({name!r}): the column holds nulls; fill them first (pyarrow.compute.fill_null)")
+    offsets = column.offsets.to_numpy()
+    flat = column.values.to_numpy()
+    starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
+    steps = np.arange(length)
+    taken = np.take(flat, starts[:, None] + steps[None, :], mode="clip") if len(flat) else np.zeros((len(starts), length), flat.dtype)
+    return np.where(steps[None, :] < lengths[:, None], taken, np.asarray(pad_value, dtype=flat.dtype))
 
 
 @dataclass(frozen=True)

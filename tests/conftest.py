@@ -1,0 +1,25 @@
+"""Shared fixtures. JAX gets 4 CPU devices (set before JAX starts) so that meshes with a
+real data axis exist on a CPU-only machine."""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from absl import flags  # noqa: E402
+
+flags.FLAGS.mark_as_parsed()
+
+from colo_data import demo  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def token_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo-like corpus: 3 Parquet files of 40 rows, row groups of 7 (uneven: the
+    last group of each file is short), token lists of 1..12 items, ids = global indices."""
+    return demo.write_corpus(
+        tmp_path_factory.mktemp("tokens"), files=3, rows_per_file=40, row_group_size=7, min_tokens=1, max_tokens=12
+    )
