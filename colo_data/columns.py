@@ -47,6 +47,8 @@ def _row_values(column: Column) -> Sequence[Any]:
             pa.types.is_integer(value_type) or pa.types.is_floating(value_type) or pa.types.is_boolean(value_type)
         ):
             lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            if not len(lengths):  # np.split would give one empty row for zero rows
+                return []
             return np.split(values.to_numpy(zero_copy_only=False), np.cumsum(lengths)[:-1])
     return column.to_pylist()
 

@@ -66,8 +66,12 @@ class HostPipeline:
         """Global record indices of this host's rows of the global batch that starts at
         stream position `batch_position` (a batch may straddle two epochs)."""
         first, stop = self.rows
+        records = self.pipeline.records_per_epoch
+        epoch, offset = divmod(batch_position + first, records)
+        if offset + stop - first <= records:  # the usual case: one epoch
+            return self.order.indices(epoch, np.arange(offset, offset + stop - first, dtype=np.int64))
         stream = np.arange(batch_position + first, batch_position + stop, dtype=np.int64)
-        epochs, positions = np.divmod(stream, self.pipeline.records_per_epoch)
+        epochs, positions = np.divmod(stream, records)
         indices = np.empty_like(stream)
         for epoch in np.unique(epochs):
             mask = epochs == epoch

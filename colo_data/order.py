@@ -48,7 +48,10 @@ class Order:
 
 
 def _epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
-    return np.random.SeedSequence([seed, epoch, *more])
+    # The seed is the entropy and (epoch, *more) the spawn key: an entropy list like
+    # [seed, epoch, *more] is ambiguous (trailing zeros are ignored, so [s, e, 0] == [s, e],
+    # and a seed >= 2**32 spans two words, so [s + e * 2**32] == [s, e]).
+    return np.random.SeedSequence(seed, spawn_key=(epoch, *more))
 
 
 class GlobalOrder:

@@ -70,13 +70,15 @@ def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         except OSError:
             return []
-        depth = path.count("/")
+        pattern = path.lstrip("/")  # filesystems differ on whether the paths they list start with "/"
+        patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
+        depth = pattern.count("/")
         return [
             i.path
             for i in infos
             if i.type == pafs.FileType.File
-            and fnmatch.fnmatchcase(i.path, path)
-            and ("**" in path or i.path.count("/") == depth)
+            and any(fnmatch.fnmatchcase(i.path.lstrip("/"), p) for p in patterns)
+            and ("**" in path or i.path.lstrip("/").count("/") == depth)
         ]
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
@@ -130,7 +132,8 @@ def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
         else:
             sizes = tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             schema = reader.schema
-    except (pa.ArrowInvalid, OSError) as e:
+        schema.names  # decoded lazily: damaged metadata can hold names that are not UTF-8
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise CorruptFileError(
             f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
         ) from e
@@ -235,8 +238,10 @@ class ArrowSource:
             if file.format == "parquet":
                 table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
             else:
-                table = pa.Table.from_batches([reader.get_batch(local).select(list(self.columns))])
-        except (pa.ArrowInvalid, OSError) as e:
+                batch = reader.get_batch(local).select(list(self.columns))
+                batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
+                table = pa.Table.from_batches([batch])
+        except (pa.ArrowException, OSError) as e:
             raise CorruptFileError(
                 f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file."
             ) from e

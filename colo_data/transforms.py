@@ -11,6 +11,7 @@ from typing import Any
 import grain
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from colo_data.columns import Column, Columns, from_records, to_records
 from colo_data.errors import TransformError
@@ -30,14 +31,12 @@ def _padded(column: Column, length: int, pad_value: int | float, name: str) -> n
         column = column.combine_chunks()
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         raise TransformError(f"pad_or_truncate({name!r}): column is {column.type}, expected a list column")
-    if column.null_count or column.values.null_count:
+    if column.null_count or column.flatten().null_count:  # flatten(): only this slice's values
         raise TransformError(f"pad_or_truncate({name!r}): the column holds nulls; fill them first (pyarrow.compute.fill_null)")
-    offsets = column.offsets.to_numpy()
-    flat = column.values.to_numpy()
-    starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
-    steps = np.arange(length)
-    taken = np.take(flat, starts[:, None] + steps[None, :], mode="clip") if len(flat) else np.zeros((len(starts), length), flat.dtype)
-    return np.where(steps[None, :] < lengths[:, None], taken, np.asarray(pad_value, dtype=flat.dtype))
+    fixed = pc.list_slice(column, 0, length, return_fixed_size_list=True).flatten()  # short lists: null-padded
+    if fixed.null_count:
+        fixed = pc.fill_null(fixed, pa.scalar(pad_value).cast(fixed.type))  # cast: 0 pads a bool list
+    return fixed.to_numpy(zero_copy_only=False).reshape(len(column), length)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""Test helpers for pipelines: the checkpoint check every loader must pass, as Grain's
+`assert_equal_output_after_checkpoint`, across host and worker counts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from colo_data.loader import Loader
+
+
+def to_numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A global batch with every `jax.Array` copied to host memory."""
+    return {name: np.asarray(array) for name, array in batch.items()}
+
+
+def read_all(loader: Loader, steps: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The next `steps` batches (all that are left when None) as numpy, then close."""
+    with loader:
+        return [to_numpy(batch) for batch in itertools.islice(loader, steps)]
+
+
+def assert_batches_equal(expected: list[dict[str, np.ndarray]], actual: list[dict[str, np.ndarray]], what: str) -> None:
+    assert len(actual) == len(expected), f"{what}: {len(actual)} batches, expected {len(expected)}"
+    for step, (want, got) in enumerate(zip(expected, actual)):
+        assert want.keys() == got.keys(), f"{what}, batch {step}: columns {sorted(got)}, expected {sorted(want)}"
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{what}, batch {step}, column {name!r}")
+
+
+def assert_resumes_identically(
+    make_loader: Callable[[], Loader],
+    make_resumed: Callable[[int, dict[str, Any]], Loader],
+    steps: int | None = None,
+) -> None:
+    """Save the state after every step k of `make_loader()`'s stream (through JSON, as a
+    checkpoint would), restore it with `make_resumed(k, state)` (another host or worker
+    count, say), and check that the rest of the stream is identical."""
+    reference = read_all(make_loader(), steps)
+    for k in range(len(reference) + 1):
+        loader = make_loader()
+        with loader:
+            for _ in range(k):
+                next(loader)
+            state = json.loads(json.dumps(loader.get_state()))
+        rest = read_all(make_resumed(k, state), None if steps is None else len(reference) - k)
+        assert_batches_equal(reference[k:], rest, f"resumed after step {k} from state {state}")

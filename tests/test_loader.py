@@ -1,0 +1,297 @@
+"""The in-process Loader end to end on real Parquet files: exactly once, topology
+invariance, resume across host and worker counts, sharding, and its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grain
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+import colo_data as cd
+from colo_data import demo
+from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
+
+BATCH = 12  # divisible by 1, 2, 3 and 4 hosts and by the 4 test devices
+SHUFFLES = ("none", "global", "block")
+
+
+def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:
+    settings = dict(
+        source=cd.ArrowSource(str(corpus), columns=["id", "tokens"]),
+        order=cd.Order(shuffle=shuffle, seed=7, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=BATCH,
+        index_column="_index",
+    )
+    settings.update(overrides)
+    return cd.Pipeline(**settings)
+
+
+_epochs: dict[tuple[str, int, int], list[dict[str, np.ndarray]]] = {}
+
+
+def epoch(corpus: Path, shuffle: str, hosts: int, workers: int) -> list[dict[str, np.ndarray]]:
+    """One epoch's batches for a configuration, computed once per test session."""
+    key = (shuffle, hosts, workers)
+    if key not in _epochs:
+        _epochs[key] = read_all(cd.Loader(make_pipeline(corpus, shuffle), hosts=hosts, workers=workers))
+    return _epochs[key]
+
+
+def assert_exactly_once(batches: list[dict[str, np.ndarray]], records: int) -> None:
+    seen = np.concatenate([b["_index"] for b in batches])
+    assert len(seen) == records - records % BATCH, f"{len(seen)} records delivered"
+    assert len(np.unique(seen)) == len(seen), f"repeated records: {np.unique(seen, return_counts=True)}"
+    assert seen.min() >= 0 and seen.max() < records
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+@pytest.mark.parametrize("hosts", [1, 2, 3, 4])
+def test_exactly_once_in_process(token_corpus: Path, shuffle: str, hosts: int) -> None:
+    batches = epoch(token_corpus, shuffle, hosts, 0)
+    assert_exactly_once(batches, 120)
+    for b in batches:  # the gathered rows are the records the order named
+        np.testing.assert_array_equal(b["id"], b["_index"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("hosts", [1, 2, 3, 4])
+def test_exactly_once_with_workers(token_corpus: Path, hosts: int, workers: int) -> None:
+    assert_exactly_once(epoch(token_corpus, "block", hosts, workers), 120)
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_batches_do_not_depend_on_hosts(token_corpus: Path, shuffle: str) -> None:
+    reference = epoch(token_corpus, shuffle, 1, 0)
+    for hosts in (2, 4):
+        assert_batches_equal(reference, epoch(token_corpus, shuffle, hosts, 0), f"{shuffle}, {hosts} hosts")
+
+
+@pytest.mark.parametrize("hosts, workers", [(1, 1), (2, 1), (4, 2), (2, 2)])
+def test_batches_do_not_depend_on_workers(token_corpus: Path, hosts: int, workers: int) -> None:
+    reference = epoch(token_corpus, "block", 1, 0)
+    assert_batches_equal(reference, epoch(token_corpus, "block", hosts, workers), f"{hosts} hosts, {workers} workers")
+
+
+def test_shuffles_differ_from_file_order(token_corpus: Path) -> None:
+    plain = np.concatenate([b["_index"] for b in epoch(token_corpus, "none", 1, 0)])
+    np.testing.assert_array_equal(plain, np.arange(120))
+    for shuffle in ("global", "block"):
+        order = np.concatenate([b["_index"] for b in epoch(token_corpus, shuffle, 1, 0)])
+        assert not np.array_equal(order, plain), shuffle
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, shuffle: str) -> None:
+    """Saved by 1 host with no workers after every step of a 6-step run; restored by 2 or 4
+    hosts, with 1 worker per host at step 3 (worker pools take seconds to start)."""
+    pipeline = make_pipeline(token_corpus, shuffle)
+    reference = epoch(token_corpus, shuffle, 1, 0)[:6]
+    restored_hosts = [2, 4]
+
+    def resumed(k: int, state: dict) -> cd.Loader:
+        workers = 1 if k == 3 else 0
+        return cd.Loader(make_pipeline(token_corpus, shuffle), hosts=restored_hosts[k % 2], workers=workers, state=state)
+
+    assert_resumes_identically(lambda: cd.Loader(pipeline, hosts=1, workers=0), resumed, steps=6)
+    # and the state saved by a worker-backed loader is the same state
+    with cd.Loader(pipeline, hosts=1, workers=1) as loader:
+        for _ in range(3):
+            next(loader)
+        state = loader.get_state()
+    rest = read_all(cd.Loader(pipeline, hosts=4, state=state), 3)
+    assert_batches_equal(reference[3:6], rest, "resumed from a 1-worker loader's state")
+
+
+def test_state_is_small_json_and_host_independent(token_corpus: Path) -> None:
+    states = []
+    for hosts in (1, 2, 4):
+        with cd.Loader(make_pipeline(token_corpus), hosts=hosts) as loader:
+            for _ in range(3):
+                next(loader)
+            states.append(loader.get_state())
+    assert states[0] == states[1] == states[2]
+    encoded = json.dumps(states[0])
+    assert len(encoded.encode()) < 512, encoded
+    assert states[0]["position"] == 3 * BATCH and states[0]["epoch"] == 0
+
+
+def test_set_state_rewinds_a_running_loader(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus)
+    with cd.Loader(pipeline) as loader:
+        start = loader.get_state()
+        first = [np.asarray(next(loader)["_index"]) for _ in range(4)]
+        loader.set_state(start)
+        again = [np.asarray(next(loader)["_index"]) for _ in range(4)]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_epochs_reshuffle_and_each_epoch_is_exactly_once(token_corpus: Path) -> None:
+    batches = read_all(cd.Loader(make_pipeline(token_corpus, "global", epochs=2)))
+    seen = np.concatenate([b["_index"] for b in batches])
+    assert len(seen) == 240
+    first, second = seen[:120], seen[120:]
+    assert sorted(first) == sorted(second) == list(range(120))
+    assert not np.array_equal(first, second)
+
+
+def test_forever_crosses_epochs_and_resumes(token_corpus: Path) -> None:
+    """120 records in batches of 16: batch 7 straddles epochs 0 and 1."""
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, global_batch_size=16)
+    batches = read_all(cd.Loader(pipeline), 15)
+    seen = np.concatenate([b["_index"] for b in batches])
+    assert sorted(seen[:120]) == sorted(seen[120:240]) == list(range(120))
+    with cd.Loader(pipeline) as loader:
+        for _ in range(7):
+            next(loader)
+        state = loader.get_state()
+    assert (state["epoch"], state["position"]) == (0, 112)
+    assert_batches_equal(batches[7:], read_all(cd.Loader(pipeline, hosts=2, state=state), 8), "across the epoch boundary")
+    with cd.Loader(pipeline) as loader:
+        for _ in range(8):
+            next(loader)
+        assert loader.get_state()["epoch"] == 1 and loader.get_state()["position"] == 8
+
+
+def test_partial_last_batch_is_dropped(token_corpus: Path) -> None:
+    batches = read_all(cd.Loader(make_pipeline(token_corpus, global_batch_size=16)))
+    assert len(batches) == 120 // 16
+    assert all(b["tokens"].shape == (16, 8) for b in batches)
+
+
+def test_batches_are_sharded_over_the_mesh(token_corpus: Path) -> None:
+    assert jax.device_count() == 4
+    with cd.Loader(make_pipeline(token_corpus), hosts=2) as loader:
+        batch = next(loader)
+    tokens = batch["tokens"]
+    assert tokens.shape == (BATCH, 8) and tokens.dtype == np.int32
+    assert len(tokens.sharding.device_set) == 4
+    assert {s.data.shape for s in tokens.addressable_shards} == {(BATCH // 4, 8)}
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+    with cd.Loader(make_pipeline(token_corpus), mesh=mesh, partition_spec=PartitionSpec("data")) as loader:
+        other = next(loader)
+    assert {s.data.shape for s in other["tokens"].addressable_shards} == {(BATCH // 2, 8)}
+    np.testing.assert_array_equal(np.asarray(other["tokens"]), np.asarray(tokens))
+
+
+def test_grain_map_dataset_source_and_per_record_transform() -> None:
+    records = [{"x": np.arange(i % 5 + 1, dtype=np.int32), "y": float(i)} for i in range(48)]
+
+    class Double(grain.transforms.Map):
+        def map(self, record: dict) -> dict:
+            return {**record, "y": record["y"] * 2}
+
+    pipeline = cd.Pipeline(
+        source=grain.MapDataset.source(records),
+        order=cd.Order(shuffle="global", seed=1),
+        transforms=[cd.per_record(Double()), cd.pad_or_truncate("x", 3)],
+        global_batch_size=8,
+        index_column="i",
+    )
+    batches = read_all(cd.Loader(pipeline, hosts=2))
+    assert len(batches) == 6
+    index = np.concatenate([b["i"] for b in batches])
+    assert sorted(index) == list(range(48))
+    for b in batches:
+        np.testing.assert_array_equal(b["y"], 2.0 * b["i"])
+        for row, i in zip(b["x"], b["i"]):
+            n = min(i % 5 + 1, 3)
+            np.testing.assert_array_equal(row, np.r_[np.arange(n), np.zeros(3 - n)])
+
+
+# Errors: each is a named colo-data exception, raised before any batch or at the batch
+# that hits it, never a hang.
+
+
+def test_batch_not_divisible_by_hosts(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match=r"global_batch_size=12 is not divisible by 5 hosts"):
+        cd.Loader(make_pipeline(token_corpus), hosts=5)
+
+
+def test_batch_not_divisible_by_mesh(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match=r"global_batch_size=6 is not divisible by the 4 shards"):
+        cd.Loader(make_pipeline(token_corpus, global_batch_size=6), hosts=1)
+
+
+def test_unknown_backend(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match="backend='tpu'"):
+        cd.Loader(make_pipeline(token_corpus), backend="tpu")
+
+
+def test_state_from_another_pipeline_says_what_differs(token_corpus: Path) -> None:
+    with cd.Loader(make_pipeline(token_corpus, "block")) as loader:
+        next(loader)
+        state = loader.get_state()
+    with pytest.raises(cd.StateError, match=r"order: state has 'block:2', pipeline has 'global'"):
+        cd.Loader(make_pipeline(token_corpus, "global"), state=state)
+    with pytest.raises(cd.StateError, match=r"global_batch_size: state has 12, pipeline has 24"):
+        cd.Loader(make_pipeline(token_corpus, global_batch_size=24), state=state)
+    other = make_pipeline(token_corpus, order=cd.Order(shuffle="block", seed=8, window=2))
+    with pytest.raises(cd.StateError, match=r"seed: state has 7, pipeline has 8"):
+        cd.Loader(other, state=state)
+
+
+def test_state_of_another_format_version(token_corpus: Path) -> None:
+    with pytest.raises(cd.StateError, match=r"format 'colo-data/0'.*reads 'colo-data/1'"):
+        cd.Loader(make_pipeline(token_corpus), state={"format": "colo-data/0", "position": 0})
+    with pytest.raises(cd.StateError, match="format"):
+        cd.Loader(make_pipeline(token_corpus), state=[1, 2])
+
+
+def test_state_from_other_files(token_corpus: Path, tmp_path: Path) -> None:
+    with cd.Loader(make_pipeline(token_corpus)) as loader:
+        state = loader.get_state()
+    demo.write_corpus(tmp_path, files=3, rows_per_file=40, row_group_size=7, min_tokens=1, max_tokens=12, seed=1)
+    demo.write_corpus(tmp_path / "more", files=1, rows_per_file=5, row_group_size=7, seed=1)
+    other = make_pipeline(token_corpus, source=cd.ArrowSource(str(tmp_path), columns=["id", "tokens"]))
+    with pytest.raises(cd.StateError, match=r"records: state has 120, pipeline has 125.*source: state has"):
+        cd.Loader(other, state=state)
+
+
+def test_variable_length_column_left_unpadded(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[])
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError, match=r"'tokens'.*pad_or_truncate\('tokens'"):
+        next(loader)
+
+
+def boom(batch: dict) -> dict:
+    raise ValueError("bad record")
+
+
+def test_failing_transform_names_itself_and_the_position(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), boom])
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError) as raised:
+        next(loader)
+    message = str(raised.value)
+    assert "boom" in message and "ValueError: bad record" in message and "stream position 0" in message
+    assert "Traceback" in message
+
+
+def test_transform_that_drops_rows(token_corpus: Path) -> None:
+    def first_half(batch: dict) -> dict:
+        return {k: v[: len(v) // 2] for k, v in batch.items()}
+
+    pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), first_half])
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError, match=r"6 rows after the transforms.*12 records"):
+        next(loader)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(global_batch_size=0), "global_batch_size=0"),
+        (dict(global_batch_size=1000), "larger than the source's 120 records"),
+        (dict(epochs=0), "epochs=0"),
+        (dict(index_column="id"), "index_column='id' is already a column"),
+        (dict(transforms=["pad"]), "is not callable"),
+    ],
+)
+def test_pipeline_settings(token_corpus: Path, overrides: dict, match: str) -> None:
+    with pytest.raises(cd.ConfigError, match=match):
+        make_pipeline(token_corpus, **overrides)
