@@ -56,9 +56,8 @@ def arrow_reference(files: list[str], to_device: bool) -> Iterator[int]:
 def colo_host_pipeline(directory: Path) -> Iterator[int]:
     """colo-data's HostPipeline alone: numpy batches, no JAX."""
     pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
-    host = cd.HostPipeline(pipeline)
-    for k in range(pipeline.batches_from(0)):
-        yield len(host.batch(k * BATCH)["tokens"])
+    for batch in cd.HostPipeline(pipeline).batches(0):
+        yield len(batch["tokens"])
 
 
 def colo_loader(directory: Path, shuffle: str, workers: int) -> Iterator[int]:

@@ -6,6 +6,7 @@ batch per element, so only batches cross the process boundary."""
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
 
 import grain
 import numpy as np
@@ -18,6 +19,7 @@ from colo_data.pipeline import Pipeline
 
 HostBatch = dict[str, np.ndarray]
 _FOREVER = 2**62
+CHUNK_RECORDS = 512
 
 
 def _check_batch(columns: Columns, rows: int) -> HostBatch:
@@ -37,7 +39,7 @@ def _check_batch(columns: Columns, rows: int) -> HostBatch:
             )
         if len(col) != rows:
             raise TransformError(
-                f"column {name!r} has {len(col)} rows after the transforms, but the host batch has {rows} records: "
+                f"column {name!r} has {len(col)} rows after the transforms, but {rows} records went in: "
                 "transforms must keep one row per record"
             )
     return columns  # type: ignore[return-value]
@@ -62,42 +64,45 @@ class HostPipeline:
             self._order = self.pipeline.order.bind(self.pipeline.source.row_group_sizes)
         return self._order
 
-    def record_indices(self, batch_position: int) -> np.ndarray:
-        """Global record indices of this host's rows of the global batch that starts at
-        stream position `batch_position` (a batch may straddle two epochs)."""
+    @property
+    def chunk(self) -> int:
+        """Global batches computed per call: enough that a call handles about
+        `CHUNK_RECORDS` of this host's records, so per-call costs are shared."""
+        return max(1, CHUNK_RECORDS // (self.rows[1] - self.rows[0]))
+
+    def record_indices(self, batch_position: int, count: int = 1) -> np.ndarray:
+        """Global record indices of this host's rows of `count` consecutive global batches,
+        the first at stream position `batch_position` (they may straddle epochs)."""
         first, stop = self.rows
+        size = self.pipeline.global_batch_size
+        stream = (
+            batch_position + first + size * np.arange(count, dtype=np.int64)[:, None] + np.arange(stop - first)
+        ).ravel()
         records = self.pipeline.records_per_epoch
-        epoch, offset = divmod(batch_position + first, records)
-        if offset + stop - first <= records:  # the usual case: one epoch
-            return self.order.indices(epoch, np.arange(offset, offset + stop - first, dtype=np.int64))
-        stream = np.arange(batch_position + first, batch_position + stop, dtype=np.int64)
         epochs, positions = np.divmod(stream, records)
+        if epochs[0] == epochs[-1]:  # the usual case: one epoch
+            return self.order.indices(int(epochs[0]), positions)
         indices = np.empty_like(stream)
         for epoch in np.unique(epochs):
             mask = epochs == epoch
             indices[mask] = self.order.indices(int(epoch), positions[mask])
         return indices
 
-    def _read_ahead(self, batch_position: int) -> None:
-        """Ask the source to decode what the batch one locality span ahead will read; every
-        eighth of that span is often enough not to miss a row group."""
+    def _read_ahead(self, batch_position: int, count: int) -> None:
+        """Ask the source to start decoding what the same span one locality ahead reads."""
         prefetch = getattr(self.pipeline.source, "prefetch", None)
         size = self.pipeline.global_batch_size
         ahead = -(-self.order.locality // size) * size
         total = self.pipeline.total_records
-        if (
-            prefetch is None
-            or not ahead
-            or (batch_position // size) % max(1, ahead // (8 * size))
-            or (total is not None and batch_position + ahead + size > total)
-        ):
+        if prefetch is None or not ahead or (total is not None and batch_position + ahead + count * size > total):
             return
-        prefetch(self.record_indices(batch_position + ahead))
+        prefetch(self.record_indices(batch_position + ahead, count))
 
-    def batch(self, batch_position: int) -> HostBatch:
-        """This host's piece of the global batch that starts at stream `batch_position`."""
-        self._read_ahead(batch_position)
-        indices = self.record_indices(batch_position)
+    def batch(self, batch_position: int, count: int = 1) -> HostBatch:
+        """This host's rows of `count` consecutive global batches (one after the other), the
+        first starting at stream `batch_position`."""
+        self._read_ahead(batch_position, count)
+        indices = self.record_indices(batch_position, count)
         columns = table_to_columns(self.pipeline.source.take(indices))
         if self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
@@ -113,26 +118,46 @@ class HostPipeline:
                 ) from e
         return _check_batch(columns, len(indices))
 
-    def dataset(self, start_position: int) -> grain.IterDataset:
-        """The host batches from stream `start_position` on, as a Grain dataset."""
-        count = self.pipeline.batches_from(start_position)
-        ds = (
-            grain.MapDataset.range(0, _FOREVER if count is None else count)
-            .map(_BatchAt(self, start_position))
-            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-        )
-        if self.workers:
+    def batches(self, start_position: int) -> Iterator[HostBatch]:
+        """This host's batches from stream `start_position` on, computed `chunk` at a time:
+        here when `workers` is 0, else by Grain's multiprocessing."""
+        total = self.pipeline.batches_from(start_position)
+        chunk_count = _FOREVER if total is None else -(-total // self.chunk)
+        chunk_at = _ChunkAt(self, start_position, total)
+        if not self.workers:
+            chunks: Iterator[HostBatch] = map(chunk_at, range(chunk_count))
+        else:
             if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
                 flags.FLAGS.mark_as_parsed()
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
-        return ds
+            ds = (
+                grain.MapDataset.range(0, chunk_count)
+                .map(chunk_at)
+                .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+                .mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+            )
+            chunks = iter(ds)
+        return _split(chunks, self.rows[1] - self.rows[0])
 
 
-class _BatchAt:
-    """Picklable map function: the k-th host batch after a start position."""
+def _split(chunks: Iterator[HostBatch], rows: int) -> Iterator[HostBatch]:
+    """Host batches of `rows` rows, cut from chunks (views, no copies)."""
+    try:
+        for chunk in chunks:
+            for start in range(0, len(next(iter(chunk.values()))), rows):
+                yield {name: column[start : start + rows] for name, column in chunk.items()}
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
-    def __init__(self, host: HostPipeline, start: int) -> None:
-        self.host, self.start = host, start
 
-    def __call__(self, k: int) -> HostBatch:
-        return self.host.batch(self.start + k * self.host.pipeline.global_batch_size)
+class _ChunkAt:
+    """Picklable map function: chunk i of the host's batches after a start position."""
+
+    def __init__(self, host: HostPipeline, start: int, total: int | None) -> None:
+        self.host, self.start, self.total = host, start, total
+
+    def __call__(self, i: int) -> HostBatch:
+        chunk, size = self.host.chunk, self.host.pipeline.global_batch_size
+        count = chunk if self.total is None else min(chunk, self.total - i * chunk)
+        return self.host.batch(self.start + i * chunk * size, count)

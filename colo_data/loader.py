@@ -8,15 +8,14 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-import grain
 import jax
 import numpy as np
-from grain.experimental import ThreadPrefetchIterDataset, ZipIterDataset
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host import HostBatch, HostPipeline
 from colo_data.pipeline import Pipeline
+from colo_data.prefetch import Prefetcher
 from colo_data.state import make_state, restore_position
 
 Backend = Literal["inprocess"]
@@ -79,7 +78,7 @@ class Loader:
         self._prefetch = prefetch
         self._shardings: dict[int, NamedSharding] = {}
         self._position = 0 if state is None else restore_position(pipeline, state)
-        self._iterator: grain.DatasetIterator | None = None
+        self._iterator: Prefetcher[dict[str, jax.Array]] | Iterator[dict[str, jax.Array]] | None = None
 
     def _sharding(self, ndim: int) -> NamedSharding:
         if ndim not in self._shardings:
@@ -104,12 +103,18 @@ class Loader:
             )
         return out
 
-    def _start(self) -> grain.DatasetIterator:
-        hosts = [h.dataset(self._position) for h in self._host_pipelines]
-        ds = ZipIterDataset(hosts).map(self._assemble)
-        if self._prefetch:
-            ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=self._prefetch)
-        return iter(ds)
+    def _global_batches(self) -> Iterator[dict[str, jax.Array]]:
+        hosts = [h.batches(self._position) for h in self._host_pipelines]
+        try:
+            for pieces in zip(*hosts):
+                yield self._assemble(pieces)
+        finally:
+            for it in hosts:
+                it.close()
+
+    def _start(self) -> Iterator[dict[str, jax.Array]]:
+        batches = self._global_batches()
+        return Prefetcher(batches, self._prefetch) if self._prefetch else batches
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,20 +149,26 @@ class ArrowSource:
 
     def __init__(
         self,
-        paths: str | Sequence[str],
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
         filesystem: pafs.FileSystem | None = None,
         cache_bytes: int = 512 * 2**20,
     ) -> None:
         if not isinstance(cache_bytes, int) or cache_bytes < 1:
             raise SourceError(f"cache_bytes={cache_bytes!r}: must be a positive number of bytes of decoded row groups")
-        patterns = [paths] if isinstance(paths, str) else list(paths)
+        patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
         if not patterns:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
         found: set[str] = set()
         fs: pafs.FileSystem | None = None
         for pattern in patterns:
-            fs, inner = _split_uri(pattern, filesystem)
+            pattern_fs, inner = _split_uri(pattern, filesystem)
+            if fs is not None and pattern_fs.type_name != fs.type_name:
+                raise SourceError(
+                    f"{pattern!r} is on {pattern_fs.type_name}, the paths before it on {fs.type_name}: "
+                    "one ArrowSource reads from one filesystem; make one source per filesystem."
+                )
+            fs = pattern_fs
             found.update(_expand(fs, inner))
         if not found:
             raise SourceError(
@@ -220,8 +227,9 @@ class ArrowSource:
         return self._rg_sizes
 
     def fingerprint(self) -> str:
-        """A hash of file names, row-group sizes and the schema: stable across machines and
-        mount points, different when the data is."""
+        """A hash of file names, formats, row-group sizes and the schema: stable across
+        machines and mount points, different when files, their row counts or the schema
+        change (not when values are rewritten in place)."""
         h = hashlib.sha256()
         for f in self._files:
             h.update(f"{posixpath.basename(f.path)}:{f.format}:{f.row_groups}\n".encode())
