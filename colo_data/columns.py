@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from colo_data.errors import TransformError
+
 Column: TypeAlias = np.ndarray | pa.Array
 Columns: TypeAlias = dict[str, Column]
 
@@ -70,7 +72,9 @@ def _stack(name: str, values: list[Any]) -> Column:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             flat = np.concatenate(values) if values else np.empty(0)
             return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
-        raise ValueError(f"column {name!r}: records hold arrays of shapes {sorted(shapes)[:3]}, which do not stack")
+        raise TransformError(
+            f"column {name!r}: records hold arrays of shapes {sorted(shapes)[:3]}, which do not stack into a batch"
+        )
     if all(isinstance(v, (bool, int, float, np.generic)) for v in values):
         return np.asarray(values)
     return pa.array(values)

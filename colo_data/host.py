@@ -1,7 +1,8 @@
 """`HostPipeline`: one host's share of every global batch. It maps stream positions to
 records through the global order, gathers them from the source, runs the transforms and
-returns numpy arrays; Grain's multiprocessing runs it in worker processes, one whole host
-batch per element, so only batches cross the process boundary."""
+returns numpy arrays. It works a chunk of consecutive batches at a time (per-call costs
+are shared) and Grain's multiprocessing can run it in worker processes, one chunk per
+element, so only batches cross the process boundary."""
 
 from __future__ import annotations
 

@@ -103,8 +103,7 @@ class Loader:
             )
         return out
 
-    def _global_batches(self) -> Iterator[dict[str, jax.Array]]:
-        hosts = [h.batches(self._position) for h in self._host_pipelines]
+    def _global_batches(self, hosts: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
         try:
             for pieces in zip(*hosts):
                 yield self._assemble(pieces)
@@ -113,7 +112,7 @@ class Loader:
                 it.close()
 
     def _start(self) -> Iterator[dict[str, jax.Array]]:
-        batches = self._global_batches()
+        batches = self._global_batches([h.batches(self._position) for h in self._host_pipelines])
         return Prefetcher(batches, self._prefetch) if self._prefetch else batches
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
