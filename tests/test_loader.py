@@ -3,12 +3,15 @@ invariance, resume across host and worker counts, sharding, and its errors."""
 
 from __future__ import annotations
 
+import gc
 import json
+import time
 from pathlib import Path
 
 import grain
 import jax
 import numpy as np
+import psutil
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
@@ -95,6 +98,30 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
         state = loader.get_state()
     rest = read_all(cd.Loader(pipeline, hosts=4, state=state), 3)
     assert_batches_equal(reference[3:6], rest, "resumed from a 1-worker loader's state")
+
+
+def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir())
+    with cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=2, workers=1) as loader:
+        for _ in range(3):
+            next(loader)
+        assert len(_workers()) == 2  # an endless stream: both hosts' workers are still busy
+    gc.collect()
+    deadline = time.monotonic() + 10  # Grain unlinks its segments on a background thread
+    while (set(shm.iterdir()) - before or _workers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(shm.iterdir()) - before, "shared-memory segments left behind"
+    assert not _workers(), "worker processes left behind"
+
+
+def _workers() -> list[psutil.Process]:
+    """Live child processes other than multiprocessing's resource tracker."""
+    return [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline())
+    ]
 
 
 def test_state_is_small_json_and_host_independent(token_corpus: Path) -> None:
