@@ -12,6 +12,8 @@ from colo_data.errors import (
     CorruptFileError,
     RecordIndexError,
     SchemaError,
+    ShmError,
+    SidecarError,
     SourceError,
     StateError,
     TransformError,
@@ -20,6 +22,7 @@ from colo_data.host import HostPipeline
 from colo_data.loader import Loader
 from colo_data.order import GlobalOrder, Order, host_rows
 from colo_data.pipeline import Pipeline
+from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.sources import ArrowSource, RecordSource, Source
 from colo_data.transforms import pad_or_truncate, per_record
 
@@ -30,6 +33,7 @@ __all__ = [
     "Columns",
     "ConfigError",
     "CorruptFileError",
+    "CpuBudget",
     "GlobalOrder",
     "HostPipeline",
     "Loader",
@@ -38,11 +42,15 @@ __all__ = [
     "RecordIndexError",
     "RecordSource",
     "SchemaError",
+    "ShmError",
+    "SidecarError",
     "Source",
     "SourceError",
     "StateError",
     "TransformError",
+    "cpu_budget",
     "host_rows",
+    "memory_limit",
     "pad_or_truncate",
     "per_record",
 ]

@@ -32,3 +32,11 @@ class StateError(ColoDataError, ValueError):
 
 class TransformError(ColoDataError):
     """A transform failed or returned something that cannot become a batch."""
+
+
+class ShmError(ColoDataError):
+    """The shared-memory directory cannot hold the ring, or a segment is missing."""
+
+
+class SidecarError(ColoDataError):
+    """A sidecar is unreachable or died; the message says where and what to check."""

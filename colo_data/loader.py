@@ -16,22 +16,25 @@ from colo_data.errors import ConfigError, TransformError
 from colo_data.host import HostBatch, HostPipeline
 from colo_data.pipeline import Pipeline
 from colo_data.prefetch import Prefetcher
+from colo_data.sidecar.client import SidecarClient
+from colo_data.sidecar.local import LocalSidecar
 from colo_data.state import make_state, restore_position
 
-Backend = Literal["inprocess"]
-_BACKENDS = ("inprocess",)
+Backend = Literal["inprocess", "sidecar"]
+_BACKENDS = ("inprocess", "sidecar")
 
 
-def _rows_for(parts: Sequence[np.ndarray], per_host: int, index: tuple[slice, ...]) -> np.ndarray:
+def _rows_for(parts: Sequence[np.ndarray], per_host: int, copy: bool, index: tuple[slice, ...]) -> np.ndarray:
     """The block of the global array at `index`, cut from the host pieces without
-    concatenating them unless the block spans hosts."""
+    concatenating them unless the block spans hosts; copied when asked (see `_copy`)."""
     start, stop, _ = index[0].indices(per_host * len(parts))
     first, last = start // per_host, (stop - 1) // per_host
     if first == last:
         block = parts[first][start - first * per_host : stop - first * per_host]
     else:
         block = np.concatenate(parts[first : last + 1])[start - first * per_host : stop - first * per_host]
-    return block[(slice(None), *index[1:])]
+    block = block[(slice(None), *index[1:])]
+    return np.array(block) if copy else block
 
 
 def _batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
@@ -45,8 +48,12 @@ def _batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
 class Loader:
     """Iterate global batches (`dict[str, jax.Array]`, leading dimension the global batch
     size) of `pipeline`. `hosts` simulates or names the host count (default: the JAX
-    process count); `workers` is per host; `mesh`/`partition_spec` place the batch
-    (default: every device on one `"data"` axis, batch dimension sharded over it)."""
+    process count). `backend="inprocess"` runs the host pipelines here, with `workers`
+    processes each (default 0); `backend="sidecar"` has a sidecar process per host run
+    them (`sidecar`: one address per host, else local sidecars are started, with `workers`
+    each, default from their CPU budget) and reads batches from their shared-memory ring
+    (`shm_dir`, `slots`). `mesh`/`partition_spec` place the batch (default: every device
+    on one `"data"` axis, batch dimension sharded over it)."""
 
     def __init__(
         self,
@@ -54,7 +61,10 @@ class Loader:
         *,
         backend: Backend = "inprocess",
         hosts: int | None = None,
-        workers: int = 0,
+        workers: int | None = None,
+        sidecar: str | Sequence[str] | None = None,
+        shm_dir: str = "/dev/shm",
+        slots: int = 4,
         mesh: Mesh | None = None,
         partition_spec: PartitionSpec | None = None,
         state: dict[str, Any] | None = None,
@@ -65,9 +75,21 @@ class Loader:
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
         self.pipeline = pipeline
+        self.backend = backend
         self.hosts = jax.process_count() if hosts is None else hosts
-        self._host_pipelines = [HostPipeline(pipeline, h, self.hosts, workers) for h in range(self.hosts)]
+        self._host_pipelines = [HostPipeline(pipeline, h, self.hosts, workers or 0) for h in range(self.hosts)]
+        addresses = [sidecar] if isinstance(sidecar, str) else list(sidecar or [])
+        if addresses and (backend != "sidecar" or len(addresses) != self.hosts):
+            raise ConfigError(
+                f"sidecar={sidecar!r}: give one address per host ({self.hosts}) and backend='sidecar'"
+            )
+        self._addresses = addresses
+        self._sidecar_settings = (shm_dir, workers, slots)
+        self._local_sidecars: list[LocalSidecar] = []
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
+        # JAX's CPU backend keeps page-aligned host memory instead of copying it (even with
+        # may_alias=False), and a shared-memory slot is rewritten once released
+        self._copy = backend == "sidecar" and any(d.platform == "cpu" for d in self.mesh.devices.flat)
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         shards = _batch_shards(self.mesh, self.partition_spec)
         if pipeline.global_batch_size % shards:
@@ -99,20 +121,31 @@ class Loader:
                     )
             shape = (self.pipeline.global_batch_size, *first.shape[1:])
             out[name] = jax.make_array_from_callback(
-                shape, self._sharding(len(shape)), functools.partial(_rows_for, parts, per_host)
+                shape, self._sharding(len(shape)), functools.partial(_rows_for, parts, per_host, self._copy)
             )
         return out
 
     def _global_batches(self, hosts: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
         try:
             for pieces in zip(*hosts):
-                yield self._assemble(pieces)
+                # the pieces may be shared-memory slots, reused once the next piece is asked for
+                yield jax.block_until_ready(self._assemble(pieces))
         finally:
             for it in hosts:
                 it.close()
 
+    def _host_streams(self) -> list[Iterator[HostBatch]]:
+        if self.backend == "inprocess":
+            return [h.batches(self._position) for h in self._host_pipelines]
+        if not self._addresses and not self._local_sidecars:
+            shm_dir, workers, slots = self._sidecar_settings
+            self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in range(self.hosts)]
+        targets = [(a, None) for a in self._addresses] or [(s.address, s.process.pid) for s in self._local_sidecars]
+        clients = [SidecarClient(address, pid) for address, pid in targets]
+        return [c.batches(self.pipeline, h, self.hosts, self._position) for h, c in enumerate(clients)]
+
     def _start(self) -> Iterator[dict[str, jax.Array]]:
-        batches = self._global_batches([h.batches(self._position) for h in self._host_pipelines])
+        batches = self._global_batches(self._host_streams())
         return Prefetcher(batches, self._prefetch) if self._prefetch else batches
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
@@ -142,9 +175,12 @@ class Loader:
             self._iterator = None
 
     def close(self) -> None:
-        """Stop prefetching and the worker processes. The loader can be restarted by
-        iterating again or by `set_state`."""
+        """Stop prefetching, the worker processes and the sidecars this loader started.
+        The loader can be restarted by iterating again or by `set_state`."""
         self._stop()
+        for local in self._local_sidecars:
+            local.stop()
+        self._local_sidecars = []
 
     def __enter__(self) -> Loader:
         return self

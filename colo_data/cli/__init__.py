@@ -3,6 +3,8 @@
 import click
 
 from colo_data.cli.demo import demo
+from colo_data.cli.doctor import doctor
+from colo_data.cli.sidecar import sidecar
 
 
 @click.group()
@@ -11,3 +13,5 @@ def main() -> None:
 
 
 main.add_command(demo)
+main.add_command(doctor)
+main.add_command(sidecar)

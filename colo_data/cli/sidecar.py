@@ -1,0 +1,62 @@
+"""`colo-data sidecar serve`: run a host's sidecar on a Unix socket."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+import click
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    sys.exit(0)  # unwinds the server: the open session's ring is removed
+
+
+@click.group()
+def sidecar() -> None:
+    """The per-host sidecar process."""
+
+
+@sidecar.command()
+@click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--socket", "socket_path", required=True, help="Unix socket path to listen on (unix:// optional).")
+@click.option("--shm-dir", default=None, help="Memory-backed directory for the batch ring [config, else /dev/shm].")
+@click.option("--workers", default=None, help="Worker processes: a number or 'auto' (from the CPU budget).")
+@click.option("--slots", type=click.IntRange(min=2), default=None, help="Batches in the shared-memory ring [4].")
+@click.option("--exit-with", type=int, default=None, hidden=True, help="Exit when this pid (the trainer) exits.")
+def serve(
+    config: str | None, socket_path: str, shm_dir: str | None, workers: str | None, slots: int | None, exit_with: int | None
+) -> None:
+    """Serve host batches of CONFIG's pipeline (or of the pipeline the trainer sends)."""
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()
+    from colo_data.config import load_config
+    from colo_data.errors import ColoDataError
+    from colo_data.sidecar.protocol import socket_path as path_of
+    from colo_data.sidecar.server import SidecarServer
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        settings = load_config(config) if config else None
+        options = settings.sidecar if settings else {}
+        chosen = workers if workers is not None else str(options.get("workers", "auto"))
+        if chosen != "auto" and not chosen.isdigit():
+            raise click.BadParameter(f"{chosen!r}: a number or 'auto'", param_hint="--workers")
+        server = SidecarServer(
+            path_of(socket_path),
+            pipeline=settings.build() if settings else None,
+            shm_dir=shm_dir or options.get("shm_dir", "/dev/shm"),
+            workers=None if chosen == "auto" else int(chosen),
+            slots=slots or int(options.get("slots", 4)),
+            exit_with=exit_with,
+        )
+    except ColoDataError as e:
+        raise click.ClickException(str(e)) from e
+    budget = server.budget
+    click.echo(
+        f"colo-data sidecar on {socket_path}: {server.workers} worker(s); CPU budget {budget.cpus:g} ({budget.source})",
+        err=True,
+    )
+    server.serve_forever()

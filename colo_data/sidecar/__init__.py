@@ -1,0 +1,1 @@
+"""The sidecar transport: a process per host serving batches through shared memory."""

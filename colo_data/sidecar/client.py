@@ -1,0 +1,116 @@
+"""The trainer side of a sidecar: connects to one host's sidecar, opens a stream at a global
+position, and yields host batches as numpy views into shared memory. A batch's slot is
+released when the next one is asked for, so the consumer must be done with it (copied to
+the devices) by then."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import cloudpickle
+import psutil
+
+from colo_data.errors import SidecarError
+from colo_data.host import HostBatch
+from colo_data.pipeline import Pipeline
+from colo_data.shm import ArraySpec, ShmReader
+from colo_data.sidecar.protocol import FAMILY, raise_remote, socket_path
+
+_POLL_S = 0.5
+
+
+class SidecarClient:
+    """One connection to the sidecar at `address`. `pid`, when known (a local sidecar),
+    lets a dead sidecar be told apart from a slow one while waiting for a batch."""
+
+    def __init__(self, address: str, pid: int | None = None, connect_timeout: float = 60.0) -> None:
+        self.address, self.pid = address, pid
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                self._conn: Connection = Client(socket_path(address), FAMILY)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                if time.monotonic() > deadline or not self._alive():
+                    raise SidecarError(
+                        f"no sidecar answers at {address} ({e.strerror}): start one with "
+                        "`colo-data sidecar serve CONFIG --socket PATH`, or check the path"
+                    ) from e
+                time.sleep(0.1)
+        self.info: dict[str, Any] = {}
+        self._reader: ShmReader | None = None
+
+    def _alive(self) -> bool:
+        if self.pid is None:
+            return True
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self._conn.send(message)
+            while not self._conn.poll(_POLL_S):
+                if not self._alive():
+                    raise EOFError
+            reply = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._sweep()
+            raise SidecarError(
+                f"the sidecar at {self.address} died or closed the connection while serving {message['op']!r}; "
+                "its shared-memory slots were removed. Check its log (an out-of-memory kill?) and restart it."
+            ) from e
+        if "error" in reply:
+            raise_remote(reply, self.address)
+        return reply
+
+    def _sweep(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader.unlink_all()
+            self._reader = None
+
+    def batches(self, pipeline: Pipeline | None, host: int, hosts: int, position: int) -> Iterator[HostBatch]:
+        """Open a stream and yield this host's batches (views valid until the next one)."""
+        self.info = self._request(
+            {
+                "op": "open",
+                "pipeline": None if pipeline is None else cloudpickle.dumps(pipeline),
+                "host": host,
+                "hosts": hosts,
+                "position": position,
+            }
+        )
+        self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
+        held: int | None = None
+        try:
+            while True:
+                if held is not None:
+                    self._conn.send({"op": "release", "slot": held})
+                    held = None
+                reply = self._request({"op": "next"})
+                if reply.get("end"):
+                    return
+                held = reply["slot"]
+                layout = [ArraySpec.from_wire(spec) for spec in reply["layout"]]
+                yield self._reader.view(held, layout)
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._reader is None:
+            return
+        try:
+            self._request({"op": "close"})
+        except SidecarError:
+            return
+        self._reader.close()
+        self._reader = None
+
+    def close(self) -> None:
+        self._conn.close()
+

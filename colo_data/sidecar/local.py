@@ -1,0 +1,35 @@
+"""Sidecar processes that a trainer starts for itself (the `sidecar` backend without an
+address): one per host pipeline, each exiting with the trainer that started it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+_STOP_S = 10.0
+
+
+class LocalSidecar:
+    """`colo-data sidecar serve` in a child process, on a socket in a private temp dir."""
+
+    def __init__(self, shm_dir: str, workers: int | None, slots: int) -> None:
+        self._dir = tempfile.mkdtemp(prefix="colo-data-sidecar-")
+        self.address = os.path.join(self._dir, "sidecar.sock")
+        command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
+        command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
+        command += ["--workers", "auto" if workers is None else str(workers)]
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        """Terminate the sidecar (it removes its ring) and its socket directory."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)

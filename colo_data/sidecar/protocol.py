@@ -1,0 +1,41 @@
+"""The sidecar control channel: Python dicts over a Unix socket, framed and pickled by the
+standard library's `multiprocessing.connection` (length-prefixed messages, no extra
+dependency; both ends are the same trusted program on one host). The data itself never
+crosses the socket: it sits in shared-memory slots, and messages carry slot numbers and
+array layouts.
+
+Messages, trainer -> sidecar, each answered unless noted:
+  {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
+      -> {"names": [...], "shm_dir": str, "slots": n, "slot_size": bytes, "workers": w, "budget": {...}}
+  {"op": "next"}            -> {"slot": i, "layout": [...]} | {"end": True}
+  {"op": "release", "slot": i}   (no answer: the slot may be written again)
+  {"op": "close"}           -> {"closed": True}
+Any answer may instead be {"error": message, "type": class name, "traceback": text}.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from colo_data import errors
+
+FAMILY = "AF_UNIX"
+SCHEME = "unix://"
+
+
+def socket_path(address: str) -> str:
+    """`unix:///run/colo/host0.sock` or a plain path -> the socket's path."""
+    return address[len(SCHEME) :] if address.startswith(SCHEME) else address
+
+
+def error_reply(e: BaseException) -> dict[str, Any]:
+    return {"error": str(e), "type": type(e).__name__, "traceback": "".join(traceback.format_exception(e))}
+
+
+def raise_remote(reply: dict[str, Any], where: str) -> None:
+    """Re-raise a sidecar's error as the same colo-data error type, with its traceback."""
+    kind = getattr(errors, reply.get("type", ""), None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.ColoDataError)):
+        kind = errors.SidecarError
+    raise kind(f"{reply['error']}\n--- raised in the sidecar at {where} ---\n{reply['traceback']}")

@@ -1,0 +1,227 @@
+"""The sidecar backend with real sidecar processes, real shared memory and real signals:
+same batches as in-process, resume through it, errors with the remote traceback, and no
+process or segment left behind when any party is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import psutil
+import pytest
+
+import colo_data as cd
+from colo_data import demo
+from colo_data.sidecar.client import SidecarClient
+from colo_data.testing import assert_batches_equal, read_all, to_numpy
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
+BATCH = 12
+COLO = Path(sys.executable).parent / "colo-data"
+
+
+def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:
+    settings = dict(
+        source=cd.ArrowSource(str(corpus), columns=["id", "tokens"]),
+        order=cd.Order(shuffle=shuffle, seed=7, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=BATCH,
+        index_column="_index",
+    )
+    settings.update(overrides)
+    return cd.Pipeline(**settings)
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A private directory in /dev/shm; the test fails if a segment is left in it."""
+    directory = Path(tempfile.mkdtemp(prefix="ring-test-", dir="/dev/shm"))
+    yield directory
+    left = sorted(p.name for p in directory.iterdir())
+    for p in directory.iterdir():
+        p.unlink()
+    directory.rmdir()
+    assert not left, f"segments left behind: {left}"
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.1)
+
+
+def sidecars() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [c for c in me.children(recursive=True) if "sidecar" in " ".join(c.cmdline()) and c.status() != "zombie"]
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_sidecar_batches_equal_in_process(token_corpus: Path, shm_dir: Path, hosts: int) -> None:
+    pipeline = make_pipeline(token_corpus)
+    expected = read_all(cd.Loader(pipeline, hosts=hosts))
+    # 2 slots: every slot is rewritten many times while the test holds all batches, so a
+    # batch that aliased its slot would change under us
+    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=hosts, workers=1, shm_dir=str(shm_dir), slots=2))
+    assert_batches_equal(expected, got, f"sidecar backend, {hosts} host(s)")
+    wait_for(lambda: not sidecars(), 10, "local sidecars exit with the loader")
+
+
+def test_resume_through_the_sidecar(token_corpus: Path, shm_dir: Path) -> None:
+    pipeline = make_pipeline(token_corpus, "global")
+    expected = read_all(cd.Loader(pipeline))
+    with cd.Loader(pipeline, backend="sidecar", hosts=2, workers=0, shm_dir=str(shm_dir)) as loader:
+        for _ in range(4):
+            next(loader)
+        state = loader.get_state()
+        assert state == cd.Loader(pipeline).get_state() | {"position": 4 * BATCH}
+        rest = [to_numpy(b) for b in loader]
+        loader.set_state(state)  # the same sidecars serve a new session
+        again = [to_numpy(b) for b in loader]
+    assert_batches_equal(expected[4:], rest, "sidecar after 4 steps")
+    assert_batches_equal(expected[4:], again, "sidecar after set_state")
+
+
+def fail_when_asked(batch: dict) -> dict:
+    if batch["_index"].min() >= 0 and os.environ.get("COLO_DATA_TEST_FAIL") == "1":
+        raise ValueError("record is broken")
+    return batch
+
+
+def test_worker_exception_reaches_the_trainer_with_its_traceback(token_corpus: Path, shm_dir: Path) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), fail_when_asked])
+    os.environ["COLO_DATA_TEST_FAIL"] = "1"  # inherited by the sidecar and its worker
+    try:
+        with cd.Loader(pipeline, backend="sidecar", workers=1, shm_dir=str(shm_dir)) as loader:
+            with pytest.raises(cd.TransformError) as raised:
+                next(loader)
+    finally:
+        del os.environ["COLO_DATA_TEST_FAIL"]
+    message = str(raised.value)
+    assert "record is broken" in message and "raised in the sidecar" in message
+    assert "fail_when_asked" in message  # the remote traceback names the failing function
+
+
+def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path, shm_dir: Path) -> None:
+    pipeline = make_pipeline(token_corpus, epochs=None)
+    with cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), prefetch=0) as loader:
+        next(loader)
+        assert any(shm_dir.iterdir())
+        (victim,) = sidecars()
+        victim.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(cd.SidecarError, match="died"):
+            for _ in range(100):
+                next(loader)
+        assert time.monotonic() - started < 10
+    assert not any(shm_dir.iterdir())
+
+
+def test_worker_killed_is_an_error_not_a_hang(token_corpus: Path, shm_dir: Path) -> None:
+    pipeline = make_pipeline(token_corpus, epochs=None)
+    with cd.Loader(pipeline, backend="sidecar", workers=1, shm_dir=str(shm_dir), prefetch=0) as loader:
+        next(loader)
+        (side,) = sidecars()
+        workers = [c for c in side.children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
+        assert workers, "the sidecar runs a worker process"
+        for w in workers:
+            w.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(cd.ColoDataError):
+            for _ in range(1000):
+                next(loader)
+        assert time.monotonic() - started < 30
+
+
+TRAINER = """
+import sys, time
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+import colo_data as cd
+pipeline = cd.Pipeline(source=cd.ArrowSource(sys.argv[1]), transforms=[cd.pad_or_truncate("tokens", 8)],
+                       global_batch_size=12, epochs=None)
+loader = cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=sys.argv[2])
+next(loader)
+print("running", flush=True)
+time.sleep(600)
+"""
+
+
+def test_trainer_killed_leaves_no_sidecar(token_corpus: Path, shm_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(TRAINER))
+    trainer = subprocess.Popen([sys.executable, str(script), str(token_corpus), str(shm_dir)], stdout=subprocess.PIPE)
+    try:
+        assert trainer.stdout.readline().strip() == b"running"
+        side = [c for c in psutil.Process(trainer.pid).children(recursive=True) if "sidecar" in " ".join(c.cmdline())]
+        assert side and any(shm_dir.iterdir())
+        trainer.kill()
+        trainer.wait()
+        wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in side), 10, "the sidecar exits")
+        wait_for(lambda: not any(shm_dir.iterdir()), 10, "the sidecar removes its ring")
+    finally:
+        trainer.kill()
+
+
+def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nseq_len = 8\nglobal_batch_size = 12\n'
+    )
+    socket = tmp_path / "host0.sock"
+    server = subprocess.Popen(
+        [str(COLO), "sidecar", "serve", str(config), "--socket", str(socket), "--shm-dir", str(shm_dir), "--workers", "1"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        pipeline = demo.pipeline(token_corpus, seq_len=8, global_batch_size=12)
+        expected = read_all(cd.Loader(pipeline))
+        got = read_all(cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}"))
+        assert_batches_equal(expected, got, "external sidecar")
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert server.returncode == 0
+    assert b"worker" in server.stderr.read()
+
+
+def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> None:
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("cannot mount a 64 MB tmpfs here (needs root and mount)")
+    try:
+        big = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 2**20)], global_batch_size=12)
+        with cd.Loader(big, backend="sidecar", workers=0, shm_dir=str(mount), slots=4) as loader:
+            with pytest.raises(cd.ShmError, match=r"needs \d+ bytes.*free") as raised:
+                next(loader)
+        assert "--shm-size" in str(raised.value)
+        assert not any(mount.iterdir())
+        fits = make_pipeline(token_corpus)
+        assert_batches_equal(
+            read_all(cd.Loader(fits)),
+            read_all(cd.Loader(fits, backend="sidecar", workers=0, shm_dir=str(mount))),
+            "a ring that fits the 64 MB tmpfs",
+        )
+        assert not any(mount.iterdir())
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_sidecar_address_needs_one_per_host(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match="one address per host"):
+        cd.Loader(make_pipeline(token_corpus), backend="sidecar", hosts=2, sidecar="unix:///tmp/x.sock")
+
+
+def test_no_sidecar_at_the_address(tmp_path: Path) -> None:
+    with pytest.raises(cd.SidecarError, match=r"no sidecar answers at unix://.*none\.sock"):
+        SidecarClient(f"unix://{tmp_path / 'none.sock'}", connect_timeout=0.5)
