@@ -20,6 +20,8 @@ from colo_data import ConfigError, CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
 from colo_data.resources import shm_capacity
 
+from real_cgroup import cpu_cgroup
+
 AFFINITY = 8
 ROOTFS = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"
 V1_CPU = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:9 - cgroup cgroup rw,cpu,cpuacct"
@@ -302,27 +304,6 @@ print(json.dumps(dataclasses.asdict(colo_data.cpu_budget())))
 """
 
 
-def _cpu_hierarchy() -> tuple[int, Path]:
-    """(cgroup version, mount point) of a writable CPU controller, or pytest.skip saying why not."""
-    if os.geteuid() != 0:
-        pytest.skip(f"creating a cgroup needs root; this test runs as uid {os.geteuid()}")
-    v2 = None
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fs_type, _, options = right.split()
-        mount = Path(left.split()[4])
-        if fs_type == "cgroup" and "cpu" in options.split(","):
-            return 1, mount
-        if fs_type == "cgroup2" and "cpu" in (mount / "cgroup.controllers").read_text().split():
-            v2 = mount
-    if v2 is None:
-        pytest.skip(
-            "/proc/self/mountinfo has no cgroup v1 mount with the cpu controller and no cgroup2 mount "
-            "whose cgroup.controllers lists cpu"
-        )
-    return 2, v2
-
-
 def _own_quota(version: int, directory: Path) -> float:
     """The CPU quota written in one cgroup directory (inf for none), read without colo_data."""
     if version == 1:
@@ -342,40 +323,18 @@ def _run_child(procs: Path) -> dict[str, object]:
 
 
 def test_real_cgroup_quota_reaches_a_child_process() -> None:
-    version, mount = _cpu_hierarchy()
-    group = mount / f"colo-data-test-{os.getpid()}"
-    enabled_cpu = False
-    try:
-        try:
-            if version == 2 and "cpu" not in (mount / "cgroup.subtree_control").read_text().split():
-                (mount / "cgroup.subtree_control").write_text("+cpu")
-                enabled_cpu = True
-            group.mkdir()
-            if version == 1:
-                (group / "cpu.cfs_period_us").write_text("100000")
-                (group / "cpu.cfs_quota_us").write_text("50000")
-            else:
-                (group / "cpu.max").write_text("50000 100000")
-        except OSError as error:
-            pytest.skip(f"cgroup v{version} at {mount} is not writable: {error}")
-        limited = _run_child(group / "cgroup.procs")
+    with cpu_cgroup(50_000) as group:
+        limited = _run_child(group.procs)
         assert (limited["cpus"], limited["workers"], limited["quota"]) == (0.5, 1, 0.5)
-        quota_text = "cpu quota 50000/100000" if version == 1 else "cpu.max 50000 100000"
-        assert limited["source"] == f"cgroup v{version} {quota_text} at {group}"
+        quota_text = "cpu quota 50000/100000" if group.version == 1 else "cpu.max 50000 100000"
+        assert limited["source"] == f"cgroup v{group.version} {quota_text} at {group.path}"
 
         # The same child in the hierarchy's root cgroup: none of our quota, only the mask (and
         # the mount point's own quota where that is a container's cgroup rather than the root).
         affinity = len(REAL_AFFINITY(0))
-        expected = min(affinity, _own_quota(version, mount))
-        free = _run_child(mount / "cgroup.procs")
+        expected = min(affinity, _own_quota(group.version, group.mount))
+        free = _run_child(group.mount / "cgroup.procs")
         assert (free["cpus"], free["affinity"]) == (expected, affinity)
-    finally:
-        if group.exists():
-            for pid in (group / "cgroup.procs").read_text().split():
-                (mount / "cgroup.procs").write_text(pid)
-            group.rmdir()
-        if enabled_cpu:
-            (mount / "cgroup.subtree_control").write_text("-cpu")
 
 
 # ---------------------------------------------------------------- colo-data doctor

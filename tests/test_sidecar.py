@@ -4,6 +4,7 @@ process or segment left behind when any party is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 import colo_data as cd
 from colo_data import demo
+from real_cgroup import cpu_cgroup
 from colo_data.sidecar.client import SidecarClient
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
@@ -192,6 +194,38 @@ def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_p
         server.wait(10)
     assert server.returncode == 0
     assert b"worker" in server.stderr.read()
+
+
+@pytest.mark.parametrize("quota_us, cpus, workers", [(50_000, 0.5, 1), (None, None, None)])
+def test_sidecar_in_a_cpu_limited_cgroup(
+    token_corpus: Path, shm_dir: Path, tmp_path: Path, quota_us: int | None, cpus: float | None, workers: int | None
+) -> None:
+    """A sidecar that starts inside a cgroup with half a CPU reports cpus=0.5 and picks 1
+    worker; without a quota it takes the affinity mask. Either way it serves the right batches."""
+    if quota_us is None:
+        cpus = float(len(os.sched_getaffinity(0)))
+        workers = max(1, int(cpus) - 1)
+    socket = tmp_path / "host0.sock"
+    with contextlib.ExitStack() as stack:
+        join = ""
+        if quota_us is not None:
+            group = stack.enter_context(cpu_cgroup(quota_us))
+            join = f"echo $$ > {group.procs} && "
+        env = {k: v for k, v in os.environ.items() if k != "COLO_DATA_CPUS"}
+        server = subprocess.Popen(
+            ["sh", "-c", f'{join}exec "{COLO}" sidecar serve --socket {socket} --shm-dir {shm_dir}'], env=env
+        )
+        try:
+            client = SidecarClient(f"unix://{socket}", server.pid)
+            pipeline = make_pipeline(token_corpus)
+            got = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+            client.close()
+            assert client.info["budget"]["cpus"] == cpus and client.info["workers"] == workers, client.info
+            expected = [to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)]
+            assert_batches_equal(expected, got, f"sidecar with budget {client.info['budget']}")
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> None:
