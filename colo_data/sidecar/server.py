@@ -20,7 +20,7 @@ from colo_data.errors import ConfigError
 from colo_data.host import HostBatch, HostPipeline
 from colo_data.pipeline import Pipeline
 from colo_data.resources import cpu_budget, memory_limit
-from colo_data.shm import ShmRing, check_capacity, slot_bytes
+from colo_data.shm import ShmRing, slot_bytes
 from colo_data.sidecar.protocol import FAMILY, error_reply
 
 _WATCH_S = 0.5
@@ -35,8 +35,7 @@ class _Session:
         try:
             first = next(self._batches, None)
             size = slot_bytes(first) if first is not None else 1
-            check_capacity(shm_dir, slots, size, memory_limit())
-            self.ring = ShmRing.create(shm_dir, slots, size)
+            self.ring = ShmRing.create(shm_dir, slots, size, memory_limit())  # sweeps stale rings, checks room
         except BaseException:
             self._close_batches()
             raise
