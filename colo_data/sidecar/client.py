@@ -76,18 +76,18 @@ class SidecarClient:
 
     def batches(self, pipeline: Pipeline | None, host: int, hosts: int, position: int) -> Iterator[HostBatch]:
         """Open a stream and yield this host's batches (views valid until the next one)."""
-        self.info = self._request(
-            {
-                "op": "open",
-                "pipeline": None if pipeline is None else cloudpickle.dumps(pipeline),
-                "host": host,
-                "hosts": hosts,
-                "position": position,
-            }
-        )
-        self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
         held: int | None = None
         try:
+            self.info = self._request(
+                {
+                    "op": "open",
+                    "pipeline": None if pipeline is None else cloudpickle.dumps(pipeline),
+                    "host": host,
+                    "hosts": hosts,
+                    "position": position,
+                }
+            )
+            self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
             while True:
                 if held is not None:
                     self._conn.send({"op": "release", "slot": held})
@@ -102,14 +102,16 @@ class SidecarClient:
             self._finish()
 
     def _finish(self) -> None:
-        if self._reader is None:
-            return
+        """End the session (the sidecar then removes its ring) and the connection."""
         try:
-            self._request({"op": "close"})
+            if self._reader is not None:
+                self._request({"op": "close"})
+                self._reader.close()
+                self._reader = None
         except SidecarError:
-            return
-        self._reader.close()
-        self._reader = None
+            pass
+        finally:
+            self.close()
 
     def close(self) -> None:
         self._conn.close()

@@ -114,7 +114,8 @@ class SidecarServer:
         if self._session is not None:
             self._session.ring.close()
         for child in psutil.Process().children(recursive=True):
-            child.kill()
+            if "resource_tracker" not in " ".join(child.cmdline()):  # it cleans up after us once we are gone
+                child.kill()
         os._exit(0)
 
     def _open(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +143,8 @@ class SidecarServer:
                     return
                 op = request.get("op")
                 if op == "release":
-                    self._session.release(request["slot"])
+                    if self._session is not None:
+                        self._session.release(request["slot"])
                     continue
                 try:
                     if op == "open":
