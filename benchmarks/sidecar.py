@@ -48,6 +48,7 @@ from absl import flags
 
 import colo_data as cd
 from colo_data import demo
+from colo_data.shm import ShmRing
 from colo_data.sidecar.client import SidecarClient
 from colo_data.sidecar.local import LocalSidecar
 
@@ -56,7 +57,7 @@ MIB = 2**20
 HANDOFF_MIB = (8, 32, 64)
 HANDOFF_ROWS = 512  # >= CHUNK_RECORDS: one host batch per host-pipeline call
 HANDOFF_WARMUP = 6  # more than the ring's 4 slots: every slot written (pages faulted) once
-HANDOFF_BYTES = 2**30  # measured bytes per size and round (at least 20 batches)
+HANDOFF_BYTES = 2 * 2**30  # measured bytes per size and round (at least 20 batches)
 SLOTS = 4
 SHM_DIR = "/dev/shm"
 CGROUP_NAME = f"colo-bench-sidecar-{os.getpid()}"
@@ -153,6 +154,20 @@ def measure_copyto(nbytes: int, destinations: int) -> dict[str, float]:
     for i in range(measured):
         np.copyto(dsts[i % destinations], src)
     seconds = time.perf_counter() - t0
+    return {"bytes": nbytes * measured, "batches": measured, "seconds": seconds, "bytes_per_s": nbytes * measured / seconds}
+
+
+def measure_slot_write(nbytes: int) -> dict[str, float]:
+    """The sidecar's copy alone: ShmRing.write of the same batch into 4 rotating slots, here."""
+    measured = handoff_batches(nbytes)
+    batch = {"x": np.ones((HANDOFF_ROWS, nbytes // HANDOFF_ROWS), np.uint8)}
+    with ShmRing.create(SHM_DIR, SLOTS, nbytes) as ring:
+        for i in range(HANDOFF_WARMUP):
+            ring.write(i % SLOTS, batch)
+        t0 = time.perf_counter()
+        for i in range(measured):
+            ring.write(i % SLOTS, batch)
+        seconds = time.perf_counter() - t0
     return {"bytes": nbytes * measured, "batches": measured, "seconds": seconds, "bytes_per_s": nbytes * measured / seconds}
 
 
@@ -518,6 +533,7 @@ def main() -> None:
     handoff: dict[str, list[dict[str, float]]] = {}
     copy_rot: dict[str, list[dict[str, float]]] = {}
     copy_one: dict[str, list[dict[str, float]]] = {}
+    slot_write: dict[str, list[dict[str, float]]] = {}
     loaders: dict[str, list[dict[str, float]]] = {name: [] for name in LOADERS}
     cgroup_runs: dict[str, list[dict[str, Any]]] = {"colo": [], "grain": []}
     cgroup_skipped: str | None = None
@@ -542,6 +558,7 @@ def main() -> None:
                 for mib in HANDOFF_MIB:
                     key = f"{mib} MiB"
                     copy_rot.setdefault(key, []).append(measure_copyto(mib * MIB, SLOTS))
+                    slot_write.setdefault(key, []).append(measure_slot_write(mib * MIB))
                     handoff.setdefault(key, []).append(measure_handoff(sidecar, mib * MIB))
                     copy_one.setdefault(key, []).append(measure_copyto(mib * MIB, 1))
                     print(
@@ -597,16 +614,17 @@ def main() -> None:
             "trainer receives numpy views through `SidecarClient.batches()` (release + next messages per batch) and "
             f"does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; rows = {HANDOFF_ROWS}, "
             "source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same size into 4 rotating "
-            "destinations (the ring's memory pattern) and into 1 destination (cache-resident at 8 MiB).",
+            "destinations (the ring's memory pattern) and into 1 destination (cache-resident at 8 MiB). "
+            "`ShmRing.write alone`: the sidecar's slot copy measured in this process, without the sidecar.",
             "",
-            "| batch | sidecar -> trainer GB/s | copyto GB/s (4 dst) | copyto GB/s (1 dst) | ms per batch (sidecar) | ms per copy (4 dst) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| batch | sidecar -> trainer GB/s | copyto GB/s (4 dst) | copyto GB/s (1 dst) | ShmRing.write alone GB/s | ms per batch (sidecar) | ms per copy (4 dst) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for key in handoff:
             nbytes = int(key.split()[0]) * MIB
-            h, c4, c1 = (_median(x[key], "bytes_per_s") for x in (handoff, copy_rot, copy_one))
+            h, c4, c1, w = (_median(x[key], "bytes_per_s") for x in (handoff, copy_rot, copy_one, slot_write))
             lines.append(
-                f"| {key} | {_gb(h)} | {_gb(c4)} | {_gb(c1)} | {1e3 * nbytes / h:.2f} | {1e3 * nbytes / c4:.2f} |"
+                f"| {key} | {_gb(h)} | {_gb(c4)} | {_gb(c1)} | {_gb(w)} | {1e3 * nbytes / h:.2f} | {1e3 * nbytes / c4:.2f} |"
             )
             ratios.append((f"hand-off {key} / copyto (4 dst)", h / c4, 0.8, False))
             ratios.append((f"hand-off {key} / copyto (1 dst)", h / c1, 0.8, False))
@@ -697,7 +715,12 @@ def main() -> None:
             {
                 "rounds": args.rounds,
                 "wall_s": wall,
-                "handoff": {"sidecar": handoff, "copyto_4_dst": copy_rot, "copyto_1_dst": copy_one},
+                "handoff": {
+                    "sidecar": handoff,
+                    "copyto_4_dst": copy_rot,
+                    "copyto_1_dst": copy_one,
+                    "shmring_write_alone": slot_write,
+                },
                 "demo_loader": loaders,
                 "cgroup_1cpu": cgroup_runs if not cgroup_skipped else {"skipped": cgroup_skipped},
                 "ratios": {name: value for name, value, _, _ in ratios},

@@ -128,8 +128,10 @@ class Loader:
     def _global_batches(self, hosts: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
         try:
             for pieces in zip(*hosts):
-                # the pieces may be shared-memory slots, reused once the next piece is asked for
-                yield jax.block_until_ready(self._assemble(pieces))
+                batch = self._assemble(pieces)
+                if self.backend == "sidecar":  # the slots are rewritten once the next pieces are asked for
+                    jax.block_until_ready(batch)
+                yield batch
         finally:
             for it in hosts:
                 it.close()
