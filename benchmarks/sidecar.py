@@ -397,6 +397,7 @@ class PadRecord(grain.transforms.Map):
 def child_main(kind: str, batches: int) -> None:
     """Runs inside the cgroup: says "ready" once imported and JAX is up, waits for "go", reads
     the first `batches` batches of an epoch, prints one JSON line."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # close the loader on the way out
     flags.FLAGS.mark_as_parsed()
     directory = demo.corpus()
     jax.block_until_ready(jax.device_put(np.zeros(1)))
@@ -481,9 +482,13 @@ def run_in_cgroup(cgroup: CpuCgroup, kind: str) -> dict[str, Any]:
                 at = log.rfind("Traceback")
                 raise RuntimeError(f"child {kind} failed (exit {child.returncode}):\n{log[at:][-6000:] if at >= 0 else log[-3000:]}")
         finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+            if child.poll() is None:  # interrupted: let it close its loader, then make sure
+                child.terminate()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
     result = json.loads(out.strip().splitlines()[-1])
     said = re.search(r"colo-data sidecar on .*?: (\d+) worker\(s\); CPU budget (\S+) \((.*)\)", log)
     if said:
@@ -633,7 +638,9 @@ def main() -> None:
             "",
             f"**2. Demo pipeline** (40,000 records, block shuffle, pad {SEQ_LEN}, batch {BATCH}), one epoch per round, "
             "`jax.block_until_ready` on each batch. The whole-epoch rate includes the loader's start-up (for the sidecar: "
-            "starting the sidecar process and its Grain worker); CPU is this process plus its descendants (sampled every 50 batches, so a little is missed). On JAX's "
+            "starting the sidecar process and any worker processes); CPU is this process plus its descendants (sampled "
+            f"every 50 batches, so a little is missed). `workers=None` (the sidecar's default) picks "
+            f"cd.cpu_budget().workers = {cd.cpu_budget().workers} here ({cd.cpu_budget().source}). On JAX's "
             "CPU backend the sidecar Loader copies each batch out of its slot (colo_data/loader.py `_copy`).",
             "",
             "| loader | workers (processes seen) | records/s, whole epoch | records/s after first batch | first batch s | CPU s per 1k records |",
@@ -668,7 +675,11 @@ def main() -> None:
         lines += ["", f"**3. 1-CPU cgroup**: skipped ({cgroup_skipped})."]
     elif cgroup_runs["colo"]:
         colo, gr = cgroup_runs["colo"], cgroup_runs["grain"]
-        said = colo[-1].get("sidecar_says", {})
+        said = {
+            key: "/".join(sorted({str(r.get("sidecar_says", {}).get(key, "?")) for r in colo}))
+            for key in ("workers", "cpu_budget", "source")
+        }
+        grain_workers = "/".join(sorted({str(r["grain_worker_count"]) for r in gr}))
         lines += [
             "",
             "**3. 1-CPU cgroup** (cgroup v1 cpu.cfs_quota_us = cpu.cfs_period_us = 100000; the child and everything it "
@@ -677,7 +688,7 @@ def main() -> None:
             f"{BATCH}, pad {SEQ_LEN}; each batch put on the device. colo-data: block shuffle, sidecar backend, workers=None "
             f"(the sidecar said: {said.get('workers', '?')} worker(s), CPU budget {said.get('cpu_budget', '?')} from "
             f"{said.get('source', '?')}). Grain 0.2.18: `DataLoader(worker_count=None)`, which Grain resolves to "
-            f"os.cpu_count() = {gr[-1]['grain_worker_count']} (grain/_src/python/data_loader.py `_determine_worker_count`), "
+            f"os.cpu_count() = {grain_workers} (grain/_src/python/data_loader.py `_determine_worker_count`), "
             "over `cd.ArrowSource` with `IndexSampler(shuffle=True)` (global shuffle), per-record pad, `Batch(32)`, "
             "default ReadOptions. Rates incl. start-up time from creating the loader (sidecar, workers) to the last batch; the child's imports and JAX start are not timed.",
             "",
@@ -686,7 +697,7 @@ def main() -> None:
             f"| colo-data Loader, sidecar, workers=None | {said.get('workers', '?')} | {_median(colo, 'worker_processes'):.0f} | "
             f"{_median(colo, 'records_per_s'):,.0f} | {_median(colo, 'steady_records_per_s'):,.0f} | "
             f"{_median(colo, 'first_batch_s'):.2f} | {_median(colo, 'cpu_s_per_1k'):.3f} | {_median(colo, 'throttled_s'):.1f} |",
-            f"| Grain DataLoader, worker_count=None | {gr[-1]['grain_worker_count']} | {_median(gr, 'worker_processes'):.0f} | "
+            f"| Grain DataLoader, worker_count=None | {grain_workers} | {_median(gr, 'worker_processes'):.0f} | "
             f"{_median(gr, 'records_per_s'):,.0f} | {_median(gr, 'steady_records_per_s'):,.0f} | "
             f"{_median(gr, 'first_batch_s'):.2f} | {_median(gr, 'cpu_s_per_1k'):.3f} | {_median(gr, 'throttled_s'):.1f} |",
         ]

@@ -101,6 +101,8 @@ class Loader:
         self._shardings: dict[int, NamedSharding] = {}
         self._position = 0 if state is None else restore_position(pipeline, state)
         self._iterator: Prefetcher[dict[str, jax.Array]] | Iterator[dict[str, jax.Array]] | None = None
+        if backend == "sidecar" and not addresses:  # started last and now: they load while the trainer compiles
+            self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in range(self.hosts)]
 
     def _sharding(self, ndim: int) -> NamedSharding:
         if ndim not in self._shardings:
@@ -139,9 +141,8 @@ class Loader:
     def _host_streams(self) -> list[Iterator[HostBatch]]:
         if self.backend == "inprocess":
             return [h.batches(self._position) for h in self._host_pipelines]
-        if not self._addresses and not self._local_sidecars:
-            shm_dir, workers, slots = self._sidecar_settings
-            self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in range(self.hosts)]
+        if not self._addresses and not self._local_sidecars:  # closed, then iterated again
+            self._local_sidecars = [LocalSidecar(*self._sidecar_settings) for _ in range(self.hosts)]
         targets = [(a, None) for a in self._addresses] or [(s.address, s.process.pid) for s in self._local_sidecars]
         clients = [SidecarClient(address, pid) for address, pid in targets]
         return [c.batches(self.pipeline, h, self.hosts, self._position) for h, c in enumerate(clients)]

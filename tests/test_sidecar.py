@@ -73,7 +73,7 @@ def test_sidecar_batches_equal_in_process(token_corpus: Path, shm_dir: Path, hos
     expected = read_all(cd.Loader(pipeline, hosts=hosts))
     # 2 slots: every slot is rewritten many times while the test holds all batches, so a
     # batch that aliased its slot would change under us
-    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=hosts, workers=1, shm_dir=str(shm_dir), slots=2))
+    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=hosts, workers=2, shm_dir=str(shm_dir), slots=2))
     assert_batches_equal(expected, got, f"sidecar backend, {hosts} host(s)")
     wait_for(lambda: not sidecars(), 10, "local sidecars exit with the loader")
 
@@ -103,7 +103,7 @@ def test_worker_exception_reaches_the_trainer_with_its_traceback(token_corpus: P
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), fail_when_asked])
     os.environ["COLO_DATA_TEST_FAIL"] = "1"  # inherited by the sidecar and its worker
     try:
-        with cd.Loader(pipeline, backend="sidecar", workers=1, shm_dir=str(shm_dir)) as loader:
+        with cd.Loader(pipeline, backend="sidecar", workers=2, shm_dir=str(shm_dir)) as loader:
             with pytest.raises(cd.TransformError) as raised:
                 next(loader)
     finally:
@@ -130,11 +130,11 @@ def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path,
 
 def test_worker_killed_is_an_error_not_a_hang(token_corpus: Path, shm_dir: Path) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None)
-    with cd.Loader(pipeline, backend="sidecar", workers=1, shm_dir=str(shm_dir), prefetch=0) as loader:
+    with cd.Loader(pipeline, backend="sidecar", workers=2, shm_dir=str(shm_dir), prefetch=0) as loader:
         next(loader)
         (side,) = sidecars()
         workers = [c for c in side.children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
-        assert workers, "the sidecar runs a worker process"
+        assert len(workers) == 2, "the sidecar runs 2 worker processes"
         for w in workers:
             w.send_signal(signal.SIGKILL)
         started = time.monotonic()

@@ -31,7 +31,10 @@ class _Session:
     every free slot filled ahead of the trainer's requests."""
 
     def __init__(self, pipeline: Pipeline, host: int, hosts: int, position: int, workers: int, shm_dir: str, slots: int):
-        self._batches: Iterator[HostBatch] = HostPipeline(pipeline, host, hosts, workers).batches(position)
+        # One worker runs here, on the producer thread: the sidecar already is a process of
+        # its own, and a single worker process would only add a hop (measured: half the rate).
+        processes = workers if workers > 1 else 0
+        self._batches: Iterator[HostBatch] = HostPipeline(pipeline, host, hosts, processes).batches(position)
         try:
             first = next(self._batches, None)
             size = slot_bytes(first) if first is not None else 1
