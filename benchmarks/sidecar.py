@@ -11,13 +11,14 @@ cgroup against Grain's DataLoader(worker_count=None) in the same cgroup.
    overlapped with the trainer), the release/next messages over the Unix socket and the
    views in the trainer. Baseline: a single-thread numpy.copyto of the same size, into 4
    rotating destinations (the ring's memory pattern) and into one destination (at 8 MiB the
-   source and destination then stay in the 32 MiB L3 cache).
+   source and destination then stay in this machine's 32 MiB L3 cache), and ShmRing.write
+   alone (the sidecar's copy, without the sidecar).
 2. Demo pipeline (block shuffle, batch 32, pad 1024), one epoch per round:
    cd.Loader(p, backend="sidecar") against cd.Loader(p), each batch jax.block_until_ready.
 3. A child process confined to a 1-CPU cgroup v1 (cpu.cfs_quota_us = cpu.cfs_period_us):
    colo-data, sidecar backend, workers=None, against grain.DataLoader(worker_count=None)
-   (global shuffle through IndexSampler, per-record pad, Batch(32)), one epoch each; both
-   consumers put every batch on the device (jax.block_until_ready).
+   (global shuffle through IndexSampler, per-record pad, Batch(32)), the first 400 batches of
+   an epoch each; both consumers put every batch on the device (jax.block_until_ready).
 
 Rounds are interleaved and medians reported. Run:
 `.venv/bin/python benchmarks/sidecar.py [--rounds N] [--out DIR]` (as root for part 3).
@@ -26,6 +27,7 @@ Rounds are interleaved and medians reported. Run:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -68,6 +70,7 @@ LOADERS: dict[str, dict[str, Any]] = {  # part 2; the last one is for reading th
     "sidecar": {"backend": "sidecar"},
     "sidecar, workers=0 (extra)": {"backend": "sidecar", "workers": 0},
 }
+NOTHING_LEFT = "no process, worker or /dev/shm/colo-data-* segment of this run was left behind"
 _SEGMENT = re.compile(r"colo-data-(\d+)-[0-9a-f]{8}-\d+")
 
 
@@ -126,6 +129,11 @@ def handoff_batches(nbytes: int) -> int:
     return max(20, HANDOFF_BYTES // nbytes)
 
 
+def _rate(nbytes: int, batches: int, seconds: float) -> dict[str, float]:
+    total = nbytes * batches
+    return {"bytes": total, "batches": batches, "seconds": seconds, "bytes_per_s": total / seconds}
+
+
 def measure_handoff(sidecar: LocalSidecar, nbytes: int) -> dict[str, float]:
     """Bytes/s of host batches arriving in the trainer as views, after the warm-up."""
     measured = handoff_batches(nbytes)
@@ -140,7 +148,7 @@ def measure_handoff(sidecar: LocalSidecar, nbytes: int) -> dict[str, float]:
     finally:
         client.close()
     seconds = arrivals[-1] - arrivals[HANDOFF_WARMUP - 1]
-    return {"bytes": nbytes * measured, "batches": measured, "seconds": seconds, "bytes_per_s": nbytes * measured / seconds}
+    return _rate(nbytes, measured, seconds)
 
 
 def measure_copyto(nbytes: int, destinations: int) -> dict[str, float]:
@@ -154,7 +162,7 @@ def measure_copyto(nbytes: int, destinations: int) -> dict[str, float]:
     for i in range(measured):
         np.copyto(dsts[i % destinations], src)
     seconds = time.perf_counter() - t0
-    return {"bytes": nbytes * measured, "batches": measured, "seconds": seconds, "bytes_per_s": nbytes * measured / seconds}
+    return _rate(nbytes, measured, seconds)
 
 
 def measure_slot_write(nbytes: int) -> dict[str, float]:
@@ -167,8 +175,7 @@ def measure_slot_write(nbytes: int) -> dict[str, float]:
         t0 = time.perf_counter()
         for i in range(measured):
             ring.write(i % SLOTS, batch)
-        seconds = time.perf_counter() - t0
-    return {"bytes": nbytes * measured, "batches": measured, "seconds": seconds, "bytes_per_s": nbytes * measured / seconds}
+    return _rate(nbytes, measured, time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +221,13 @@ class Tracker:
     def cleanup(self) -> dict[str, list]:
         left = psutil.Process().children(recursive=True)
         self.pids.update(p.pid for p in left)
-        report = {"processes_stopped": [f"{p.pid} {' '.join(p.cmdline()[:6])}" for p in left if p.is_running()]}
+        stopped = []
+        for proc in left:
+            try:
+                stopped.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+            except psutil.Error:
+                pass
+        report: dict[str, list] = {"processes_stopped": stopped}
         for proc in left:
             try:
                 proc.terminate()
@@ -245,13 +258,13 @@ class Tracker:
 # Part 2: sidecar vs in-process on the demo pipeline
 
 
-def run_loader(
-    pipeline: cd.Pipeline, tracker: Tracker | None, batches: int | None = None, **kwargs: Any
-) -> dict[str, float]:
-    """One epoch (or its first `batches`) through cd.Loader: records/s over the whole epoch (start-up included) and
-    after the first batch, time to the first batch, CPU s per 1k records (this process and
-    its descendants, read before the loader closes) and the worker processes seen."""
+def run_loader(directory: Path, tracker: Tracker | None, batches: int | None = None, **kwargs: Any) -> dict[str, float]:
+    """One epoch (or its first `batches`) of the demo pipeline through cd.Loader: records/s from
+    creating the pipeline (start-up included) and after the first batch, time to the first
+    batch, CPU s per 1k records (this process and its descendants, sampled) and the worker
+    processes seen. A new pipeline each time: no row groups cached from an earlier run."""
     me = psutil.Process()
+    before = {p.pid: _cpu_of(p) for p in me.children(recursive=True)}  # e.g. part 1's idle sidecar
     own0, t0 = _cpu_of(me), time.perf_counter()
     records, first_at, first_records, workers = 0, None, 0, 0
     child_cpu: dict[int, float] = {}  # workers may end before the last batch: sampled
@@ -263,6 +276,7 @@ def run_loader(
         for p in descendants:
             child_cpu[p.pid] = max(child_cpu.get(p.pid, 0.0), _cpu_of(p))
 
+    pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
     with cd.Loader(pipeline, **kwargs) as loader:
         for batch in loader:
             jax.block_until_ready(batch)
@@ -275,7 +289,7 @@ def run_loader(
                 break
         end = time.perf_counter()
         sample()
-        cpu = _cpu_of(me) - own0 + sum(child_cpu.values())
+        cpu = _cpu_of(me) - own0 + sum(used - before.get(pid, 0.0) for pid, used in child_cpu.items())
     closed = time.perf_counter()
     assert first_at is not None
     return {
@@ -411,8 +425,7 @@ def child_main(kind: str, batches: int) -> None:
         "os_cpu_count": os.cpu_count(),
     }
     if kind == "colo":
-        pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
-        result |= run_loader(pipeline, None, batches, backend="sidecar")
+        result |= run_loader(directory, None, batches, backend="sidecar")
     else:
         me = psutil.Process()
         own0, t0 = _cpu_of(me), time.perf_counter()
@@ -426,7 +439,8 @@ def child_main(kind: str, batches: int) -> None:
         result["grain_worker_count"] = loader.multiprocessing_options.num_workers
         records, first_at, first_records, workers = 0, None, 0, 0
         child_cpu: dict[int, float] = {}  # the workers may be gone once the epoch ends: sampled
-        for batch in loader:
+        iterator = iter(loader)
+        for batch in iterator:
             jax.block_until_ready(jax.device_put(batch))
             records += len(batch["tokens"])
             if first_at is None:
@@ -442,6 +456,8 @@ def child_main(kind: str, batches: int) -> None:
         for p in me.children(recursive=True):
             child_cpu[p.pid] = max(child_cpu.get(p.pid, 0.0), _cpu_of(p))
         cpu = _cpu_of(me) - own0 + sum(child_cpu.values())
+        del batch, iterator  # Grain stops its workers when its iterator is collected
+        gc.collect()
         assert first_at is not None
         result |= {
             "records": records,
@@ -480,7 +496,8 @@ def run_in_cgroup(cgroup: CpuCgroup, kind: str) -> dict[str, Any]:
             log = err.read()
             if child.returncode:
                 at = log.rfind("Traceback")
-                raise RuntimeError(f"child {kind} failed (exit {child.returncode}):\n{log[at:][-6000:] if at >= 0 else log[-3000:]}")
+                why = log[at:][-6000:] if at >= 0 else log[-3000:]
+                raise RuntimeError(f"child {kind} failed (exit {child.returncode}):\n{why}")
         finally:
             if child.poll() is None:  # interrupted: let it close its loader, then make sure
                 child.terminate()
@@ -502,6 +519,9 @@ def run_in_cgroup(cgroup: CpuCgroup, kind: str) -> dict[str, Any]:
 # The run
 
 
+Ratio = tuple[str, float, str | None]  # name, value, goal ("> 1", ">= 0.8") or None
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(float(r[key]) for r in runs)
 
@@ -510,11 +530,138 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
 
-def _goal(value: float, goal: float | None, strict: bool = False) -> str:
+def _goal(value: float, goal: str | None) -> str:
     if goal is None:
         return "(no goal)"
-    ok = value > goal if strict else value >= goal
-    return ("yes" if ok else "**no**") + f" ({'>' if strict else '>='} {goal:g}x)"
+    op, bound = goal.split()
+    ok = value > float(bound) if op == ">" else value >= float(bound)
+    return f"{'yes' if ok else '**no**'} ({op} {bound}x)"
+
+
+Runs = list[dict[str, Any]]
+PART1_SERIES = ("handoff", "copy_rot", "copy_one", "slot_write")
+
+
+def _ratio_pair(name: str, a: Runs, b: Runs, goal: str | None, first: str) -> list[Ratio]:
+    """The ratio of medians with start-up included (`first` names that) and after the first batch."""
+    return [
+        (f"{name}, {first}", _median(a, "records_per_s") / _median(b, "records_per_s"), goal),
+        (f"{name}, after first batch", _median(a, "steady_records_per_s") / _median(b, "steady_records_per_s"), goal),
+    ]
+
+
+def report(
+    rounds: int,
+    wall: float,
+    part1: dict[str, dict[str, list[dict[str, float]]]],
+    loaders: dict[str, list[dict[str, float]]],
+    cgroup_runs: dict[str, list[dict[str, Any]]],
+    cgroup_skipped: str | None,
+) -> tuple[list[str], list[Ratio]]:
+    """The Markdown tables and the ratios (medians over the rounds)."""
+    lines = [
+        f"Sidecar benchmarks: median of {rounds} interleaved round(s); {psutil.cpu_count()} CPUs; "
+        f"run took {wall:.0f} s."
+    ]
+    ratios: list[Ratio] = []
+    if part1["handoff"]:
+        lines += [
+            "",
+            "**1. Hand-off** (GB = 10^9 bytes). The sidecar (`colo-data sidecar serve`, 0 workers, 4 slots) "
+            "copies each preallocated batch once into a shared-memory slot in its own process, overlapped with the "
+            "trainer; the trainer receives numpy views through `SidecarClient.batches()` (release + next messages "
+            f"per batch) and does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; "
+            f"rows = {HANDOFF_ROWS}, source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same "
+            "size into 4 rotating destinations (the ring's memory pattern) and into 1 destination (cache-resident "
+            "at 8 MiB). `ShmRing.write alone`: the sidecar's slot copy measured in this process, without the sidecar.",
+            "",
+            "| batch | sidecar -> trainer GB/s | copyto GB/s (4 dst) | copyto GB/s (1 dst) | ShmRing.write alone GB/s "
+            "| ms per batch (sidecar) | ms per copy (4 dst) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key in part1["handoff"]:
+            nbytes = int(key.split()[0]) * MIB
+            h, c4, c1, w = (_median(part1[x][key], "bytes_per_s") for x in PART1_SERIES)
+            ms = (1e3 * nbytes / h, 1e3 * nbytes / c4)
+            lines.append(f"| {key} | {_gb(h)} | {_gb(c4)} | {_gb(c1)} | {_gb(w)} | {ms[0]:.2f} | {ms[1]:.2f} |")
+            ratios.append((f"hand-off {key} / copyto (4 dst)", h / c4, ">= 0.8"))
+            ratios.append((f"hand-off {key} / copyto (1 dst)", h / c1, ">= 0.8"))
+    if loaders["in-process"]:
+        budget = cd.cpu_budget()
+        lines += [
+            "",
+            f"**2. Demo pipeline** (40,000 records, block shuffle, pad {SEQ_LEN}, batch {BATCH}), one epoch per round, "
+            "`jax.block_until_ready` on each batch. The whole-epoch rate includes the loader's start-up (for the "
+            "sidecar: starting the sidecar process and any worker processes); CPU is this process plus its descendants "
+            f"(sampled every 50 batches, so a little is missed). `workers=None` (the sidecar's default) picks "
+            f"cd.cpu_budget().workers = {budget.workers} here ({budget.source}). On JAX's CPU backend the sidecar "
+            "Loader copies each batch out of its slot (colo_data/loader.py `_copy`).",
+            "",
+            "| loader | worker processes seen | records/s, whole epoch | records/s after first batch | first batch s "
+            "| CPU s per 1k records |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, runs in loaders.items():
+            m = {key: _median(runs, key) for key in runs[0] if isinstance(runs[0][key], int | float)}
+            lines.append(
+                f"| cd.Loader, {name} | {m['worker_processes']:.0f} | {m['records_per_s']:,.0f} | "
+                f"{m['steady_records_per_s']:,.0f} | {m['first_batch_s']:.2f} | {m['cpu_s_per_1k']:.3f} |"
+            )
+        ip, sc, sc0 = (loaders[name] for name in LOADERS)
+        ratios += _ratio_pair("sidecar / in-process Loader", sc, ip, ">= 0.9", "whole epoch")
+        ratios += _ratio_pair("extra: sidecar workers=0 / in-process Loader", sc0, ip, None, "whole epoch")
+    if cgroup_skipped:
+        lines += ["", f"**3. 1-CPU cgroup**: skipped ({cgroup_skipped})."]
+    elif cgroup_runs["colo"]:
+        colo, gr = cgroup_runs["colo"], cgroup_runs["grain"]
+
+        def each(runs: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> str:
+            return "/".join(sorted({str(get(r)) for r in runs}))  # one value unless rounds differed
+
+        said = {
+            key: each(colo, lambda r, key=key: r.get("sidecar_says", {}).get(key, "?"))
+            for key in ("workers", "cpu_budget", "source")
+        }
+        grain_workers = each(gr, lambda r: r["grain_worker_count"])
+        lines += [
+            "",
+            "**3. 1-CPU cgroup** (cgroup v1 cpu.cfs_quota_us = cpu.cfs_period_us = 100000; the child and everything it "
+            f"starts are inside; os.cpu_count() there = {each(colo, lambda r: r['os_cpu_count'])}). Demo corpus, the "
+            f"first {CGROUP_BATCHES} batches ({CGROUP_BATCHES * BATCH:,} records) of an epoch for both, batch {BATCH}, "
+            f"pad {SEQ_LEN}; each batch put on the device. colo-data: block shuffle, sidecar backend, workers=None "
+            f"(the sidecar said: {said['workers']} worker(s), CPU budget {said['cpu_budget']} from {said['source']}). "
+            f"Grain {grain_version()}: `DataLoader(worker_count=None)`, which Grain resolves to os.cpu_count() = "
+            f"{grain_workers} (grain/_src/python/data_loader.py `_determine_worker_count`), over `cd.ArrowSource` with "
+            "`IndexSampler(shuffle=True)` (global shuffle), per-record pad, `Batch(32)`, default ReadOptions. Rates "
+            "incl. start-up: from creating the loader (sidecar, workers) to the last batch; the child's imports and "
+            "JAX start are not timed. 'workers picked' is what each chose; 'worker processes seen' counts spawned "
+            "worker processes (a sidecar with 1 worker runs it on its own thread: colo_data/sidecar/server.py).",
+            "",
+            "| contender (1-CPU cgroup) | workers picked | worker processes seen | records/s incl. start-up "
+            "| records/s after first batch | first batch s | CPU s per 1k records | throttled s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, runs, picked in (
+            ("colo-data Loader, sidecar, workers=None", colo, said["workers"]),
+            ("Grain DataLoader, worker_count=None", gr, grain_workers),
+        ):
+            m = {key: _median(runs, key) for key in runs[0] if isinstance(runs[0][key], int | float)}
+            lines.append(
+                f"| {name} | {picked} | {m['worker_processes']:.0f} | {m['records_per_s']:,.0f} | "
+                f"{m['steady_records_per_s']:,.0f} | {m['first_batch_s']:.2f} | {m['cpu_s_per_1k']:.3f} | "
+                f"{m['throttled_s']:.1f} |"
+            )
+        ratios += _ratio_pair("1-CPU cgroup: colo-data sidecar / Grain DataLoader", colo, gr, "> 1", "incl. start-up")
+    if ratios:
+        lines += ["", "| ratio | value | goal met |", "| --- | ---: | --- |"]
+        lines += [f"| {name} | {value:.2f}x | {_goal(value, goal)} |" for name, value, goal in ratios]
+    return lines, ratios
+
+
+def grain_version() -> str:
+    from importlib.metadata import version
+
+    return version("grain")
 
 
 def main() -> None:
@@ -556,7 +703,6 @@ def main() -> None:
             except OSError as e:
                 cgroup_skipped = f"cannot create a 1-CPU cgroup: {e}"
                 print(f"part 3 skipped: {cgroup_skipped}", flush=True)
-        pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
         for r in range(args.rounds):
             tag = f"round {r + 1}/{args.rounds}"
             if sidecar is not None:
@@ -574,7 +720,7 @@ def main() -> None:
                     )
             if 2 in parts:
                 for name, kwargs in LOADERS.items():
-                    loaders[name].append(run_loader(pipeline, tracker, **kwargs))
+                    loaders[name].append(run_loader(directory, tracker, **kwargs))
                     m = loaders[name][-1]
                     print(
                         f"{tag}  demo Loader {name}: {m['records_per_s']:,.0f} records/s "
@@ -609,114 +755,13 @@ def main() -> None:
         print(f"cleanup: {cleanup}", flush=True)
 
     wall = time.perf_counter() - started
-    lines, ratios = [], []
-    lines.append(f"Sidecar benchmarks: median of {args.rounds} interleaved round(s); {psutil.cpu_count()} CPUs; run took {wall:.0f} s.")
-    if handoff:
-        lines += [
-            "",
-            "**1. Hand-off** (GB = 10^9 bytes). The sidecar (`colo-data sidecar serve`, 0 workers, 4 slots) copies each "
-            "preallocated batch once into a shared-memory slot in its own process, overlapped with the trainer; the "
-            "trainer receives numpy views through `SidecarClient.batches()` (release + next messages per batch) and "
-            f"does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; rows = {HANDOFF_ROWS}, "
-            "source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same size into 4 rotating "
-            "destinations (the ring's memory pattern) and into 1 destination (cache-resident at 8 MiB). "
-            "`ShmRing.write alone`: the sidecar's slot copy measured in this process, without the sidecar.",
-            "",
-            "| batch | sidecar -> trainer GB/s | copyto GB/s (4 dst) | copyto GB/s (1 dst) | ShmRing.write alone GB/s | ms per batch (sidecar) | ms per copy (4 dst) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for key in handoff:
-            nbytes = int(key.split()[0]) * MIB
-            h, c4, c1, w = (_median(x[key], "bytes_per_s") for x in (handoff, copy_rot, copy_one, slot_write))
-            lines.append(
-                f"| {key} | {_gb(h)} | {_gb(c4)} | {_gb(c1)} | {_gb(w)} | {1e3 * nbytes / h:.2f} | {1e3 * nbytes / c4:.2f} |"
-            )
-            ratios.append((f"hand-off {key} / copyto (4 dst)", h / c4, 0.8, False))
-            ratios.append((f"hand-off {key} / copyto (1 dst)", h / c1, 0.8, False))
-    if loaders["in-process"]:
-        lines += [
-            "",
-            f"**2. Demo pipeline** (40,000 records, block shuffle, pad {SEQ_LEN}, batch {BATCH}), one epoch per round, "
-            "`jax.block_until_ready` on each batch. The whole-epoch rate includes the loader's start-up (for the sidecar: "
-            "starting the sidecar process and any worker processes); CPU is this process plus its descendants (sampled "
-            f"every 50 batches, so a little is missed). `workers=None` (the sidecar's default) picks "
-            f"cd.cpu_budget().workers = {cd.cpu_budget().workers} here ({cd.cpu_budget().source}). On JAX's "
-            "CPU backend the sidecar Loader copies each batch out of its slot (colo_data/loader.py `_copy`).",
-            "",
-            "| loader | workers (processes seen) | records/s, whole epoch | records/s after first batch | first batch s | CPU s per 1k records |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for name, runs in loaders.items():
-            lines.append(
-                f"| cd.Loader, {name} | {_median(runs, 'worker_processes'):.0f} | {_median(runs, 'records_per_s'):,.0f} | "
-                f"{_median(runs, 'steady_records_per_s'):,.0f} | {_median(runs, 'first_batch_s'):.2f} | "
-                f"{_median(runs, 'cpu_s_per_1k'):.3f} |"
-            )
-        ip, sc, sc0 = (loaders[name] for name in LOADERS)
-        ratios.append(("sidecar / in-process Loader, whole epoch", _median(sc, "records_per_s") / _median(ip, "records_per_s"), 0.9, False))
-        ratios.append(
-            (
-                "sidecar / in-process Loader, after first batch",
-                _median(sc, "steady_records_per_s") / _median(ip, "steady_records_per_s"),
-                0.9,
-                False,
-            )
-        )
-        ratios.append(("extra: sidecar workers=0 / in-process Loader, whole epoch", _median(sc0, "records_per_s") / _median(ip, "records_per_s"), None, False))
-        ratios.append(
-            (
-                "extra: sidecar workers=0 / in-process Loader, after first batch",
-                _median(sc0, "steady_records_per_s") / _median(ip, "steady_records_per_s"),
-                None,
-                False,
-            )
-        )
-    if cgroup_skipped:
-        lines += ["", f"**3. 1-CPU cgroup**: skipped ({cgroup_skipped})."]
-    elif cgroup_runs["colo"]:
-        colo, gr = cgroup_runs["colo"], cgroup_runs["grain"]
-        said = {
-            key: "/".join(sorted({str(r.get("sidecar_says", {}).get(key, "?")) for r in colo}))
-            for key in ("workers", "cpu_budget", "source")
-        }
-        grain_workers = "/".join(sorted({str(r["grain_worker_count"]) for r in gr}))
-        lines += [
-            "",
-            "**3. 1-CPU cgroup** (cgroup v1 cpu.cfs_quota_us = cpu.cfs_period_us = 100000; the child and everything it "
-            f"starts are inside; os.cpu_count() there = {colo[-1]['os_cpu_count']}). Demo corpus, the first "
-            f"{CGROUP_BATCHES} batches ({CGROUP_BATCHES * BATCH:,} records) of an epoch for both, batch "
-            f"{BATCH}, pad {SEQ_LEN}; each batch put on the device. colo-data: block shuffle, sidecar backend, workers=None "
-            f"(the sidecar said: {said.get('workers', '?')} worker(s), CPU budget {said.get('cpu_budget', '?')} from "
-            f"{said.get('source', '?')}). Grain 0.2.18: `DataLoader(worker_count=None)`, which Grain resolves to "
-            f"os.cpu_count() = {grain_workers} (grain/_src/python/data_loader.py `_determine_worker_count`), "
-            "over `cd.ArrowSource` with `IndexSampler(shuffle=True)` (global shuffle), per-record pad, `Batch(32)`, "
-            "default ReadOptions. Rates incl. start-up time from creating the loader (sidecar, workers) to the last batch; the child's imports and JAX start are not timed.",
-            "",
-            "| contender (1-CPU cgroup) | workers picked | worker processes seen | records/s incl. start-up | records/s after first batch | first batch s | CPU s per 1k records | throttled s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            f"| colo-data Loader, sidecar, workers=None | {said.get('workers', '?')} | {_median(colo, 'worker_processes'):.0f} | "
-            f"{_median(colo, 'records_per_s'):,.0f} | {_median(colo, 'steady_records_per_s'):,.0f} | "
-            f"{_median(colo, 'first_batch_s'):.2f} | {_median(colo, 'cpu_s_per_1k'):.3f} | {_median(colo, 'throttled_s'):.1f} |",
-            f"| Grain DataLoader, worker_count=None | {grain_workers} | {_median(gr, 'worker_processes'):.0f} | "
-            f"{_median(gr, 'records_per_s'):,.0f} | {_median(gr, 'steady_records_per_s'):,.0f} | "
-            f"{_median(gr, 'first_batch_s'):.2f} | {_median(gr, 'cpu_s_per_1k'):.3f} | {_median(gr, 'throttled_s'):.1f} |",
-        ]
-        ratios.append(("1-CPU cgroup: colo-data sidecar / Grain DataLoader, incl. start-up", _median(colo, "records_per_s") / _median(gr, "records_per_s"), 1.0, True))
-        ratios.append(
-            (
-                "1-CPU cgroup: colo-data sidecar / Grain DataLoader, after first batch",
-                _median(colo, "steady_records_per_s") / _median(gr, "steady_records_per_s"),
-                1.0,
-                True,
-            )
-        )
-    if ratios:
-        lines += ["", "| ratio | value | goal met |", "| --- | ---: | --- |"]
-        lines += [f"| {name} | {value:.2f}x | {_goal(value, goal, strict)} |" for name, value, goal, strict in ratios]
+    results = {"handoff": handoff, "copy_rot": copy_rot, "copy_one": copy_one, "slot_write": slot_write}
+    lines, ratios = report(args.rounds, wall, results, loaders, cgroup_runs, cgroup_skipped)
     if failures:
         lines += ["", f"Failed and retried once: {len(failures)} child run(s); see sidecar.json `failures_retried`."]
     left = cleanup.get("processes_stopped") or cleanup.get("segments_removed") or cleanup.get("cgroup_pids_left")
-    lines += ["", f"Clean-up: {'left behind and removed: ' + json.dumps(cleanup) if left else 'no process, worker or /dev/shm/colo-data-* segment of this run was left behind'}."]
+    done = f"left behind and removed: {json.dumps(cleanup)}" if left else NOTHING_LEFT
+    lines += ["", f"Clean-up: {done}."]
     table = "\n".join(lines)
     print("\n" + table)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -734,7 +779,7 @@ def main() -> None:
                 },
                 "demo_loader": loaders,
                 "cgroup_1cpu": cgroup_runs if not cgroup_skipped else {"skipped": cgroup_skipped},
-                "ratios": {name: value for name, value, _, _ in ratios},
+                "ratios": {name: value for name, value, _ in ratios},
                 "cleanup": cleanup,
                 "failures_retried": failures,
             },
