@@ -53,8 +53,8 @@ from colo_data import demo
 from colo_data.shm import ShmRing
 from colo_data.sidecar.client import SidecarClient
 from colo_data.sidecar.local import LocalSidecar
+from core import BATCH, SEQ_LEN, PadRecord  # the core benchmark's pipeline and Grain per-record pad
 
-SEQ_LEN, BATCH = 1024, 32
 MIB = 2**20
 HANDOFF_MIB = (8, 32, 64)
 HANDOFF_ROWS = 512  # >= CHUNK_RECORDS: one host batch per host-pipeline call
@@ -398,14 +398,6 @@ class CpuCgroup:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-
-
-class PadRecord(grain.transforms.Map):
-    def map(self, record: dict) -> dict:
-        tokens = np.zeros(SEQ_LEN, dtype=np.int32)
-        row = np.asarray(record["tokens"][:SEQ_LEN], dtype=np.int32)
-        tokens[: len(row)] = row
-        return {"id": record["id"], "tokens": tokens}
 
 
 def child_main(kind: str, batches: int) -> None:

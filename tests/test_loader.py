@@ -19,20 +19,9 @@ import colo_data as cd
 from colo_data import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-BATCH = 12  # divisible by 1, 2, 3 and 4 hosts and by the 4 test devices
+from pipelines import BATCH, make_pipeline
+
 SHUFFLES = ("none", "global", "block")
-
-
-def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:
-    settings = dict(
-        source=cd.ArrowSource(str(corpus), columns=["id", "tokens"]),
-        order=cd.Order(shuffle=shuffle, seed=7, window=2),
-        transforms=[cd.pad_or_truncate("tokens", 8)],
-        global_batch_size=BATCH,
-        index_column="_index",
-    )
-    settings.update(overrides)
-    return cd.Pipeline(**settings)
 
 
 _epochs: dict[tuple[str, int, int], list[dict[str, np.ndarray]]] = {}

@@ -22,25 +22,14 @@ import pytest
 
 import colo_data as cd
 from colo_data import demo
-from real_cgroup import cpu_cgroup
 from colo_data.sidecar.client import SidecarClient
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
+from pipelines import BATCH, make_pipeline
+from real_cgroup import cpu_cgroup
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
-BATCH = 12
 COLO = Path(sys.executable).parent / "colo-data"
-
-
-def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:
-    settings = dict(
-        source=cd.ArrowSource(str(corpus), columns=["id", "tokens"]),
-        order=cd.Order(shuffle=shuffle, seed=7, window=2),
-        transforms=[cd.pad_or_truncate("tokens", 8)],
-        global_batch_size=BATCH,
-        index_column="_index",
-    )
-    settings.update(overrides)
-    return cd.Pipeline(**settings)
 
 
 @pytest.fixture

@@ -1,0 +1,22 @@
+"""The test pipeline over the small token corpus: 120 records in uneven row groups,
+block-shuffled in windows of 2 row groups, tokens padded to 8, with the record index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import colo_data as cd
+
+BATCH = 12  # divisible by 1, 2, 3 and 4 hosts and by the 4 test devices
+
+
+def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:
+    settings = dict(
+        source=cd.ArrowSource(str(corpus), columns=["id", "tokens"]),
+        order=cd.Order(shuffle=shuffle, seed=7, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=BATCH,
+        index_column="_index",
+    )
+    settings.update(overrides)
+    return cd.Pipeline(**settings)
