@@ -51,19 +51,22 @@ class SidecarClient:
         except psutil.NoSuchProcess:
             return False
 
-    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _receive(self, waiting_for: str) -> dict[str, Any]:
+        """The sidecar's next message, telling a dead sidecar from a slow one."""
         try:
-            self._conn.send(message)
             while not self._conn.poll(_POLL_S):
                 if not self._alive():
                     raise EOFError
-            reply = self._conn.recv()
+            return self._conn.recv()
         except (EOFError, OSError) as e:
             self._sweep()
             raise SidecarError(
-                f"the sidecar at {self.address} died or closed the connection while serving {message['op']!r}; "
-                "its shared-memory slots were removed. Check its log (an out-of-memory kill?) and restart it."
+                f"the sidecar at {self.address} died or closed the connection while the trainer waited for "
+                f"{waiting_for}; its shared-memory slots were removed. Check its log (an out-of-memory kill?) "
+                "and restart it."
             ) from e
+
+    def _checked(self, reply: dict[str, Any]) -> dict[str, Any]:
         if "error" in reply:
             raise_remote(reply, self.address)
         return reply
@@ -76,9 +79,8 @@ class SidecarClient:
 
     def batches(self, pipeline: Pipeline | None, host: int, hosts: int, position: int) -> Iterator[HostBatch]:
         """Open a stream and yield this host's batches (views valid until the next one)."""
-        held: int | None = None
         try:
-            self.info = self._request(
+            self._conn.send(
                 {
                     "op": "open",
                     "pipeline": None if pipeline is None else cloudpickle.dumps(pipeline),
@@ -87,17 +89,15 @@ class SidecarClient:
                     "position": position,
                 }
             )
+            self.info = self._checked(self._receive("the stream to open"))
             self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
             while True:
-                if held is not None:
-                    self._conn.send({"op": "release", "slot": held})
-                    held = None
-                reply = self._request({"op": "next"})
-                if reply.get("end"):
+                announced = self._checked(self._receive("a batch"))
+                if announced.get("end"):
                     return
-                held = reply["slot"]
-                layout = [ArraySpec.from_wire(spec) for spec in reply["layout"]]
-                yield self._reader.view(held, layout)
+                slot = announced["slot"]
+                yield self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
+                self._conn.send({"op": "release", "slot": slot})
         finally:
             self._finish()
 
@@ -105,10 +105,12 @@ class SidecarClient:
         """End the session (the sidecar then removes its ring) and the connection."""
         try:
             if self._reader is not None:
-                self._request({"op": "close"})
+                self._conn.send({"op": "close"})
+                while not self._receive("the stream to close").get("closed"):
+                    pass  # announcements that were already on their way
                 self._reader.close()
                 self._reader = None
-        except SidecarError:
+        except (SidecarError, OSError):
             pass
         finally:
             self.close()

@@ -4,13 +4,16 @@ dependency; both ends are the same trusted program on one host). The data itself
 crosses the socket: it sits in shared-memory slots, and messages carry slot numbers and
 array layouts.
 
-Messages, trainer -> sidecar, each answered unless noted:
+Messages, trainer -> sidecar:
   {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
-      -> {"names": [...], "shm_dir": str, "slots": n, "slot_size": bytes, "workers": w, "budget": {...}}
-  {"op": "next"}            -> {"slot": i, "layout": [...]} | {"end": True}
+      -> {"names": [...], "shm_dir": str, "slots": n, "workers": w, "budget": {...}}, then,
+         unasked, one {"slot": i, "layout": [...]} per filled slot, in stream order, and
+         {"end": True} after the last batch
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
-  {"op": "close"}           -> {"closed": True}
-Any answer may instead be {"error": message, "type": class name, "traceback": text}.
+  {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
+Any of these may instead be {"error": message, "type": class name, "traceback": text}.
+Announcing filled slots unasked spares the trainer a round trip per batch; the ring's
+slot count bounds how far the sidecar runs ahead.
 """
 
 from __future__ import annotations

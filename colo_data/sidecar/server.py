@@ -9,7 +9,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -27,8 +27,9 @@ _WATCH_S = 0.5
 
 
 class _Session:
-    """One trainer's stream: the host pipeline, the ring, and a producer thread that keeps
-    every free slot filled ahead of the trainer's requests."""
+    """One trainer's stream: the host pipeline, the ring, and a producer thread that fills
+    every free slot and announces it to the trainer unasked (so a batch costs the trainer
+    one release message, not a round trip)."""
 
     def __init__(self, pipeline: Pipeline, host: int, hosts: int, position: int, workers: int, shm_dir: str, slots: int):
         # One worker runs here, on the producer thread: the sidecar already is a process of
@@ -36,44 +37,46 @@ class _Session:
         processes = workers if workers > 1 else 0
         self._batches: Iterator[HostBatch] = HostPipeline(pipeline, host, hosts, processes).batches(position)
         try:
-            first = next(self._batches, None)
-            size = slot_bytes(first) if first is not None else 1
+            self._first = next(self._batches, None)
+            size = slot_bytes(self._first) if self._first is not None else 1
             self.ring = ShmRing.create(shm_dir, slots, size, memory_limit())  # sweeps stale rings, checks room
         except BaseException:
             self._close_batches()
             raise
         self._free: queue.Queue[int] = queue.Queue()
-        self._ready: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._stop = threading.Event()
         for slot in range(slots):
             self._free.put(slot)
-        self._thread = threading.Thread(target=self._produce, args=(first,), name="colo-data-sidecar-produce", daemon=True)
+        self._thread: threading.Thread | None = None
+
+    def start(self, send: Callable[[dict[str, Any]], None]) -> None:
+        """Start filling slots; each filled one, the end and any error go out through `send`."""
+        self._thread = threading.Thread(target=self._produce, args=(send,), name="colo-data-sidecar-produce", daemon=True)
         self._thread.start()
 
-    def _produce(self, first: HostBatch | None) -> None:
+    def _produce(self, send: Callable[[dict[str, Any]], None]) -> None:
         try:
-            batch = first
-            while batch is not None and not self._stop.is_set():
-                slot = self._free.get()
-                if slot < 0:
-                    return
-                layout = self.ring.write(slot, batch)
-                self._ready.put({"slot": slot, "layout": [spec.to_wire() for spec in layout]})
-                batch = next(self._batches, None)
-            self._ready.put({"end": True})
-        except BaseException as e:  # sent to the trainer at its next request
-            self._ready.put(error_reply(e))
-
-    def next(self) -> dict[str, Any]:
-        return self._ready.get()
+            try:
+                batch, self._first = self._first, None
+                while batch is not None:
+                    slot = self._free.get()
+                    if slot < 0:
+                        return
+                    layout = self.ring.write(slot, batch)
+                    send({"slot": slot, "layout": [spec.to_wire() for spec in layout]})
+                    batch = next(self._batches, None)
+                send({"end": True})
+            except Exception as e:
+                send(error_reply(e))
+        except OSError:  # the trainer is gone; the session is being closed
+            return
 
     def release(self, slot: int) -> None:
         self._free.put(slot)
 
     def close(self) -> None:
-        self._stop.set()
         self._free.put(-1)
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self._close_batches()
         self.ring.close()
 
@@ -138,6 +141,12 @@ class SidecarServer:
         }
 
     def _serve(self, conn: Connection) -> None:
+        lock = threading.Lock()  # the producer thread and this one both send
+
+        def send(message: dict[str, Any]) -> None:
+            with lock:
+                conn.send(message)
+
         try:
             while True:
                 try:
@@ -149,20 +158,17 @@ class SidecarServer:
                     if self._session is not None:
                         self._session.release(request["slot"])
                     continue
+                if op == "close":
+                    self._end_session()  # the producer has stopped sending
+                    send({"closed": True})
+                    return
                 try:
-                    if op == "open":
-                        reply = self._open(request)
-                    elif op == "next":
-                        reply = self._session.next()
-                    elif op == "close":
-                        self._end_session()
-                        conn.send({"closed": True})
-                        return
-                    else:
-                        reply = error_reply(ConfigError(f"unknown sidecar request {op!r}"))
+                    if op != "open":
+                        raise ConfigError(f"unknown sidecar request {op!r}")
+                    send(self._open(request))
+                    self._session.start(send)
                 except Exception as e:
-                    reply = error_reply(e)
-                conn.send(reply)
+                    send(error_reply(e))
         finally:
             self._end_session()
 
