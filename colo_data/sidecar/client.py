@@ -51,6 +51,19 @@ class SidecarClient:
         except psutil.NoSuchProcess:
             return False
 
+    def _died(self, doing: str) -> SidecarError:
+        self._sweep()
+        return SidecarError(
+            f"the sidecar at {self.address} died or closed the connection while the trainer {doing}; "
+            "its shared-memory slots were removed. Check its log (an out-of-memory kill?) and restart it."
+        )
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self._conn.send(message)
+        except OSError as e:
+            raise self._died(f"sent {message['op']!r}") from e
+
     def _receive(self, waiting_for: str) -> dict[str, Any]:
         """The sidecar's next message, telling a dead sidecar from a slow one."""
         try:
@@ -59,12 +72,7 @@ class SidecarClient:
                     raise EOFError
             return self._conn.recv()
         except (EOFError, OSError) as e:
-            self._sweep()
-            raise SidecarError(
-                f"the sidecar at {self.address} died or closed the connection while the trainer waited for "
-                f"{waiting_for}; its shared-memory slots were removed. Check its log (an out-of-memory kill?) "
-                "and restart it."
-            ) from e
+            raise self._died(f"waited for {waiting_for}") from e
 
     def _checked(self, reply: dict[str, Any]) -> dict[str, Any]:
         if "error" in reply:
@@ -80,7 +88,7 @@ class SidecarClient:
     def batches(self, pipeline: Pipeline | None, host: int, hosts: int, position: int) -> Iterator[HostBatch]:
         """Open a stream and yield this host's batches (views valid until the next one)."""
         try:
-            self._conn.send(
+            self._send(
                 {
                     "op": "open",
                     "pipeline": None if pipeline is None else cloudpickle.dumps(pipeline),
@@ -97,7 +105,7 @@ class SidecarClient:
                     return
                 slot = announced["slot"]
                 yield self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
-                self._conn.send({"op": "release", "slot": slot})
+                self._send({"op": "release", "slot": slot})
         finally:
             self._finish()
 
@@ -105,12 +113,12 @@ class SidecarClient:
         """End the session (the sidecar then removes its ring) and the connection."""
         try:
             if self._reader is not None:
-                self._conn.send({"op": "close"})
+                self._send({"op": "close"})
                 while not self._receive("the stream to close").get("closed"):
                     pass  # announcements that were already on their way
                 self._reader.close()
                 self._reader = None
-        except (SidecarError, OSError):
+        except SidecarError:
             pass
         finally:
             self.close()
