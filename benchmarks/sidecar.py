@@ -561,8 +561,8 @@ def report(
             "",
             "**1. Hand-off** (GB = 10^9 bytes). The sidecar (`colo-data sidecar serve`, 0 workers, 4 slots) "
             "copies each preallocated batch once into a shared-memory slot in its own process, overlapped with the "
-            "trainer; the trainer receives numpy views through `SidecarClient.batches()` (release + next messages "
-            f"per batch) and does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; "
+            "trainer; the trainer receives numpy views through `SidecarClient.batches()` (one release "
+            f"message per batch; filled slots are announced unasked) and does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; "
             f"rows = {HANDOFF_ROWS}, source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same "
             "size into 4 rotating destinations (the ring's memory pattern) and into 1 destination (cache-resident "
             "at 8 MiB). `ShmRing.write alone`: the sidecar's slot copy measured in this process, without the sidecar.",
