@@ -20,6 +20,7 @@ test: $(STAMP)
 
 benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/core.py
+	$(VENV)/bin/python benchmarks/sidecar.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
