@@ -7,8 +7,8 @@ cgroup against Grain's DataLoader(worker_count=None) in the same cgroup.
    8/32/64 MiB (one uint8 array) without doing work, over a source whose `take` is a
    constant-time stub. The trainer reads host batches as numpy views through
    SidecarClient.batches() and does not touch their bytes. Included per batch: the sidecar's
-   (tiny) host-pipeline step, its copy of the batch into a ring slot (in its own process,
-   overlapped with the trainer), the release/next messages over the Unix socket and the
+   (tiny) host-pipeline step, its copy of the batch into a ring slot (in its own process, by
+   its copy threads, overlapped with the trainer), the release/next messages over the Unix socket and the
    views in the trainer. Baseline: a single-thread numpy.copyto of the same size, into 4
    rotating destinations (the ring's memory pattern) and into one destination (at 8 MiB the
    source and destination then stay in this machine's 32 MiB L3 cache), and ShmRing.write
@@ -50,9 +50,11 @@ from absl import flags
 
 import colo_data as cd
 from colo_data import demo
+from colo_data.host import CHUNK_RECORDS
 from colo_data.shm import ShmRing
 from colo_data.sidecar.client import SidecarClient
 from colo_data.sidecar.local import LocalSidecar
+from colo_data.sidecar.server import copy_threads
 from core import BATCH, SEQ_LEN, PadRecord  # the core benchmark's pipeline and Grain per-record pad
 
 MIB = 2**20
@@ -166,10 +168,11 @@ def measure_copyto(nbytes: int, destinations: int) -> dict[str, float]:
 
 
 def measure_slot_write(nbytes: int) -> dict[str, float]:
-    """The sidecar's copy alone: ShmRing.write of the same batch into 4 rotating slots, here."""
+    """The sidecar's copy alone: ShmRing.write of the same batch into 4 rotating slots, here,
+    with the sidecar's copy threads."""
     measured = handoff_batches(nbytes)
     batch = {"x": np.ones((HANDOFF_ROWS, nbytes // HANDOFF_ROWS), np.uint8)}
-    with ShmRing.create(SHM_DIR, SLOTS, nbytes) as ring:
+    with ShmRing.create(SHM_DIR, SLOTS, nbytes, copy_threads=copy_threads(cd.cpu_budget())) as ring:
         for i in range(HANDOFF_WARMUP):
             ring.write(i % SLOTS, batch)
         t0 = time.perf_counter()
@@ -560,12 +563,14 @@ def report(
         lines += [
             "",
             "**1. Hand-off** (GB = 10^9 bytes). The sidecar (`colo-data sidecar serve`, 0 workers, 4 slots) "
-            "copies each preallocated batch once into a shared-memory slot in its own process, overlapped with the "
+            f"copies each preallocated batch once into a shared-memory slot in its own process ({copy_threads(cd.cpu_budget())} "
+            "copy thread(s): its CPU budget's whole CPUs; at these sizes one batch per slot), overlapped with the "
             "trainer; the trainer receives numpy views through `SidecarClient.batches()` (one release "
             f"message per batch; filled slots are announced unasked) and does not touch the bytes. Steady state after {HANDOFF_WARMUP} warm-up batches; "
             f"rows = {HANDOFF_ROWS}, source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same "
-            "size into 4 rotating destinations (the ring's memory pattern) and into 1 destination (cache-resident "
-            "at 8 MiB). `ShmRing.write alone`: the sidecar's slot copy measured in this process, without the sidecar.",
+            "size into 4 rotating destinations (the ring's memory pattern: the goal's baseline) and, for reference, "
+            "into 1 destination (cache-resident at 8 MiB, which no stream of batches is). `ShmRing.write alone`: the sidecar's slot copy (same threads) measured in this process, without "
+            "the sidecar.",
             "",
             "| batch | sidecar -> trainer GB/s | copyto GB/s (4 dst) | copyto GB/s (1 dst) | ShmRing.write alone GB/s "
             "| ms per batch (sidecar) | ms per copy (4 dst) |",
@@ -577,7 +582,9 @@ def report(
             ms = (1e3 * nbytes / h, 1e3 * nbytes / c4)
             lines.append(f"| {key} | {_gb(h)} | {_gb(c4)} | {_gb(c1)} | {_gb(w)} | {ms[0]:.2f} | {ms[1]:.2f} |")
             ratios.append((f"hand-off {key} / copyto (4 dst)", h / c4, ">= 0.8"))
-            ratios.append((f"hand-off {key} / copyto (1 dst)", h / c1, ">= 0.8"))
+            # the goal's copy is one into a fresh destination each batch, as the ring's is; one
+            # destination reused stays in the 32 MiB L3 cache at 8 MiB: shown, not a goal
+            ratios.append((f"hand-off {key} / copyto (1 dst, reference)", h / c1, None))
     if loaders["in-process"]:
         budget = cd.cpu_budget()
         lines += [
@@ -587,7 +594,9 @@ def report(
             "sidecar: starting the sidecar process and any worker processes); CPU is this process plus its descendants "
             f"(sampled every 50 batches, so a little is missed). `workers=None` (the sidecar's default) picks "
             f"cd.cpu_budget().workers = {budget.workers} here ({budget.source}). On JAX's CPU backend the sidecar "
-            "Loader copies each batch out of its slot (colo_data/loader.py `_copy`).",
+            "Loader copies each slot out once and releases it at once (colo_data/loader.py `_copy`); the sidecar puts "
+            f"up to 4 MiB of host batches in one slot (here {CHUNK_RECORDS // BATCH} batches of "
+            f"{BATCH * SEQ_LEN * 4 // 1024} KiB of tokens: colo_data/sidecar/server.py `batches_per_slot`).",
             "",
             "| loader | worker processes seen | records/s, whole epoch | records/s after first batch | first batch s "
             "| CPU s per 1k records |",

@@ -119,29 +119,33 @@ class HostPipeline:
                 ) from e
         return _check_batch(columns, len(indices))
 
-    def batches(self, start_position: int) -> Iterator[HostBatch]:
-        """This host's batches from stream `start_position` on, computed `chunk` at a time:
-        here when `workers` is 0, else by Grain's multiprocessing."""
+    def chunks(self, start_position: int) -> Iterator[HostBatch]:
+        """This host's batches from stream `start_position` on, `chunk` batches at a time
+        (one after the other along the rows; the last chunk may hold fewer): computed here
+        when `workers` is 0, else by Grain's multiprocessing."""
         total = self.pipeline.batches_from(start_position)
         chunk_count = _FOREVER if total is None else -(-total // self.chunk)
         chunk_at = _ChunkAt(self, start_position, total)
         if not self.workers:
-            chunks: Iterator[HostBatch] = map(chunk_at, range(chunk_count))
-        else:
-            if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
-                flags.FLAGS.mark_as_parsed()
-            ds = (
-                grain.MapDataset.range(0, chunk_count)
-                .map(chunk_at)
-                .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-                .mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
-            )
-            chunks = iter(ds)
-        return _split(chunks, self.rows[1] - self.rows[0])
+            return map(chunk_at, range(chunk_count))
+        if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
+            flags.FLAGS.mark_as_parsed()
+        ds = (
+            grain.MapDataset.range(0, chunk_count)
+            .map(chunk_at)
+            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+            .mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+        )
+        return iter(ds)
+
+    def batches(self, start_position: int) -> Iterator[HostBatch]:
+        """This host's batches from stream `start_position` on, one at a time."""
+        return split_rows(self.chunks(start_position), self.rows[1] - self.rows[0])
 
 
-def _split(chunks: Iterator[HostBatch], rows: int) -> Iterator[HostBatch]:
-    """Host batches of `rows` rows, cut from chunks (views, no copies)."""
+def split_rows(chunks: Iterator[HostBatch], rows: int) -> Iterator[HostBatch]:
+    """Pieces of `rows` rows (the last of a chunk may hold fewer), cut from chunks as views;
+    closes `chunks` when done or closed."""
     try:
         for chunk in chunks:
             for start in range(0, len(next(iter(chunk.values()))), rows):

@@ -24,17 +24,16 @@ Backend = Literal["inprocess", "sidecar"]
 _BACKENDS = ("inprocess", "sidecar")
 
 
-def _rows_for(parts: Sequence[np.ndarray], per_host: int, copy: bool, index: tuple[slice, ...]) -> np.ndarray:
+def _rows_for(parts: Sequence[np.ndarray], per_host: int, index: tuple[slice, ...]) -> np.ndarray:
     """The block of the global array at `index`, cut from the host pieces without
-    concatenating them unless the block spans hosts; copied when asked (see `_copy`)."""
+    concatenating them unless the block spans hosts."""
     start, stop, _ = index[0].indices(per_host * len(parts))
     first, last = start // per_host, (stop - 1) // per_host
     if first == last:
         block = parts[first][start - first * per_host : stop - first * per_host]
     else:
         block = np.concatenate(parts[first : last + 1])[start - first * per_host : stop - first * per_host]
-    block = block[(slice(None), *index[1:])]
-    return np.array(block) if copy else block
+    return block[(slice(None), *index[1:])]
 
 
 def _batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
@@ -88,7 +87,8 @@ class Loader:
         self._local_sidecars: list[LocalSidecar] = []
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         # JAX's CPU backend keeps page-aligned host memory instead of copying it (even with
-        # may_alias=False), and a shared-memory slot is rewritten once released
+        # may_alias=False), and a shared-memory slot is rewritten once released: there the
+        # trainer copies each slot out (once per slot, not per batch) and releases it at once
         self._copy = backend == "sidecar" and any(d.platform == "cpu" for d in self.mesh.devices.flat)
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         shards = _batch_shards(self.mesh, self.partition_spec)
@@ -123,7 +123,7 @@ class Loader:
                     )
             shape = (self.pipeline.global_batch_size, *first.shape[1:])
             out[name] = jax.make_array_from_callback(
-                shape, self._sharding(len(shape)), functools.partial(_rows_for, parts, per_host, self._copy)
+                shape, self._sharding(len(shape)), functools.partial(_rows_for, parts, per_host)
             )
         return out
 
@@ -131,7 +131,7 @@ class Loader:
         try:
             for pieces in zip(*hosts):
                 batch = self._assemble(pieces)
-                if self.backend == "sidecar":  # the slots are rewritten once the next pieces are asked for
+                if self.backend == "sidecar" and not self._copy:  # slots are rewritten once the next pieces are asked for
                     jax.block_until_ready(batch)
                 yield batch
         finally:
@@ -145,7 +145,7 @@ class Loader:
             self._local_sidecars = [LocalSidecar(*self._sidecar_settings) for _ in range(self.hosts)]
         targets = [(a, None) for a in self._addresses] or [(s.address, s.process.pid) for s in self._local_sidecars]
         clients = [SidecarClient(address, pid) for address, pid in targets]
-        return [c.batches(self.pipeline, h, self.hosts, self._position) for h, c in enumerate(clients)]
+        return [c.batches(self.pipeline, h, self.hosts, self._position, self._copy) for h, c in enumerate(clients)]
 
     def _start(self) -> Iterator[dict[str, jax.Array]]:
         batches = self._global_batches(self._host_streams())

@@ -18,6 +18,7 @@ import mmap
 import os
 import re
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from colo_data.errors import ConfigError, ShmError
 from colo_data.resources import shm_capacity
 
 ALIGN = 64
+COPY_PIECE = 2**20
 _MIB = 2**20
 _NAME = re.compile(r"colo-data-\d+-[0-9a-f]{8}-\d+")
 _FIX = (
@@ -140,17 +142,25 @@ class ShmRing:
     """The writer's side: `slots` slot files of `slot_size` bytes, mapped read-write and
     locked until `close()` (or interpreter exit) unmaps and removes them."""
 
-    def __init__(self, directory: str, run_id: str, slot_size: int, fds: list[int], maps: list[mmap.mmap]) -> None:
+    def __init__(
+        self, directory: str, run_id: str, slot_size: int, fds: list[int], maps: list[mmap.mmap], copy_threads: int = 1
+    ) -> None:
         self.directory, self.run_id, self.slot_size = directory, run_id, slot_size
         self.names = [f"colo-data-{run_id}-{slot}" for slot in range(len(fds))]
         self._fds, self._maps = fds, maps
         self._pid = os.getpid()
+        self._threads = max(1, copy_threads)
+        self._pool = ThreadPoolExecutor(self._threads - 1, "colo-data-shm-copy") if self._threads > 1 else None
         atexit.register(self.close)
 
     @classmethod
-    def create(cls, directory: str, slots: int, slot_size: int, memory_limit: int | None = None) -> ShmRing:
+    def create(
+        cls, directory: str, slots: int, slot_size: int, memory_limit: int | None = None, copy_threads: int = 1
+    ) -> ShmRing:
         """Sweep stale segments, check the capacity, then create, reserve and map every slot.
-        A failure part-way removes what was made."""
+        A failure part-way removes what was made. Arrays of several MiB are copied in by up
+        to `copy_threads` threads (numpy releases the GIL while copying): one thread's copy
+        is slower than the memory allows."""
         sweep_stale(directory)
         check_capacity(directory, slots, slot_size, memory_limit)
         run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -175,7 +185,7 @@ class ShmRing:
                 os.unlink(path)
                 os.close(fd)
             raise
-        return cls(directory, run_id, slot_size, fds, maps)
+        return cls(directory, run_id, slot_size, fds, maps, copy_threads)
 
     def write(self, slot: int, arrays: Mapping[str, np.ndarray]) -> list[ArraySpec]:
         """Copy each array once into `slot`, at 64-byte aligned offsets, and return the layout
@@ -190,14 +200,29 @@ class ShmRing:
                 f"but a slot holds {self.slot_size} bytes: create the ring with slot_size >= {end}"
             )
         for spec, array in zip(specs, arrays.values(), strict=True):
-            np.copyto(_view(self._maps[slot], spec), array)
+            self._copy(_view(self._maps[slot], spec), array)
         return specs
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """`np.copyto`, split along the rows over the copy threads into pieces of at least
+        `COPY_PIECE` bytes."""
+        pieces = min(self._threads, src.nbytes // COPY_PIECE, len(src) if src.ndim else 1)
+        if pieces <= 1 or self._pool is None:
+            np.copyto(dst, src)
+            return
+        bounds = [len(src) * i // pieces for i in range(pieces + 1)]
+        others = [self._pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
+        np.copyto(dst[: bounds[1]], src[: bounds[1]])
+        for piece in others:
+            piece.result()
 
     def close(self) -> None:
         """Unmap and remove every slot; idempotent. In a forked child it only unmaps: the
         segments are the parent's."""
         fds, maps = self._fds, self._maps
         self._fds, self._maps = [], []  # first, so that a signal arriving mid-way cannot close twice
+        if self._pool is not None:
+            self._pool.shutdown()
         for segment in maps:
             _unmap(segment)
         owner = os.getpid() == self._pid

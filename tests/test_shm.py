@@ -86,6 +86,28 @@ def test_round_trip_gives_views_into_the_slot() -> None:
     assert not any(os.path.exists(os.path.join("/dev/shm", name)) for name in ring.names)
 
 
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(3 * MIB // 8 + 5, dtype=np.int64),  # 3 MiB and a bit: 3 pieces of uneven rows
+        np.arange(6 * MIB // 4, dtype=np.int32).reshape(-1, 1024)[:, ::2],  # a strided view
+        np.arange(4 * MIB // 2, dtype=np.int16).reshape(1, -1),  # one row: not split
+        np.arange(1000, dtype=np.float32),  # small: one copy
+    ],
+    ids=["rows", "strided", "one-row", "small"],
+)
+def test_copy_threads_write_the_same_bytes(tmp_path: Path, array: np.ndarray) -> None:
+    batch = {"head": np.arange(3, dtype=np.uint8), "x": array}
+    with ShmRing.create(str(tmp_path), 2, slot_bytes(batch), copy_threads=3) as ring:
+        reader = ShmReader(str(tmp_path), ring.names)
+        for slot in range(2):
+            views = reader.view(slot, ring.write(slot, batch))
+            for name, expected in batch.items():
+                np.testing.assert_array_equal(views[name], expected, err_msg=name)
+        reader.close()
+    assert not any(tmp_path.iterdir())
+
+
 def test_batch_larger_than_a_slot_is_refused(tmp_path: Path) -> None:
     with ShmRing.create(str(tmp_path), 1, 4096) as ring:
         kept = {"x": np.arange(10, dtype=np.int64)}

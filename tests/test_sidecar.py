@@ -23,6 +23,8 @@ import pytest
 import colo_data as cd
 from colo_data import demo
 from colo_data.sidecar.client import SidecarClient
+from colo_data.sidecar.local import LocalSidecar
+from colo_data.sidecar.server import SLOT_TARGET_BYTES, batches_per_slot
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, make_pipeline
@@ -80,6 +82,56 @@ def test_resume_through_the_sidecar(token_corpus: Path, shm_dir: Path) -> None:
         again = [to_numpy(b) for b in loader]
     assert_batches_equal(expected[4:], rest, "sidecar after 4 steps")
     assert_batches_equal(expected[4:], again, "sidecar after set_state")
+
+
+def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> None:
+    # 12 rows x 26,000 int32 tokens: 1.25 MiB a batch, so a 4 MiB slot holds 3 of the 10
+    # batches and the last slot 1; starting at batch 4 cuts the first group short.
+    pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 26_000)])
+    batch_bytes = sum(v.nbytes for v in next(cd.HostPipeline(pipeline).batches(0)).values())
+    assert batches_per_slot(next(cd.HostPipeline(pipeline).chunks(0)), BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
+    expected = read_all(cd.Loader(pipeline))
+    got = read_all(cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), slots=2))
+    assert_batches_equal(expected, got, "3 batches a slot")
+    state = cd.Loader(pipeline).get_state() | {"position": 4 * BATCH}
+    resumed = read_all(cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), state=state))
+    assert_batches_equal(expected[4:], resumed, "3 batches a slot, from batch 4")
+    sidecar = LocalSidecar(str(shm_dir), 0, 2)
+    try:  # the client's views (no copy) hold until the next batch is asked for
+        client = SidecarClient(sidecar.address, sidecar.process.pid)
+        views = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+    finally:
+        sidecar.stop()
+    assert_batches_equal([to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)], views, "views, 3 batches a slot")
+
+
+def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Path) -> None:
+    # 1.25 MiB batches: 3 a slot would need 2 x 3.75 MiB, more than a 6 MiB tmpfs holds
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("cannot mount a 6 MB tmpfs here (needs root and mount)")
+    try:
+        pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 26_000)])
+        sidecar = LocalSidecar(str(mount), 0, 2)
+        try:
+            client = SidecarClient(sidecar.address, sidecar.process.pid)
+            got = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+        finally:
+            sidecar.stop()
+        assert client.info["batches_per_slot"] == 1, client.info
+        assert_batches_equal([to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)], got, "6 MB tmpfs")
+        assert not any(mount.iterdir())
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_batches_per_slot() -> None:
+    chunk = {"x": np.zeros((512, 1024), np.int32), "i": np.zeros(512, np.int64)}  # 4,104 bytes a record
+    assert batches_per_slot(chunk, 32, 16) == 16  # 128 KiB batches: a chunk's worth
+    assert batches_per_slot(chunk, 128, 4) == 4 and batches_per_slot(chunk, 128, 100) == 7
+    assert batches_per_slot(chunk, 512, 1) == 1 and batches_per_slot(chunk, 4096, 1) == 1  # 2 MiB, 16 MiB
+    assert batches_per_slot({"x": np.zeros((0, 8))}, 4, 3) == 3  # nothing to measure: as many as allowed
 
 
 def fail_when_asked(batch: dict) -> dict:

@@ -1,7 +1,8 @@
 """The trainer side of a sidecar: connects to one host's sidecar, opens a stream at a global
-position, and yields host batches as numpy views into shared memory. A batch's slot is
-released when the next one is asked for, so the consumer must be done with it (copied to
-the devices) by then."""
+position, and yields host batches as numpy views into shared memory. A slot (one or more
+batches) is released when the batch after its last one is asked for, so the consumer must
+be done with a batch (copied to the devices) by then; or, with `copy=True`, the slot is
+copied out and released at once."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from multiprocessing.connection import Client, Connection
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import psutil
 
 from colo_data.errors import SidecarError
-from colo_data.host import HostBatch
+from colo_data.host import HostBatch, split_rows
 from colo_data.pipeline import Pipeline
 from colo_data.shm import ArraySpec, ShmReader
 from colo_data.sidecar.protocol import FAMILY, raise_remote, socket_path
@@ -85,8 +87,11 @@ class SidecarClient:
             self._reader.unlink_all()
             self._reader = None
 
-    def batches(self, pipeline: Pipeline | None, host: int, hosts: int, position: int) -> Iterator[HostBatch]:
-        """Open a stream and yield this host's batches (views valid until the next one)."""
+    def batches(
+        self, pipeline: Pipeline | None, host: int, hosts: int, position: int, copy: bool = False
+    ) -> Iterator[HostBatch]:
+        """Open a stream and yield this host's batches: views valid until the next one, or,
+        with `copy`, arrays of the trainer's own (for a consumer that keeps them)."""
         try:
             self._send(
                 {
@@ -104,8 +109,13 @@ class SidecarClient:
                 if announced.get("end"):
                     return
                 slot = announced["slot"]
-                yield self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
-                self._send({"op": "release", "slot": slot})
+                group = self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
+                if copy:
+                    group = {name: np.array(array) for name, array in group.items()}
+                    self._send({"op": "release", "slot": slot})
+                yield from split_rows(iter([group]), self.info["rows"])
+                if not copy:
+                    self._send({"op": "release", "slot": slot})
         finally:
             self._finish()
 

@@ -6,9 +6,10 @@ array layouts.
 
 Messages, trainer -> sidecar:
   {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
-      -> {"names": [...], "shm_dir": str, "slots": n, "workers": w, "budget": {...}}, then,
-         unasked, one {"slot": i, "layout": [...]} per filled slot, in stream order, and
-         {"end": True} after the last batch
+      -> {"rows": r, "names": [...], "shm_dir": str, "slots": n, "workers": w, "copy_threads": t,
+          "batches_per_slot": k, "budget": {...}}, then, unasked, one {"slot": i, "layout": [...]}
+         per filled slot, in stream order (the slot holds k batches of r rows one after the other,
+         the stream's last slot maybe fewer), and {"end": True} after the last batch
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
 Any of these may instead be {"error": message, "type": class name, "traceback": text}.

@@ -1,10 +1,12 @@
 """The sidecar: one process per host that owns the host's CPU budget, runs its share of the
-pipeline in worker processes and writes each host batch once into a shared-memory slot,
-from which the trainer reads it without a copy. It serves one trainer session at a time
+pipeline in worker processes and writes each host batch once into a shared-memory slot
+(small batches several to a slot), from which the trainer reads it without a copy. It serves one trainer session at a time
 over a Unix socket (see `colo_data.sidecar.protocol`)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import queue
 import threading
@@ -17,29 +19,66 @@ import cloudpickle
 import psutil
 
 from colo_data.errors import ConfigError
-from colo_data.host import HostBatch, HostPipeline
+from colo_data.host import HostBatch, HostPipeline, split_rows
 from colo_data.pipeline import Pipeline
-from colo_data.resources import cpu_budget, memory_limit
+from colo_data.resources import CpuBudget, cpu_budget, memory_limit, shm_capacity
 from colo_data.shm import ShmRing, slot_bytes
 from colo_data.sidecar.protocol import FAMILY, error_reply
 
 _WATCH_S = 0.5
+SLOT_TARGET_BYTES = 4 * 2**20
+
+
+def batches_per_slot(chunk: HostBatch, rows: int, most: int, target: float = SLOT_TARGET_BYTES) -> int:
+    """Host batches of `rows` rows that one slot holds: as many as fit `target` bytes (at
+    most `most`, a chunk's worth), at least one. Small batches then share a slot, its write
+    and its two messages; large ones still take one slot each."""
+    records = len(next(iter(chunk.values())))
+    batch_bytes = rows * sum(column.nbytes for column in chunk.values()) / max(1, records)
+    return max(1, min(most, int(target // max(1.0, batch_bytes))))
+
+
+def copy_threads(budget: CpuBudget) -> int:
+    """Threads that copy a large batch into its slot: the budget's whole CPUs (the copy is
+    the sidecar's work between two batches; its workers wait for a free slot meanwhile)."""
+    return max(1, int(budget.cpus))
 
 
 class _Session:
     """One trainer's stream: the host pipeline, the ring, and a producer thread that fills
-    every free slot and announces it to the trainer unasked (so a batch costs the trainer
-    one release message, not a round trip)."""
+    every free slot with the next `per_slot` host batches and announces it to the trainer
+    unasked (so a slot costs the trainer one release message, not a round trip)."""
 
-    def __init__(self, pipeline: Pipeline, host: int, hosts: int, position: int, workers: int, shm_dir: str, slots: int):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        host: int,
+        hosts: int,
+        position: int,
+        workers: int,
+        shm_dir: str,
+        slots: int,
+        copy_threads: int,
+    ) -> None:
         # One worker runs here, on the producer thread: the sidecar already is a process of
         # its own, and a single worker process would only add a hop (measured: half the rate).
-        processes = workers if workers > 1 else 0
-        self._batches: Iterator[HostBatch] = HostPipeline(pipeline, host, hosts, processes).batches(position)
+        host_pipeline = HostPipeline(pipeline, host, hosts, workers if workers > 1 else 0)
+        self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
+        self._chunks: Iterator[HostBatch] = host_pipeline.chunks(position)
         try:
-            self._first = next(self._batches, None)
+            first = next(self._chunks, None)
+            # a shared slot takes at most half the room (shm dir, memory limit) over the ring, so
+            # a small /dev/shm still gets one batch a slot before it gets an error
+            limit = memory_limit()
+            room = min(shm_capacity(shm_dir), limit if limit is not None else math.inf)
+            target = min(SLOT_TARGET_BYTES, room / (2 * slots))
+            self.per_slot = 1 if first is None else batches_per_slot(first, self.rows, host_pipeline.chunk, target)
+            chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
+            self._groups = split_rows(chunks, self.rows * self.per_slot)
+            self._first = next(self._groups, None)
             size = slot_bytes(self._first) if self._first is not None else 1
-            self.ring = ShmRing.create(shm_dir, slots, size, memory_limit())  # sweeps stale rings, checks room
+            # sweeps stale rings, checks room
+            self.ring = ShmRing.create(shm_dir, slots, size, limit, copy_threads)
         except BaseException:
             self._close_batches()
             raise
@@ -63,7 +102,7 @@ class _Session:
                         return
                     layout = self.ring.write(slot, batch)
                     send({"slot": slot, "layout": [spec.to_wire() for spec in layout]})
-                    batch = next(self._batches, None)
+                    batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
                 send(error_reply(e))
@@ -81,7 +120,7 @@ class _Session:
         self.ring.close()
 
     def _close_batches(self) -> None:
-        close = getattr(self._batches, "close", None)
+        close = getattr(self._chunks, "close", None)
         if close is not None:
             close()
 
@@ -129,14 +168,24 @@ class SidecarServer:
         if pipeline is None:
             raise ConfigError("the trainer sent no pipeline and this sidecar was started without a CONFIG")
         self._session = _Session(
-            pipeline, request["host"], request["hosts"], request["position"], self.workers, self.shm_dir, self.slots
+            pipeline,
+            request["host"],
+            request["hosts"],
+            request["position"],
+            self.workers,
+            self.shm_dir,
+            self.slots,
+            copy_threads(self.budget),
         )
         ring = self._session.ring
         return {
+            "rows": self._session.rows,
             "names": ring.names,
             "shm_dir": self.shm_dir,
             "slots": self.slots,
             "workers": self.workers,
+            "copy_threads": copy_threads(self.budget),
+            "batches_per_slot": self._session.per_slot,
             "budget": {"cpus": self.budget.cpus, "workers": self.budget.workers, "source": self.budget.source},
         }
 
