@@ -5,6 +5,7 @@ a `Loader` runs each host's share of it and yields global `jax.Array` batches wi
 small, host-count-independent checkpoint state.
 """
 
+from colo_data import checkpoint, elastic
 from colo_data.columns import Column, Columns
 from colo_data.errors import (
     ColoDataError,
@@ -48,7 +49,9 @@ __all__ = [
     "SourceError",
     "StateError",
     "TransformError",
+    "checkpoint",
     "cpu_budget",
+    "elastic",
     "host_rows",
     "memory_limit",
     "pad_or_truncate",

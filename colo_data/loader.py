@@ -4,55 +4,54 @@ global position that `get_state()` saves and `set_state()` restores."""
 
 from __future__ import annotations
 
-import functools
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import pathwaysutils
+from jax.sharding import Mesh, PartitionSpec
 
-from colo_data.errors import ConfigError, TransformError
+from colo_data.errors import ConfigError
 from colo_data.host import HostBatch, HostPipeline
 from colo_data.pipeline import Pipeline
+from colo_data.placement import Placement
 from colo_data.prefetch import Prefetcher
 from colo_data.sidecar.client import SidecarClient
+from colo_data.sidecar.colocated import ColocatedHosts, colocated_hosts
 from colo_data.sidecar.local import LocalSidecar
 from colo_data.state import make_state, restore_position
 
-Backend = Literal["inprocess", "sidecar"]
-_BACKENDS = ("inprocess", "sidecar")
+Backend = Literal["inprocess", "sidecar", "colocated", "auto"]
+_BACKENDS = ("inprocess", "sidecar", "colocated", "auto")
+SIDECAR_ENV = "COLO_DATA_SIDECAR"
 
 
-def _rows_for(parts: Sequence[np.ndarray], per_host: int, index: tuple[slice, ...]) -> np.ndarray:
-    """The block of the global array at `index`, cut from the host pieces without
-    concatenating them unless the block spans hosts."""
-    start, stop, _ = index[0].indices(per_host * len(parts))
-    first, last = start // per_host, (stop - 1) // per_host
-    if first == last:
-        block = parts[first][start - first * per_host : stop - first * per_host]
-    else:
-        block = np.concatenate(parts[first : last + 1])[start - first * per_host : stop - first * per_host]
-    return block[(slice(None), *index[1:])]
-
-
-def _batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
-    axes = spec[0] if len(spec) else None
-    if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    return int(np.prod([mesh.shape[a] for a in names]))
+def resolve_backend(backend: Backend, sidecar: str | Sequence[str] | None) -> Backend:
+    """`auto`: `colocated` on Pathways, `sidecar` when a sidecar address is configured
+    (`sidecar=` or `COLO_DATA_SIDECAR`), else `inprocess`; any other value as given."""
+    if backend != "auto":
+        return backend
+    if bool(pathwaysutils.is_pathways_backend_used()):  # None when JAX_PLATFORMS is unset
+        return "colocated"
+    return "sidecar" if sidecar or os.environ.get(SIDECAR_ENV) else "inprocess"
 
 
 class Loader:
     """Iterate global batches (`dict[str, jax.Array]`, leading dimension the global batch
-    size) of `pipeline`. `hosts` simulates or names the host count (default: the JAX
-    process count). `backend="inprocess"` runs the host pipelines here, with `workers`
-    processes each (default 0); `backend="sidecar"` has a sidecar process per host run
-    them (`sidecar`: one address per host, else local sidecars are started, with `workers`
-    each, default from their CPU budget) and reads batches from their shared-memory ring
-    (`shm_dir`, `slots`). `mesh`/`partition_spec` place the batch (default: every device
-    on one `"data"` axis, batch dimension sharded over it)."""
+    size) of `pipeline`. `hosts` is the host count (default: the JAX process count; in one
+    process, a larger count simulates hosts); each process computes only the hosts whose
+    rows its devices hold. `backend="inprocess"` runs those host pipelines here, with
+    `workers` processes each (default 0); `backend="sidecar"` has a sidecar process per
+    local host run them (`sidecar` or `COLO_DATA_SIDECAR`, comma-separated: one address per
+    local host, else local sidecars are started, with `workers` each, default from their
+    CPU budget) and reads batches from their shared-memory ring (`shm_dir`, `slots`);
+    `backend="colocated"` runs them in the Pathways colocated-Python sidecars of the hosts
+    (one host per CPU device colocated with the mesh); `backend="auto"` picks colocated on
+    Pathways, sidecar when an address is configured, else inprocess. `mesh`/`partition_spec`
+    place the batch (default: every device on one `"data"` axis, batch dimension sharded
+    over it)."""
 
     def __init__(
         self,
@@ -74,81 +73,93 @@ class Loader:
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
         self.pipeline = pipeline
-        self.backend = backend
-        self.hosts = jax.process_count() if hosts is None else hosts
-        self._host_pipelines = [HostPipeline(pipeline, h, self.hosts, workers or 0) for h in range(self.hosts)]
+        self.options: dict[str, Any] = {
+            "backend": backend, "hosts": hosts, "workers": workers, "sidecar": sidecar, "shm_dir": shm_dir,
+            "slots": slots, "partition_spec": partition_spec, "prefetch": prefetch,
+        }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
+        if sidecar is None and os.environ.get(SIDECAR_ENV) and backend in ("sidecar", "auto"):
+            sidecar = os.environ[SIDECAR_ENV].split(",")
+        self.backend = resolve_backend(backend, sidecar)
+        if self.backend == "colocated":
+            pathwaysutils.initialize()  # a no-op off Pathways
+        self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
+        self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
+        self.hosts = self._host_count(hosts)
+        self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
+        local = self.placement.local_hosts
+        self._host_pipelines = [HostPipeline(pipeline, h, self.hosts, workers or 0) for h in local]
         addresses = [sidecar] if isinstance(sidecar, str) else list(sidecar or [])
-        if addresses and (backend != "sidecar" or len(addresses) != self.hosts):
+        if addresses and (self.backend != "sidecar" or len(addresses) != len(local)):
             raise ConfigError(
-                f"sidecar={sidecar!r}: give one address per host ({self.hosts}) and backend='sidecar'"
+                f"sidecar={sidecar!r}: give backend='sidecar' and one address per host of this process "
+                f"({len(local)}: hosts {local} of {self.hosts})"
             )
         self._addresses = addresses
         self._sidecar_settings = (shm_dir, workers, slots)
         self._local_sidecars: list[LocalSidecar] = []
-        self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         # JAX's CPU backend keeps page-aligned host memory instead of copying it (even with
         # may_alias=False), and a shared-memory slot is rewritten once released: there the
         # trainer copies each slot out (once per slot, not per batch) and releases it at once
-        self._copy = backend == "sidecar" and any(d.platform == "cpu" for d in self.mesh.devices.flat)
-        self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
-        shards = _batch_shards(self.mesh, self.partition_spec)
-        if pipeline.global_batch_size % shards:
-            raise ConfigError(
-                f"global_batch_size={pipeline.global_batch_size} is not divisible by the {shards} shards of the batch "
-                f"dimension (partition_spec={self.partition_spec}, mesh {dict(self.mesh.shape)}): use a multiple of {shards}"
-            )
+        self._copy = self.backend == "sidecar" and any(d.platform == "cpu" for d in self.mesh.devices.flat)
         self._prefetch = prefetch
-        self._shardings: dict[int, NamedSharding] = {}
         self._position = 0 if state is None else restore_position(pipeline, state)
         self._iterator: Prefetcher[dict[str, jax.Array]] | Iterator[dict[str, jax.Array]] | None = None
-        if backend == "sidecar" and not addresses:  # started last and now: they load while the trainer compiles
-            self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in range(self.hosts)]
+        self._colocated = ColocatedHosts(pipeline, self.mesh, workers or 0) if self.backend == "colocated" else None
+        if self.backend == "sidecar" and not addresses:  # started last and now: they load while the trainer compiles
+            self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in local]
 
-    def _sharding(self, ndim: int) -> NamedSharding:
-        if ndim not in self._shardings:
-            self._shardings[ndim] = NamedSharding(self.mesh, PartitionSpec(*tuple(self.partition_spec)[:ndim]))
-        return self._shardings[ndim]
-
-    def _assemble(self, pieces: tuple[HostBatch, ...]) -> dict[str, jax.Array]:
-        per_host = self.pipeline.global_batch_size // self.hosts
-        out = {}
-        for name, first in pieces[0].items():
-            parts = [p.get(name) for p in pieces]
-            for h, part in enumerate(parts):
-                if part is None or part.shape[1:] != first.shape[1:] or part.dtype != first.dtype:
-                    got = "no such column" if part is None else f"{part.dtype}{list(part.shape)}"
-                    raise TransformError(
-                        f"column {name!r}: host 0 made {first.dtype}{list(first.shape)}, host {h} made {got}; "
-                        "transforms must give every host the same columns, dtypes and trailing shapes"
-                    )
-            shape = (self.pipeline.global_batch_size, *first.shape[1:])
-            out[name] = jax.make_array_from_callback(
-                shape, self._sharding(len(shape)), functools.partial(_rows_for, parts, per_host)
+    def _host_count(self, hosts: int | None) -> int:
+        """The JAX process count (multi-controller), or for `colocated` the CPU devices
+        colocated with the mesh, one per host; `hosts` overrides the former."""
+        if self.backend != "colocated":
+            return jax.process_count() if hosts is None else hosts
+        found = len(colocated_hosts(self.mesh))
+        if hosts is not None and hosts != found:
+            raise ConfigError(
+                f"hosts={hosts}: backend='colocated' has one host per CPU device colocated with the mesh "
+                f"({found}); leave hosts unset"
             )
-        return out
+        return found
 
-    def _global_batches(self, hosts: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
+    def _global_batches(self, streams: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
+        local = self.placement.local_hosts
         try:
-            for pieces in zip(*hosts):
-                batch = self._assemble(pieces)
+            for pieces in zip(*streams):
+                batch = self.placement.assemble(dict(zip(local, pieces)))
                 if self.backend == "sidecar" and not self._copy:  # slots are rewritten once the next pieces are asked for
                     jax.block_until_ready(batch)
                 yield batch
         finally:
-            for it in hosts:
+            for it in streams:
                 it.close()
 
     def _host_streams(self) -> list[Iterator[HostBatch]]:
         if self.backend == "inprocess":
             return [h.batches(self._position) for h in self._host_pipelines]
         if not self._addresses and not self._local_sidecars:  # closed, then iterated again
-            self._local_sidecars = [LocalSidecar(*self._sidecar_settings) for _ in range(self.hosts)]
+            self._local_sidecars = [LocalSidecar(*self._sidecar_settings) for _ in self.placement.local_hosts]
         targets = [(a, None) for a in self._addresses] or [(s.address, s.process.pid) for s in self._local_sidecars]
         clients = [SidecarClient(address, pid) for address, pid in targets]
-        return [c.batches(self.pipeline, h, self.hosts, self._position, self._copy) for h, c in enumerate(clients)]
+        return [
+            c.batches(self.pipeline, h, self.hosts, self._position, self._copy)
+            for h, c in zip(self.placement.local_hosts, clients, strict=True)
+        ]
+
+    def _placed(self, batches: Iterator[dict[str, jax.Array]]) -> Iterator[dict[str, jax.Array]]:
+        """Colocated batches, moved from the hosts' CPU devices onto the mesh."""
+        try:
+            for batch in batches:
+                yield jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()})
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def _start(self) -> Iterator[dict[str, jax.Array]]:
-        batches = self._global_batches(self._host_streams())
+        if self._colocated is not None:
+            batches = self._placed(self._colocated.batches(self._position))
+        else:
+            batches = self._global_batches(self._host_streams())
         return Prefetcher(batches, self._prefetch) if self._prefetch else batches
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
@@ -181,6 +192,8 @@ class Loader:
         """Stop prefetching, the worker processes and the sidecars this loader started.
         The loader can be restarted by iterating again or by `set_state`."""
         self._stop()
+        if self._colocated is not None:
+            self._colocated.close()
         for local in self._local_sidecars:
             local.stop()
         self._local_sidecars = []

@@ -235,8 +235,6 @@ def test_state_from_another_pipeline_says_what_differs(token_corpus: Path) -> No
         state = loader.get_state()
     with pytest.raises(cd.StateError, match=r"order: state has 'block:2', pipeline has 'global'"):
         cd.Loader(make_pipeline(token_corpus, "global"), state=state)
-    with pytest.raises(cd.StateError, match=r"global_batch_size: state has 12, pipeline has 24"):
-        cd.Loader(make_pipeline(token_corpus, global_batch_size=24), state=state)
     other = make_pipeline(token_corpus, order=cd.Order(shuffle="block", seed=8, window=2))
     with pytest.raises(cd.StateError, match=r"seed: state has 7, pipeline has 8"):
         cd.Loader(other, state=state)

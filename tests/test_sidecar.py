@@ -300,3 +300,31 @@ def test_sidecar_address_needs_one_per_host(token_corpus: Path) -> None:
 def test_no_sidecar_at_the_address(tmp_path: Path) -> None:
     with pytest.raises(cd.SidecarError, match=r"no sidecar answers at unix://.*none\.sock"):
         SidecarClient(f"unix://{tmp_path / 'none.sock'}", connect_timeout=0.5)
+
+
+def test_auto_backend_picks_a_configured_sidecar(token_corpus: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = make_pipeline(token_corpus)
+    with cd.Loader(pipeline, backend="auto") as loader:
+        assert loader.backend == "inprocess"  # no Pathways, no sidecar address
+    sidecar = LocalSidecar(str(shm_dir), 0, 2)
+    try:
+        monkeypatch.setenv("COLO_DATA_SIDECAR", sidecar.address)
+        got = read_all(cd.Loader(pipeline, backend="auto", hosts=1))
+        with cd.Loader(pipeline, backend="auto", hosts=1) as loader:
+            assert loader.backend == "sidecar" and not loader._local_sidecars
+    finally:
+        sidecar.stop()
+    assert_batches_equal(read_all(cd.Loader(pipeline)), got, "auto backend through COLO_DATA_SIDECAR")
+
+
+def test_auto_backend_on_pathways_is_colocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No Pathways proxy backend can start here; what is checked is the decision on its signal.
+    import pathwaysutils
+
+    from colo_data.loader import resolve_backend
+
+    assert resolve_backend("auto", None) == "inprocess"
+    assert resolve_backend("auto", "unix:///run/colo/host0.sock") == "sidecar"
+    assert resolve_backend("inprocess", "unix:///x.sock") == "inprocess"
+    monkeypatch.setattr(pathwaysutils, "is_pathways_backend_used", lambda: True)
+    assert resolve_backend("auto", "unix:///x.sock") == "colocated"

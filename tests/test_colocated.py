@@ -1,0 +1,343 @@
+"""The colocated-Python backend on a CPU-only JAX, where colocated calls run in this
+process: each CPU device stands for a host. Host identity comes from the mesh, batches equal
+the in-process backend's, resume works through it, errors are colo-data errors, and closing
+releases the colocated objects. The 8-host check runs in a fresh Python whose JAX starts
+with 8 CPU devices (this session's JAX has 4)."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import psutil
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import colo_data as cd
+from colo_data.sidecar import colocated
+from colo_data.sidecar.colocated import ColocatedHosts, colocated_hosts
+from colo_data.state import make_state, restore_position
+from colo_data.testing import assert_batches_equal, read_all, to_numpy
+
+from pipelines import BATCH, make_pipeline
+
+HOSTS_8_BATCH = 16  # divisible by 8 hosts
+SHUFFLES = ("none", "global", "block")
+
+
+def reference(pipeline: cd.Pipeline, start: int = 0, steps: int | None = None) -> list[dict[str, np.ndarray]]:
+    """`steps` global batches (all when None) from `start` on, computed by one in-process host."""
+    return [dict(b) for b in itertools.islice(cd.HostPipeline(pipeline, 0, 1).batches(start), steps)]
+
+
+def mesh_of(devices: list[jax.Device]) -> Mesh:
+    return Mesh(np.array(devices), ("data",))
+
+
+def test_hosts_are_the_mesh_cpu_devices_in_mesh_order() -> None:
+    devices = jax.devices()
+    assert len(devices) == 4
+    assert colocated_hosts(mesh_of(devices)) == devices
+    assert colocated_hosts(mesh_of(devices[::-1])) == devices[::-1]
+    grid = Mesh(np.array([devices[2], devices[0], devices[3], devices[1]]).reshape(2, 2), ("data", "model"))
+    assert colocated_hosts(grid) == [devices[2], devices[0], devices[3], devices[1]]
+
+
+def test_hosts_of_accelerators_are_their_colocated_cpus_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under Pathways every accelerator of a host maps to the host's one CPU device."""
+    chips = [SimpleNamespace(platform="tpu", id=i) for i in range(8)]
+    cpus = jax.devices()
+    host_of_chip = [cpus[1], cpus[1], cpus[0], cpus[0], cpus[3], cpus[3], cpus[2], cpus[2]]
+    asked = []
+
+    def fake_colocated_cpu_devices(devices: tuple) -> list:
+        asked.append(devices)
+        return [host_of_chip[d.id] for d in devices]
+
+    monkeypatch.setattr(colocated, "colocated_cpu_devices", fake_colocated_cpu_devices)
+    mesh = SimpleNamespace(devices=np.array(chips, dtype=object).reshape(2, 4))
+    assert colocated_hosts(mesh) == [cpus[1], cpus[0], cpus[3], cpus[2]]
+    assert asked == [tuple(chips)]
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_batches_equal_in_process_and_each_host_serves_its_rows(token_corpus: Path, shuffle: str) -> None:
+    pipeline = make_pipeline(token_corpus, shuffle)
+    devices = jax.devices()[::-1]  # host h is the h-th device of the mesh, whatever its id
+    with ColocatedHosts(pipeline, mesh_of(devices)) as hosts:
+        batches = list(hosts.batches(0))
+    got = [to_numpy(b) for b in batches]
+    assert_batches_equal(reference(pipeline), got, f"colocated, {shuffle}")
+    in_process = read_all(cd.Loader(pipeline, hosts=4))
+    assert_batches_equal(in_process, got, "in-process loader")
+    assert {n: a.dtype for n, a in got[0].items()} == {n: a.dtype for n, a in in_process[0].items()}
+    for step, batch in enumerate(batches):
+        for name, array in batch.items():
+            assert array.shape[0] == BATCH
+            for shard in array.addressable_shards:
+                host = devices.index(shard.device)
+                want = cd.HostPipeline(pipeline, host, 4).batch(step * BATCH)[name]
+                np.testing.assert_array_equal(np.asarray(shard.data), want, err_msg=f"batch {step}, {name!r}, host {host}")
+
+
+def test_device_put_onto_the_target_sharding(token_corpus: Path) -> None:
+    """What the loader does with each batch: move it from the hosts' CPU devices onto the
+    mesh with the target sharding (here a 2x2 mesh, batch over "data")."""
+    pipeline = make_pipeline(token_corpus)
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices).reshape(2, 2), ("data", "model"))
+    with ColocatedHosts(pipeline, mesh) as hosts:
+        batch = next(iter(hosts.batches(0)))
+        placed = jax.device_put(batch, {n: NamedSharding(mesh, PartitionSpec("data")) for n in batch})
+    for name, array in placed.items():
+        assert array.sharding == NamedSharding(mesh, PartitionSpec("data")), name
+        assert array.dtype == batch[name].dtype
+        np.testing.assert_array_equal(np.asarray(array), reference(pipeline)[0][name])
+        shards = {s.device: np.asarray(s.data) for s in array.addressable_shards}
+        assert len(shards[devices[0]]) == BATCH // 2
+        np.testing.assert_array_equal(shards[devices[0]], shards[devices[1]])  # replicated over "model"
+
+
+def test_resume_from_every_state(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus)
+    full = reference(pipeline)
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        for k in range(len(full) + 1):
+            state = json.loads(json.dumps(make_state(pipeline, k * BATCH)))
+            rest = [to_numpy(b) for b in hosts.batches(restore_position(pipeline, state))]
+            assert_batches_equal(full[k:], rest, f"resumed after step {k}")
+
+
+def test_endless_stream_crosses_epochs_and_stops_early(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, epochs=None)
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        stream = hosts.batches(7 * BATCH)
+        got = [to_numpy(next(stream)) for _ in range(6)]  # positions 84..155: epochs 0 and 1
+        stream.close()
+    assert_batches_equal(reference(pipeline, 7 * BATCH, 6), got, "across epochs")
+
+
+def test_calls_are_chunks_of_batches(token_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One colocated call per `batches_per_call` batches, sized like the in-process chunks."""
+    pipeline = make_pipeline(token_corpus, epochs=3)
+    monkeypatch.setattr(colocated, "HostPipeline", _SmallChunks)
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        assert hosts.batches_per_call == 4
+        calls = []
+        call = hosts._call
+
+        def counted(method: str, request: jax.Array) -> object:
+            calls.append((method, request.shape))
+            return call(method, request)
+
+        monkeypatch.setattr(hosts, "_call", counted)
+        got = [to_numpy(b) for b in hosts.batches(3 * BATCH)]
+    assert_batches_equal(reference(pipeline, 3 * BATCH), got, "4 batches a call")
+    assert calls == [("batches", (4, 4, 2))] * 6 + [("batches", (4, 3, 2)), ("close", (4, 1, 2))]  # 27 batches left
+
+
+class _SmallChunks(cd.HostPipeline):
+    @property
+    def chunk(self) -> int:
+        return 4
+
+
+def test_workers_run_in_the_colocated_object_and_close_stops_them(token_corpus: Path) -> None:
+    """One host (starting a Grain worker pool takes seconds) with one worker process."""
+    pipeline = make_pipeline(token_corpus, epochs=None)
+    before = _children()
+    hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()[:1]), workers=1)
+    stream = hosts.batches(0)
+    got = [to_numpy(next(stream)) for _ in range(12)]
+    assert len(_children() - before) == 1  # the host's worker, still running: the stream is endless
+    stream.close()
+    hosts.close()
+    deadline = time.monotonic() + 10
+    while _children() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _children() - before, "worker processes left behind"
+    assert_batches_equal(reference(pipeline, 0, 12), got, "1 host, 1 worker")
+
+
+def _children() -> set[int]:
+    return {
+        c.pid
+        for c in psutil.Process().children(recursive=True)
+        if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline())
+    }
+
+
+def _live_host_objects() -> int:
+    gc.collect()
+    return sum(isinstance(o, colocated._HostSide) for o in gc.get_objects())
+
+
+def test_close_releases_the_colocated_objects_and_batches_reopens(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus)
+    before = _live_host_objects()
+    hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()))
+    first = [to_numpy(b) for b in hosts.batches(0)]
+    assert _live_host_objects() == before + 1  # on a CPU-only JAX one object serves every host
+    hosts.close()
+    assert _live_host_objects() == before
+    hosts.close()  # closing twice is harmless
+    again = [to_numpy(b) for b in hosts.batches(0)]
+    assert _live_host_objects() == before + 1
+    hosts.close()
+    assert_batches_equal(first, again, "after reopening")
+
+
+def bad_record_0(batch: dict) -> dict:
+    if 0 in batch["_index"]:
+        raise ValueError("bad record 0")
+    return batch
+
+
+def test_transform_error_passes_through_and_the_hosts_keep_serving(token_corpus: Path) -> None:
+    """The failing first batch call must not lose the colocated object: the next request,
+    where no batch holds record 0, is served."""
+    pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), bad_record_0])
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        failed = r"bad_record_0.*on host 0 of 4, batch at stream position 0.*ValueError: bad record 0"
+        with pytest.raises(cd.TransformError, match=failed):
+            next(hosts.batches(0))
+        rest = [to_numpy(b) for b in hosts.batches(BATCH)]
+    assert_batches_equal(reference(make_pipeline(token_corpus, "none"), BATCH), rest, "after the failure")
+
+
+def test_remote_failures_become_colo_data_errors() -> None:
+    """Under Pathways the sidecar sends the error's text, not the exception."""
+    hosts = jax.devices()
+    remote = RuntimeError("INTERNAL: colocated python: Traceback ...\ncolo_data.errors.SchemaError: column 'x' is missing")
+    error = colocated._as_colo_data_error(remote, hosts)
+    assert type(error) is cd.SchemaError and "column 'x' is missing" in str(error)
+    error = colocated._as_colo_data_error(RuntimeError("UNAVAILABLE: connection reset; KeyError: 3"), hosts)
+    assert type(error) is cd.SidecarError
+    assert "4 hosts" in str(error) and "UNAVAILABLE" in str(error) and "colo-data" in str(error)
+
+
+def test_batch_not_divisible_by_hosts(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, global_batch_size=10)
+    message = r"global_batch_size=10 is not divisible by the 4 hosts.*use a multiple of 4, e.g. 8 or 12"
+    with pytest.raises(cd.ConfigError, match=message):
+        ColocatedHosts(pipeline, mesh_of(jax.devices()))
+    with pytest.raises(cd.ConfigError, match=r"workers=-1"):
+        ColocatedHosts(make_pipeline(token_corpus), mesh_of(jax.devices()), workers=-1)
+
+
+EIGHT_HOSTS = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    import colo_data as cd
+    from colo_data.sidecar.colocated import ColocatedHosts
+    from colo_data.state import make_state, restore_position
+    from pipelines import make_pipeline
+
+    corpus, out, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    devices = jax.devices()
+    assert len(devices) == 8, devices
+    mesh = Mesh(np.array(devices), ("data",))
+    target = NamedSharding(mesh, PartitionSpec("data"))
+    results = {}
+    for shuffle in ("none", "global", "block"):
+        pipeline = make_pipeline(corpus, shuffle, global_batch_size=size)
+        with ColocatedHosts(pipeline, mesh) as hosts:
+            results[f"{shuffle}/hosts"] = np.array([d.id for d in hosts.hosts])
+            for step, batch in enumerate(hosts.batches(0)):
+                for name, array in batch.items():
+                    shards = array.addressable_shards
+                    results[f"{shuffle}/full/{step}/{name}"] = np.asarray(jax.device_put(array, target))
+                    results[f"{shuffle}/shard_devices/{step}/{name}"] = np.array([s.device.id for s in shards])
+                    results[f"{shuffle}/shard_rows/{step}/{name}"] = np.array([s.index[0].start for s in shards])
+            for k in range(step + 2):
+                state = json.loads(json.dumps(make_state(pipeline, k * size)))
+                for step, batch in enumerate(hosts.batches(restore_position(pipeline, state))):
+                    for name, array in batch.items():
+                        results[f"{shuffle}/resumed{k}/{step}/{name}"] = np.asarray(array)
+        # the product surface: cd.Loader(backend="colocated"), its state and a resume
+        with cd.Loader(pipeline, backend="colocated") as loader:
+            results[f"{shuffle}/loader_hosts"] = np.array([loader.hosts])
+            for step, batch in enumerate(loader):
+                for name, array in batch.items():
+                    assert array.sharding == target.update(spec=target.spec[: array.ndim]), array.sharding
+                    results[f"{shuffle}/loader/{step}/{name}"] = np.asarray(array)
+                if step == 2:
+                    state = json.loads(json.dumps(loader.get_state()))
+        with cd.Loader(pipeline, backend="colocated", state=state) as loader:
+            for step, batch in enumerate(loader):
+                for name, array in batch.items():
+                    results[f"{shuffle}/loader_resumed/{step}/{name}"] = np.asarray(array)
+    np.savez(out, **results)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def eight_hosts(token_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The colocated backend's batches in a JAX started with 8 CPU devices, one per host."""
+    out = tmp_path_factory.mktemp("eight") / "batches.npz"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-c", EIGHT_HOSTS, str(token_corpus), str(out), str(HOSTS_8_BATCH)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    with np.load(out) as saved:
+        return dict(saved)
+
+
+def _batches(saved: dict[str, np.ndarray], prefix: str) -> list[dict[str, np.ndarray]]:
+    batches: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in saved.items():
+        if key.startswith(prefix + "/"):
+            step, name = key[len(prefix) + 1 :].split("/", 1)
+            batches.setdefault(int(step), {})[name] = value
+    return [batches[i] for i in range(len(batches))]
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_eight_cpu_devices_are_eight_hosts_with_in_process_batches(
+    eight_hosts: dict[str, np.ndarray], token_corpus: Path, shuffle: str
+) -> None:
+    pipeline = make_pipeline(token_corpus, shuffle, global_batch_size=HOSTS_8_BATCH)
+    expected = read_all(cd.Loader(pipeline, hosts=8))
+    assert len(expected) == 7  # 120 records, batches of 16
+    np.testing.assert_array_equal(eight_hosts[f"{shuffle}/hosts"], np.arange(8))
+    assert_batches_equal(expected, _batches(eight_hosts, f"{shuffle}/full"), f"8 colocated hosts, {shuffle}")
+    for step in range(len(expected)):
+        for name in expected[step]:
+            devices = eight_hosts[f"{shuffle}/shard_devices/{step}/{name}"]
+            rows = eight_hosts[f"{shuffle}/shard_rows/{step}/{name}"]
+            np.testing.assert_array_equal(rows[np.argsort(devices)], 2 * np.arange(8), err_msg="host h's rows on device h")
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_eight_hosts_resume_from_every_state(eight_hosts: dict[str, np.ndarray], token_corpus: Path, shuffle: str) -> None:
+    expected = _batches(eight_hosts, f"{shuffle}/full")
+    for k in range(len(expected) + 1):
+        resumed = _batches(eight_hosts, f"{shuffle}/resumed{k}")
+        assert_batches_equal(expected[k:], resumed, f"{shuffle}, resumed after step {k}")
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_loader_with_the_colocated_backend(eight_hosts: dict[str, np.ndarray], token_corpus: Path, shuffle: str) -> None:
+    pipeline = make_pipeline(token_corpus, shuffle, global_batch_size=HOSTS_8_BATCH)
+    expected = read_all(cd.Loader(pipeline))
+    assert eight_hosts[f"{shuffle}/loader_hosts"].tolist() == [8]
+    assert_batches_equal(expected, _batches(eight_hosts, f"{shuffle}/loader"), f"Loader(backend='colocated'), {shuffle}")
+    resumed = _batches(eight_hosts, f"{shuffle}/loader_resumed")
+    assert_batches_equal(expected[3:], resumed, f"Loader(backend='colocated', state=...) after 3 steps, {shuffle}")
