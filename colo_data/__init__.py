@@ -22,6 +22,7 @@ from colo_data.errors import (
 from colo_data.host import HostPipeline
 from colo_data.loader import Loader
 from colo_data.order import GlobalOrder, Order, host_rows
+from colo_data.packing import Pack
 from colo_data.pipeline import Pipeline
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.sources import ArrowSource, RecordSource, Source
@@ -39,6 +40,7 @@ __all__ = [
     "HostPipeline",
     "Loader",
     "Order",
+    "Pack",
     "Pipeline",
     "RecordIndexError",
     "RecordSource",

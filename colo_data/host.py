@@ -16,6 +16,7 @@ from absl import flags
 from colo_data.columns import Columns, table_to_columns
 from colo_data.errors import ColoDataError, ConfigError, TransformError
 from colo_data.order import GlobalOrder, host_rows
+from colo_data.packing import STREAM_END, Pack, packed_batches
 from colo_data.pipeline import Pipeline
 
 HostBatch = dict[str, np.ndarray]
@@ -68,7 +69,10 @@ class HostPipeline:
     @property
     def chunk(self) -> int:
         """Global batches computed per call: enough that a call handles about
-        `CHUNK_RECORDS` of this host's records, so per-call costs are shared."""
+        `CHUNK_RECORDS` of this host's records, so per-call costs are shared (packed
+        batches: one)."""
+        if self.pipeline.pack is not None:
+            return 1
         return max(1, CHUNK_RECORDS // (self.rows[1] - self.rows[0]))
 
     def record_indices(self, batch_position: int, count: int = 1) -> np.ndarray:
@@ -79,6 +83,10 @@ class HostPipeline:
         stream = (
             batch_position + first + size * np.arange(count, dtype=np.int64)[:, None] + np.arange(stop - first)
         ).ravel()
+        return self.stream_indices(stream)
+
+    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
+        """Global record indices at stream positions `stream` (any epochs)."""
         records = self.pipeline.records_per_epoch
         epochs, positions = np.divmod(stream, records)
         if epochs[0] == epochs[-1]:  # the usual case: one epoch
@@ -107,6 +115,11 @@ class HostPipeline:
         columns = table_to_columns(self.pipeline.source.take(indices))
         if self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
+        return self._transformed(columns, batch_position)
+
+    def _transformed(self, columns: Columns, batch_position: int) -> HostBatch:
+        """The pipeline's transforms applied to a batch's columns, checked."""
+        rows = len(next(iter(columns.values())))
         for transform in self.pipeline.transforms:
             try:
                 columns = transform(columns)
@@ -117,12 +130,24 @@ class HostPipeline:
                     f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
                     f"{batch_position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
                 ) from e
-        return _check_batch(columns, len(indices))
+        return _check_batch(columns, rows)
+
+    def _packed(self, pack: Pack, start_position: int) -> Iterator[HostBatch]:
+        """Packed host batches, transformed, each with its `STREAM_END` column."""
+        position = start_position
+        for columns, end in packed_batches(self, pack, start_position):
+            batch = self._transformed(columns, position)
+            batch[STREAM_END] = np.full(self.rows[1] - self.rows[0], end, np.int64)
+            position = end
+            yield batch
 
     def chunks(self, start_position: int) -> Iterator[HostBatch]:
         """This host's batches from stream `start_position` on, `chunk` batches at a time
         (one after the other along the rows; the last chunk may hold fewer): computed here
-        when `workers` is 0, else by Grain's multiprocessing."""
+        when `workers` is 0, else by Grain's multiprocessing. Packed batches are planned in
+        stream order, one at a time, here (`workers` is not used for them)."""
+        if self.pipeline.pack is not None:
+            return self._packed(self.pipeline.pack, start_position)
         total = self.pipeline.batches_from(start_position)
         chunk_count = _FOREVER if total is None else -(-total // self.chunk)
         chunk_at = _ChunkAt(self, start_position, total)

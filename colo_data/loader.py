@@ -13,8 +13,9 @@ import numpy as np
 import pathwaysutils
 from jax.sharding import Mesh, PartitionSpec
 
-from colo_data.errors import ConfigError
+from colo_data.errors import ConfigError, TransformError
 from colo_data.host import HostBatch, HostPipeline
+from colo_data.packing import STREAM_END
 from colo_data.pipeline import Pipeline
 from colo_data.placement import Placement
 from colo_data.prefetch import Prefetcher
@@ -81,6 +82,8 @@ class Loader:
             sidecar = os.environ[SIDECAR_ENV].split(",")
         self.backend = resolve_backend(backend, sidecar)
         if self.backend == "colocated":
+            if pipeline.pack is not None:
+                raise ConfigError("pack: packed pipelines run on the inprocess and sidecar backends, not yet colocated")
             pathwaysutils.initialize()  # a no-op off Pathways
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
@@ -103,7 +106,7 @@ class Loader:
         self._copy = self.backend == "sidecar" and any(d.platform == "cpu" for d in self.mesh.devices.flat)
         self._prefetch = prefetch
         self._position = 0 if state is None else restore_position(pipeline, state)
-        self._iterator: Prefetcher[dict[str, jax.Array]] | Iterator[dict[str, jax.Array]] | None = None
+        self._iterator: Iterator[tuple[dict[str, jax.Array], int | None]] | None = None
         self._colocated = ColocatedHosts(pipeline, self.mesh, workers or 0) if self.backend == "colocated" else None
         if self.backend == "sidecar" and not addresses:  # started last and now: they load while the trainer compiles
             self._local_sidecars = [LocalSidecar(shm_dir, workers, slots) for _ in local]
@@ -121,14 +124,19 @@ class Loader:
             )
         return found
 
-    def _global_batches(self, streams: list[Iterator[HostBatch]]) -> Iterator[dict[str, jax.Array]]:
+    def _global_batches(self, streams: list[Iterator[HostBatch]]) -> Iterator[tuple[dict[str, jax.Array], int | None]]:
+        """Global batches, each with the stream position after it when the hosts say it
+        (packed batches), else None."""
         local = self.placement.local_hosts
         try:
             for pieces in zip(*streams):
+                ends = {int(p.pop(STREAM_END)[0]) for p in pieces if STREAM_END in p}
+                if len(ends) > 1:
+                    raise TransformError(f"the hosts {local} planned different packed batches (ending at {sorted(ends)})")
                 batch = self.placement.assemble(dict(zip(local, pieces)))
                 if self.backend == "sidecar" and not self._copy:  # slots are rewritten once the next pieces are asked for
                     jax.block_until_ready(batch)
-                yield batch
+                yield batch, ends.pop() if ends else None
         finally:
             for it in streams:
                 it.close()
@@ -145,17 +153,17 @@ class Loader:
             for h, c in zip(self.placement.local_hosts, clients, strict=True)
         ]
 
-    def _placed(self, batches: Iterator[dict[str, jax.Array]]) -> Iterator[dict[str, jax.Array]]:
+    def _placed(self, batches: Iterator[dict[str, jax.Array]]) -> Iterator[tuple[dict[str, jax.Array], None]]:
         """Colocated batches, moved from the hosts' CPU devices onto the mesh."""
         try:
             for batch in batches:
-                yield jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()})
+                yield jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()}), None
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
 
-    def _start(self) -> Iterator[dict[str, jax.Array]]:
+    def _start(self) -> Iterator[tuple[dict[str, jax.Array], int | None]]:
         if self._colocated is not None:
             batches = self._placed(self._colocated.batches(self._position))
         else:
@@ -168,8 +176,8 @@ class Loader:
     def __next__(self) -> dict[str, jax.Array]:
         if self._iterator is None:
             self._iterator = self._start()
-        batch = next(self._iterator)
-        self._position += self.pipeline.global_batch_size
+        batch, end = next(self._iterator)
+        self._position = end if end is not None else self._position + self.pipeline.global_batch_size
         return batch
 
     def get_state(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from colo_data.errors import ConfigError
 from colo_data.order import Order
+from colo_data.packing import Pack
 from colo_data.sources import Source, as_source
 from colo_data.transforms import BatchTransform
 
@@ -18,7 +19,9 @@ class Pipeline:
     """A dataset definition. `source` is an `ArrowSource`, a `grain.MapDataset` or any
     random-access collection of dict records; `transforms` are batch transforms applied in
     order; `epochs=None` repeats forever with a new order each epoch; `index_column`, when
-    set, adds each row's global record index (int64) before the transforms run."""
+    set, adds each row's global record index (int64) before the transforms run. With
+    `pack` (`cd.Pack`), a global batch is `global_batch_size` rows of packed records (and
+    the transforms run on the packed batch)."""
 
     source: Source | Any
     global_batch_size: int
@@ -26,6 +29,7 @@ class Pipeline:
     transforms: Sequence[BatchTransform] = ()
     epochs: int | None = 1
     index_column: str | None = None
+    pack: Pack | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", as_source(self.source))
@@ -34,6 +38,8 @@ class Pipeline:
             raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
         if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
             raise ConfigError(f"epochs={self.epochs!r}: must be a positive int, or None to repeat forever")
+        if self.pack is not None and not isinstance(self.pack, Pack):
+            raise ConfigError(f"pack={self.pack!r}: give a cd.Pack(column, length, ...)")
         if not isinstance(self.order, Order):
             raise ConfigError(f"order={self.order!r}: give a cd.Order(shuffle=..., seed=...)")
         for t in self.transforms:
@@ -63,6 +69,9 @@ class Pipeline:
 
     def batches_from(self, position: int) -> int | None:
         """Full global batches left in the stream from a stream position (a trailing partial
-        batch is dropped), or None when the stream repeats forever."""
+        batch is dropped), or None when the stream repeats forever or is packed (its batches
+        take as many records as fit)."""
         total = self.total_records
-        return None if total is None else max(0, (total - position) // self.global_batch_size)
+        if total is None or self.pack is not None:
+            return None
+        return max(0, (total - position) // self.global_batch_size)
