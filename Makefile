@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(VENV)/bin/colo-data demo
+	$(VENV)/bin/colo-data bench configs/demo.toml
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -1,9 +1,15 @@
-"""Core throughput, side by side in one run: colo-data against the vectorised Arrow reference
-(the machine's limit for this pipeline) and against Grain pipelines, on the demo corpus.
+"""Core throughput, side by side in one run: colo-data (in process and through the sidecar)
+against the vectorised Arrow reference (the machine's limit for this pipeline) and against
+Grain pipelines, on the demo corpus, and on a second pipeline with a per-record Python
+transform.
 
-Pipeline: demo token corpus, `tokens` padded or cut to 1024, batches of 32. Each contender
-reads one whole epoch per round; rounds are interleaved and the median is reported, so
-that a noisy neighbour hits every contender alike. Run: `make benchmarks` or
+Pipeline 1: demo token corpus, `tokens` padded or cut to 1024, batches of 32; each
+contender reads one whole epoch per round. Pipeline 2: the same plus a per-record Python
+function (BOS/EOS around each record's tokens, as tokenizer code is) before the pad; each
+contender reads the first `PER_RECORD_BATCHES` batches. Rounds are interleaved and the
+median is reported, so that a noisy neighbour hits every contender alike. Grain runs with
+its own defaults: `mp_prefetch()` starts 10 worker processes, `DataLoader(worker_count=None)`
+one per `os.cpu_count()`. Run: `make benchmarks` or
 `.venv/bin/python benchmarks/core.py [--rounds N] [--out DIR]`.
 """
 
@@ -27,6 +33,7 @@ import colo_data as cd
 from colo_data import demo
 
 SEQ_LEN, BATCH = 1024, 32
+PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records
 
 
 def numpy_pad(offsets: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:
@@ -60,11 +67,35 @@ def colo_host_pipeline(directory: Path) -> Iterator[int]:
         yield len(batch["tokens"])
 
 
-def colo_loader(directory: Path, shuffle: str, workers: int) -> Iterator[int]:
+def colo_loader(directory: Path, shuffle: str, workers: int | None, backend: str = "inprocess") -> Iterator[int]:
     """colo-data end to end: global jax.Arrays from cd.Loader."""
     pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH, shuffle=shuffle)
-    with cd.Loader(pipeline, workers=workers) as loader:
+    with cd.Loader(pipeline, workers=workers, backend=backend) as loader:
         for batch in loader:
+            yield len(jax.block_until_ready(batch["tokens"]))
+
+
+def add_bos_eos(record: dict) -> dict:
+    """A per-record Python function, as tokenizer code is: BOS and EOS around the tokens."""
+    tokens = np.asarray(record["tokens"], dtype=np.int32)[: SEQ_LEN - 2]
+    return {"id": record["id"], "tokens": np.concatenate([[1], tokens, [2]]).astype(np.int32)}
+
+
+class AddBosEos(grain.transforms.Map):
+    def map(self, record: dict) -> dict:
+        return add_bos_eos(record)
+
+
+def colo_per_record(directory: Path, backend: str) -> Iterator[int]:
+    """Pipeline 2 through cd.Loader: cd.per_record(add_bos_eos), then the vectorised pad."""
+    pipeline = cd.Pipeline(
+        source=cd.ArrowSource(str(directory), columns=["id", "tokens"]),
+        order=cd.Order(shuffle="block", seed=0),
+        transforms=[cd.per_record(add_bos_eos), cd.pad_or_truncate("tokens", SEQ_LEN)],
+        global_batch_size=BATCH,
+    )
+    with cd.Loader(pipeline, backend=backend) as loader:
+        for _, batch in zip(range(PER_RECORD_BATCHES), loader):
             yield len(jax.block_until_ready(batch["tokens"]))
 
 
@@ -104,6 +135,34 @@ def grain_map_dataset(directory: Path) -> Iterator[int]:
         yield len(batch["tokens"])
 
 
+def grain_mp_prefetch(directory: Path, per_record: bool = False) -> Iterator[int]:
+    """Grain MapDataset (global shuffle, per-record maps, batch) + mp_prefetch() with its
+    default options (10 worker processes); each batch put on the device."""
+    source = cd.ArrowSource(str(directory), columns=["id", "tokens"])
+    ds = grain.MapDataset.source(source).shuffle(seed=0)
+    ds = (ds.map(AddBosEos()) if per_record else ds).map(PadRecord()).batch(BATCH, drop_remainder=True)
+    iterator = iter(ds.to_iter_dataset().mp_prefetch())
+    for _, batch in zip(range(PER_RECORD_BATCHES if per_record else 2**62), iterator):
+        yield len(jax.block_until_ready(jax.device_put(batch))["tokens"])
+    del iterator  # stops the worker processes
+
+
+def grain_data_loader(directory: Path, per_record: bool = False) -> Iterator[int]:
+    """Grain DataLoader(worker_count=None: os.cpu_count() workers), global shuffle, per-record
+    maps, batch; each batch put on the device."""
+    source = cd.ArrowSource(str(directory), columns=["id", "tokens"])
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=grain.samplers.IndexSampler(num_records=len(source), shuffle=True, seed=0, num_epochs=1),
+        operations=[*([AddBosEos()] if per_record else []), PadRecord(), grain.transforms.Batch(BATCH, drop_remainder=True)],
+        worker_count=None,
+    )
+    iterator = iter(loader)
+    for _, batch in zip(range(PER_RECORD_BATCHES if per_record else 2**62), iterator):
+        yield len(jax.block_until_ready(jax.device_put(batch))["tokens"])
+    del iterator
+
+
 def grain_parquet_iter(files: list[str]) -> Iterator[int]:
     """Grain ParquetIterDataset (sequential, no shuffle) + per-record pad + batch."""
     for path in files:
@@ -127,6 +186,10 @@ def measure(run: Callable[[], Iterator[int]]) -> dict[str, float]:
     return {"records": records, "seconds": wall, "records_per_s": records / wall, "cpu_s_per_1k": 1000 * used / records}
 
 
+PIPELINE_1 = "Demo pipeline"
+PIPELINE_2 = "Per-record Python transform"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -137,56 +200,80 @@ def main() -> None:
     files = sorted(str(p) for p in directory.glob("*.parquet"))
     jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings
 
-    contenders: dict[str, Callable[[], Iterator[int]]] = {
-        "Arrow reference (read in order + numpy pad)": lambda: arrow_reference(files, to_device=False),
-        "Arrow reference + jax.device_put": lambda: arrow_reference(files, to_device=True),
-        "colo-data HostPipeline, block shuffle (numpy batches)": lambda: colo_host_pipeline(directory),
-        "colo-data Loader, block shuffle, 0 workers": lambda: colo_loader(directory, "block", 0),
-        "colo-data Loader, block shuffle, 1 worker": lambda: colo_loader(directory, "block", 1),
-        "colo-data Loader, global shuffle, 0 workers": lambda: colo_loader(directory, "global", 0),
-        "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)": lambda: colo_packed(directory),
-        "Grain MapDataset, global shuffle, per-record pad": lambda: grain_map_dataset(directory),
-        "Grain ParquetIterDataset, no shuffle, per-record pad": lambda: grain_parquet_iter(files),
+    contenders: dict[str, dict[str, Callable[[], Iterator[int]]]] = {
+        PIPELINE_1: {
+            "Arrow reference (read in order + numpy pad)": lambda: arrow_reference(files, to_device=False),
+            "Arrow reference + jax.device_put": lambda: arrow_reference(files, to_device=True),
+            "colo-data HostPipeline, block shuffle (numpy batches)": lambda: colo_host_pipeline(directory),
+            "colo-data Loader, block shuffle, 0 workers": lambda: colo_loader(directory, "block", 0),
+            "colo-data Loader, block shuffle, 1 worker": lambda: colo_loader(directory, "block", 1),
+            "colo-data Loader, global shuffle, 0 workers": lambda: colo_loader(directory, "global", 0),
+            "colo-data Loader, block shuffle, sidecar backend": lambda: colo_loader(directory, "block", None, "sidecar"),
+            "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)": lambda: colo_packed(directory),
+            "Grain MapDataset, global shuffle, per-record pad": lambda: grain_map_dataset(directory),
+            "Grain MapDataset + mp_prefetch (10 workers), global shuffle": lambda: grain_mp_prefetch(directory),
+            "Grain DataLoader (worker_count=None), global shuffle": lambda: grain_data_loader(directory),
+            "Grain ParquetIterDataset, no shuffle, per-record pad": lambda: grain_parquet_iter(files),
+        },
+        PIPELINE_2: {
+            "colo-data Loader, block shuffle, per_record": lambda: colo_per_record(directory, "inprocess"),
+            "colo-data Loader, block shuffle, per_record, sidecar backend": lambda: colo_per_record(directory, "sidecar"),
+            "Grain MapDataset + mp_prefetch (10 workers)": lambda: grain_mp_prefetch(directory, per_record=True),
+            "Grain DataLoader (worker_count=None)": lambda: grain_data_loader(directory, per_record=True),
+        },
     }
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    runs = {table: {name: [] for name in rows} for table, rows in contenders.items()}
     for r in range(args.rounds):
-        for name, run in contenders.items():
-            runs[name].append(measure(run))
-            print(f"round {r + 1}/{args.rounds}  {name}: {runs[name][-1]['records_per_s']:,.0f} records/s", flush=True)
+        for table, rows in contenders.items():
+            for name, run in rows.items():
+                runs[table][name].append(measure(run))
+                print(f"round {r + 1}/{args.rounds}  {name}: {runs[table][name][-1]['records_per_s']:,.0f} records/s", flush=True)
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(m[key] for m in runs[name])
+    def rate(table: str, name: str, key: str = "records_per_s") -> float:
+        return statistics.median(m[key] for m in runs[table][name])
 
-    names = list(contenders)
-    ref, ref_dev, grain_map = names[0], names[1], names[7]
+    def ratio(table: str, a: str, b: str) -> float:
+        return rate(table, a) / rate(table, b)
+
+    loader, one = "colo-data Loader, block shuffle, 0 workers", PIPELINE_1
     ratios = {
-        "HostPipeline (block) / Arrow reference": median(names[2], "records_per_s") / median(ref, "records_per_s"),
-        "Loader (block, 0 workers) / Arrow reference": median(names[3], "records_per_s") / median(ref, "records_per_s"),
-        "Loader (block, 0 workers) / Arrow reference + device_put": median(names[3], "records_per_s")
-        / median(ref_dev, "records_per_s"),
-        "Loader (block, 0 workers) / Grain MapDataset global shuffle": median(names[3], "records_per_s")
-        / median(grain_map, "records_per_s"),
-        "Loader (global, 0 workers) / Grain MapDataset global shuffle": median(names[5], "records_per_s")
-        / median(grain_map, "records_per_s"),
-        "Loader packed / Loader padded (block, 0 workers), records/s": median(names[6], "records_per_s")
-        / median(names[3], "records_per_s"),
+        "HostPipeline (block) / Arrow reference": ratio(one, "colo-data HostPipeline, block shuffle (numpy batches)", "Arrow reference (read in order + numpy pad)"),
+        "Loader (block, 0 workers) / Arrow reference": ratio(one, loader, "Arrow reference (read in order + numpy pad)"),
+        "Loader (block, 0 workers) / Arrow reference + device_put": ratio(one, loader, "Arrow reference + jax.device_put"),
+        "Loader (block, 0 workers) / Grain MapDataset global shuffle": ratio(one, loader, "Grain MapDataset, global shuffle, per-record pad"),
+        "Loader (global, 0 workers) / Grain MapDataset global shuffle": ratio(
+            one, "colo-data Loader, global shuffle, 0 workers", "Grain MapDataset, global shuffle, per-record pad"
+        ),
+        "Loader (block, 0 workers) / Grain MapDataset + mp_prefetch": ratio(one, loader, "Grain MapDataset + mp_prefetch (10 workers), global shuffle"),
+        "Loader (block, 0 workers) / Grain DataLoader": ratio(one, loader, "Grain DataLoader (worker_count=None), global shuffle"),
+        "Loader sidecar / Loader in process (block)": ratio(one, "colo-data Loader, block shuffle, sidecar backend", loader),
+        "Loader packed / Loader padded (block, 0 workers), records/s": ratio(
+            one, "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)", loader
+        ),
+        "per-record: Loader / Grain MapDataset + mp_prefetch": ratio(
+            PIPELINE_2, "colo-data Loader, block shuffle, per_record", "Grain MapDataset + mp_prefetch (10 workers)"
+        ),
+        "per-record: Loader / Grain DataLoader": ratio(
+            PIPELINE_2, "colo-data Loader, block shuffle, per_record", "Grain DataLoader (worker_count=None)"
+        ),
+        "per-record: Loader sidecar / Loader in process": ratio(
+            PIPELINE_2, "colo-data Loader, block shuffle, per_record, sidecar backend", "colo-data Loader, block shuffle, per_record"
+        ),
     }
     lines = [
         f"Demo corpus ({len(files)} files, 40,000 records), pad to {SEQ_LEN}, batch {BATCH}; median of {args.rounds} "
-        f"interleaved rounds; {psutil.cpu_count()} CPUs.",
-        "",
-        "| pipeline | records/s | CPU s per 1k records |",
-        "| --- | ---: | ---: |",
-        *(f"| {n} | {median(n, 'records_per_s'):,.0f} | {median(n, 'cpu_s_per_1k'):.3f} |" for n in names),
-        "",
-        "| ratio | value |",
-        "| --- | ---: |",
-        *(f"| {k} | {v:.2f}x |" for k, v in ratios.items()),
+        f"interleaved rounds; {psutil.cpu_count()} CPUs. Rates include each contender's start-up (worker or sidecar "
+        "processes).",
     ]
-    table = "\n".join(lines)
-    print("\n" + table)
+    for table, rows in contenders.items():
+        what = "one epoch" if table == PIPELINE_1 else f"the first {PER_RECORD_BATCHES * BATCH:,} records"
+        lines += ["", f"**{table}** ({what})", "", "| pipeline | records/s | CPU s per 1k records |", "| --- | ---: | ---: |"]
+        lines += [f"| {n} | {rate(table, n):,.0f} | {rate(table, n, 'cpu_s_per_1k'):.3f} |" for n in rows]
+    lines += ["", "| ratio | value |", "| --- | ---: |", *(f"| {k} | {v:.2f}x |" for k, v in ratios.items())]
+    table_md = "\n".join(lines)
+    print("\n" + table_md)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "core.md").write_text(table + "\n")
+    (args.out / "core.md").write_text(table_md + "\n")
     (args.out / "core.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=1))
     print(f"\nwrote {args.out / 'core.md'} and {args.out / 'core.json'}")
 

@@ -5,7 +5,7 @@ a `Loader` runs each host's share of it and yields global `jax.Array` batches wi
 small, host-count-independent checkpoint state.
 """
 
-from colo_data import checkpoint, elastic
+from colo_data import checkpoint, elastic, verify
 from colo_data.columns import Column, Columns
 from colo_data.errors import (
     ColoDataError,
@@ -26,6 +26,8 @@ from colo_data.packing import Pack
 from colo_data.pipeline import Pipeline
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.sources import ArrowSource, RecordSource, Source
+from colo_data.telemetry import Telemetry
+from colo_data.telemetry_export import TelemetryExport
 from colo_data.transforms import pad_or_truncate, per_record
 
 __all__ = [
@@ -50,6 +52,8 @@ __all__ = [
     "Source",
     "SourceError",
     "StateError",
+    "Telemetry",
+    "TelemetryExport",
     "TransformError",
     "checkpoint",
     "cpu_budget",
@@ -58,4 +62,5 @@ __all__ = [
     "memory_limit",
     "pad_or_truncate",
     "per_record",
+    "verify",
 ]

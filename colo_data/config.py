@@ -73,4 +73,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     unknown = set(sidecar) - _SIDECAR_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
+    workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", 4)
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f'{path}: [sidecar] workers = {workers!r}: give "auto" or an int >= 0')
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2:
+        raise ConfigError(f"{path}: [sidecar] slots = {slots!r}: give an int >= 2")
+    if not isinstance(sidecar.get("shm_dir", ""), str):
+        raise ConfigError(f"{path}: [sidecar] shm_dir = {sidecar['shm_dir']!r}: give a directory path (a string)")
     return Config(str(path), reference, args, sidecar)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +21,7 @@ import pyarrow.compute as pc
 
 from colo_data.columns import Columns, table_to_columns
 from colo_data.errors import ConfigError, TransformError
+from colo_data.telemetry import BATCH, ORDER, READ
 
 if TYPE_CHECKING:
     from colo_data.host import HostPipeline
@@ -109,10 +111,14 @@ class _Window:
         source = self.host.pipeline.source
         prefetch = getattr(source, "prefetch", None)
         ahead = stop + count if total is None else min(stop + count, total)
+        t0 = perf_counter()
+        indices = self.host.stream_indices(np.arange(first, stop, dtype=np.int64))
+        t1 = perf_counter()
         if prefetch is not None and ahead > stop:  # the next read's row groups decode meanwhile
             prefetch(self.host.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
-        indices = self.host.stream_indices(np.arange(first, stop, dtype=np.int64))
         table = source.take(indices)
+        self.host.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+        self.host.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         if self.pack.column not in table.column_names:
             raise ConfigError(f"cd.Pack: no column {self.pack.column!r} in the source; it has {table.column_names}")
         offsets, values = _list_parts(table.column(self.pack.column), self.pack.column)
@@ -149,6 +155,7 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
     while True:
         if len(window.indices) < ahead:  # read ahead a whole batch's worst case at once: fewer, larger reads
             window.extend(ahead, total)
+        t0 = perf_counter()
         consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
         while not consumed:  # filtered records used up the look-ahead: look further
             if not window.extend(max(ahead, len(window.indices)), total):
@@ -158,6 +165,7 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
                 break
             consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
         batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column)
+        host.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
         window.drop(consumed)
         yield batch, end

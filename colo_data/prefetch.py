@@ -67,6 +67,10 @@ class Prefetcher(Generic[T]):
             raise StopIteration
         return item
 
+    def depth(self) -> int:
+        """Items ready in the queue now."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Stop producing, wait for the thread, and close the source iterator."""
         self._stop.set()

@@ -2,9 +2,11 @@
 
 import click
 
+from colo_data.cli.bench import bench
 from colo_data.cli.demo import demo
 from colo_data.cli.doctor import doctor
 from colo_data.cli.sidecar import sidecar
+from colo_data.cli.verify import verify
 
 
 @click.group()
@@ -12,6 +14,8 @@ def main() -> None:
     """colo-data: colocated input pipelines for JAX."""
 
 
+main.add_command(bench)
 main.add_command(demo)
 main.add_command(doctor)
 main.add_command(sidecar)
+main.add_command(verify)

@@ -38,6 +38,8 @@ def serve(
     from colo_data.sidecar.server import SidecarServer
 
     signal.signal(signal.SIGTERM, _stop)
+    if exit_with is not None:  # a trainer's own sidecar: the trainer stops it (SIGTERM) after a Ctrl-C, not the terminal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}

@@ -20,13 +20,16 @@ from colo_data.host import HostBatch, split_rows
 from colo_data.pipeline import Pipeline
 from colo_data.shm import ArraySpec, ShmReader
 from colo_data.sidecar.protocol import FAMILY, raise_remote, socket_path
+from colo_data.telemetry import HANDOFF, StageTimes
 
 _POLL_S = 0.5
 
 
 class SidecarClient:
     """One connection to the sidecar at `address`. `pid`, when known (a local sidecar),
-    lets a dead sidecar be told apart from a slow one while waiting for a batch."""
+    lets a dead sidecar be told apart from a slow one while waiting for a batch. `stats`
+    holds the sidecar's latest telemetry counters (sent with each slot), `handoff` the time
+    this side spends mapping (or copying out) the slots."""
 
     def __init__(self, address: str, pid: int | None = None, connect_timeout: float = 60.0) -> None:
         self.address, self.pid = address, pid
@@ -43,6 +46,8 @@ class SidecarClient:
                     ) from e
                 time.sleep(0.1)
         self.info: dict[str, Any] = {}
+        self.stats: dict[str, Any] | None = None
+        self.handoff = StageTimes()
         self._reader: ShmReader | None = None
 
     def _alive(self) -> bool:
@@ -108,11 +113,14 @@ class SidecarClient:
                 announced = self._checked(self._receive("a batch"))
                 if announced.get("end"):
                     return
+                t0 = time.perf_counter()
                 slot = announced["slot"]
+                self.stats = announced.get("stats", self.stats)
                 group = self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
                 if copy:
                     group = {name: np.array(array) for name, array in group.items()}
                     self._send({"op": "release", "slot": slot})
+                self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
                 yield from split_rows(iter([group]), self.info["rows"])
                 if not copy:
                     self._send({"op": "release", "slot": slot})

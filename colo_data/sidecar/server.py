@@ -24,6 +24,7 @@ from colo_data.pipeline import Pipeline
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit, shm_capacity
 from colo_data.shm import ShmRing, slot_bytes
 from colo_data.sidecar.protocol import FAMILY, error_reply
+from colo_data.telemetry import SHM_WRITE, CpuMeter
 
 _WATCH_S = 0.5
 SLOT_TARGET_BYTES = 4 * 2**20
@@ -47,7 +48,8 @@ def copy_threads(budget: CpuBudget) -> int:
 class _Session:
     """One trainer's stream: the host pipeline, the ring, and a producer thread that fills
     every free slot with the next `per_slot` host batches and announces it to the trainer
-    unasked (so a slot costs the trainer one release message, not a round trip)."""
+    unasked (so a slot costs the trainer one release message, not a round trip). Each
+    announcement carries the session's cumulative telemetry counters (`stats`)."""
 
     def __init__(
         self,
@@ -63,6 +65,10 @@ class _Session:
         # One worker runs here, on the producer thread: the sidecar already is a process of
         # its own, and a single worker process would only add a hop (measured: half the rate).
         host_pipeline = HostPipeline(pipeline, host, hosts, workers if workers > 1 else 0)
+        self.stages = host_pipeline.stages
+        self.cpu = CpuMeter("children" if host_pipeline.workers else "thread")  # sampled on the producer thread
+        self.slots = slots
+        self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
         self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
         self._chunks: Iterator[HostBatch] = host_pipeline.chunks(position)
         try:
@@ -92,16 +98,30 @@ class _Session:
         self._thread = threading.Thread(target=self._produce, args=(send,), name="colo-data-sidecar-produce", daemon=True)
         self._thread.start()
 
+    def _stats(self, now: float) -> dict[str, Any]:
+        """The cumulative counters an announcement carries: stage values, the CPU sample
+        (seconds since the session's first, CPU seconds of its workers since then) and the
+        ring's fill (sum of slots in use at each announcement, announcements)."""
+        self.cpu.maybe_sample(now)
+        self._in_use[0] += self.slots - self._free.qsize()
+        self._in_use[1] += 1
+        return {"stages": list(self.stages.values), "cpu": self.cpu.sample, "ring": tuple(self._in_use)}
+
     def _produce(self, send: Callable[[dict[str, Any]], None]) -> None:
         try:
             try:
+                self.cpu.take()
                 batch, self._first = self._first, None
                 while batch is not None:
                     slot = self._free.get()
                     if slot < 0:
                         return
+                    t0 = time.perf_counter()
                     layout = self.ring.write(slot, batch)
-                    send({"slot": slot, "layout": [spec.to_wire() for spec in layout]})
+                    t1 = time.perf_counter()
+                    rows = len(next(iter(batch.values())))
+                    self.stages.add(SHM_WRITE, t1 - t0, rows, sum(array.nbytes for array in batch.values()))
+                    send({"slot": slot, "layout": [spec.to_wire() for spec in layout], "stats": self._stats(t1)})
                     batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
@@ -186,6 +206,7 @@ class SidecarServer:
             "workers": self.workers,
             "copy_threads": copy_threads(self.budget),
             "batches_per_slot": self._session.per_slot,
+            "slot_bytes": ring.slot_size,
             "budget": {"cpus": self.budget.cpus, "workers": self.budget.workers, "source": self.budget.source},
         }
 

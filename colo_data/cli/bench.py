@@ -1,0 +1,115 @@
+"""`colo-data bench [CONFIG]`: run a pipeline through cd.Loader with a simulated training
+step and print where the time goes (throughput, input wait, stages, CPU, a verdict);
+optionally the same pipeline through Grain alone, JSON and a plot."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+BUILTIN = "configs/demo.toml (built in)"
+
+
+def builtin_config() -> Any:
+    """The default CONFIG: what configs/demo.toml holds (a test keeps the two equal)."""
+    from colo_data.config import Config
+
+    return Config(BUILTIN, "colo_data.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
+
+
+def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> int | None:
+    """Worker count for the Loader: --workers, else the config's [sidecar] workers for the
+    sidecar backend, else 0 in process; "auto" is the CPU budget's (None for a sidecar,
+    which reads its own)."""
+    from colo_data.resources import cpu_budget
+
+    if text is None:
+        text = str(config_sidecar.get("workers", "auto")) if backend == "sidecar" else "0"
+    if text == "auto":
+        return None if backend == "sidecar" else cpu_budget().workers
+    if not text.isdigit():
+        raise click.BadParameter(f"{text!r}: a number >= 0 or 'auto'", param_hint="--workers")
+    return int(text)
+
+
+@click.command()
+@click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Global batches to read [one pass over the pipeline's epochs].")
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="First steps kept apart from the steady state.")
+@click.option("--step-time", "step_ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Simulated training step per batch, in ms.")
+@click.option(
+    "--backend", type=click.Choice(["inprocess", "sidecar", "colocated", "auto"]), default="auto", show_default=True,
+    help="Where the host pipelines run (auto: sidecar if COLO_DATA_SIDECAR is set, colocated on Pathways, else inprocess).",
+)
+@click.option("--hosts", type=click.IntRange(min=1), default=1, show_default=True, help="Host pipelines (simulated in one process).")
+@click.option("--workers", default=None, help="Workers per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].")
+@click.option("--compare", type=click.Choice(["grain"]), default=None, help="Also run the same pipeline with Grain alone and print the ratio.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG: input wait per step, throughput over time.")
+def bench(
+    config: str | None,
+    steps: int | None,
+    warmup: int,
+    step_ms: float,
+    backend: str,
+    hosts: int,
+    workers: str | None,
+    compare: str | None,
+    json_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Benchmark CONFIG's pipeline (default: the built-in demo, configs/demo.toml) through
+    cd.Loader. Ctrl-C stops early and prints what was measured so far."""
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()
+    from colo_data import bench as runner
+    from colo_data.config import load_config
+    from colo_data.errors import ColoDataError, ConfigError
+    from colo_data.loader import resolve_backend
+
+    try:
+        settings = load_config(config) if config else builtin_config()
+        chosen = resolve_backend(backend, None)  # type: ignore[arg-type]
+        count = _workers(workers, chosen, settings.sidecar)
+        try:
+            pipeline = settings.build()
+        except ConfigError as error:  # a value in [args] the pipeline refused: say which file
+            message = str(error)
+            raise ConfigError(message if message.startswith(settings.path) else f"{settings.path}: {message}") from error
+        options: dict[str, Any] = {"backend": backend, "hosts": hosts, "workers": count}
+        if chosen == "sidecar":
+            options |= {"slots": int(settings.sidecar.get("slots", 4)), "shm_dir": settings.sidecar.get("shm_dir", "/dev/shm")}
+        header = (
+            f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen}, {hosts} host(s), "
+            f"workers {'auto' if count is None else count}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
+        )
+        click.echo(header)
+        runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]
+        if compare == "grain" and not runs[0].interrupted:
+            runs.append(runner.run_grain(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000))
+    except ConfigError as error:  # one line naming the key or setting
+        raise click.ClickException(str(error).splitlines()[0]) from error
+    except ColoDataError as error:
+        raise click.ClickException(str(error)) from error
+    except KeyboardInterrupt:  # before the first batch: nothing to report
+        click.echo("interrupted before the first batch", err=True)
+        sys.exit(128 + signal.SIGINT)
+    click.echo("\n" + runner.report(runs))
+    details = {
+        "config": settings.path, "pipeline": settings.pipeline, "args": settings.args, "backend": chosen, "hosts": hosts,
+        "workers": count, "warmup": warmup, "steps": steps, "step_time_ms": step_ms, "compare": compare,
+    }
+    if json_path:
+        Path(json_path).write_text(json.dumps(runner.as_json(runs, details), indent=1) + "\n")
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        runner.plot(runs, plot_path, f"{settings.pipeline}, backend {chosen}, step {step_ms:g} ms")
+        click.echo(f"wrote {plot_path}")
+    if any(run.interrupted for run in runs):
+        sys.exit(128 + signal.SIGINT)

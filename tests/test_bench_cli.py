@@ -1,0 +1,105 @@
+"""`colo-data bench` through the installed console script, on the small token corpus: the
+report, --json, --plot and --compare grain end to end; bad config values; and a real
+Ctrl-C (SIGINT to the whole process group, as a terminal sends it) that leaves no process
+and no shared-memory segment behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from colo_data.cli.bench import builtin_config
+from colo_data.config import load_config
+
+COLO = Path(sys.executable).parent / "colo-data"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(tmp_path: Path, corpus: Path, sidecar: str = "", **args: object) -> Path:
+    """A config for the demo pipeline over `corpus` (10 batches an epoch), 3 epochs."""
+    values = {"data_dir": str(corpus), "seq_len": 8, "global_batch_size": 12, "epochs": 3, **args}
+    lines = ['pipeline = "colo_data.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
+    path = tmp_path / "bench.toml"
+    path.write_text("\n".join([*lines, *(["[sidecar]", sidecar] if sidecar else [])]) + "\n")
+    return path
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(COLO), "bench", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_bench_end_to_end_with_json_plot_and_grain(token_corpus: Path, tmp_path: Path) -> None:
+    out_json, out_png = tmp_path / "report.json", tmp_path / "report.png"
+    run = bench(
+        str(config(tmp_path, token_corpus)), "--warmup", "3", "--step-time", "1", "--compare", "grain",
+        "--json", str(out_json), "--plot", str(out_png),
+    )
+    assert run.returncode == 0, run.stderr
+    for text in ("records/s", "input wait, share of wall time", "wait p50 / p90 / p99 (ms)", "transform", "hand-off", "CPU budget", "verdict: "):
+        assert text in run.stdout, text
+    assert "Grain" in run.stdout and "ratio" in run.stdout
+    report = json.loads(out_json.read_text())
+    assert report["colo-data"]["steps"] == 30 and report["grain"]["steps"] == 30  # 3 epochs of 10 batches
+    assert report["colo-data"]["steady"]["steps"] == 27 and report["ratio_records_per_s"] > 0
+    assert report["colo-data"]["verdict"] and report["settings"]["step_time_ms"] == 1
+    assert {s["name"] for s in report["colo-data"]["hosts"][0]["stages"]} >= {"order", "read", "transform", "batch"}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "sidecar, args, key",
+    [
+        ("", {"shuffle": "sideways"}, "shuffle"),
+        ("", {"global_batch_size": 0}, "global_batch_size"),
+        ('workers = "many"', {}, "workers"),
+        ("slots = 1", {}, "slots"),
+    ],
+)
+def test_bad_config_values_are_one_error_line(token_corpus: Path, tmp_path: Path, sidecar: str, args: dict, key: str) -> None:
+    run = bench(str(config(tmp_path, token_corpus, sidecar, **args)), "--steps", "2")
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("Error: ") and key in errors[0], run.stderr
+
+
+def test_the_built_in_config_is_configs_demo_toml() -> None:
+    builtin, on_disk = builtin_config(), load_config(ROOT / "configs" / "demo.toml")
+    assert (builtin.pipeline, builtin.args, builtin.sidecar) == (on_disk.pipeline, on_disk.args, on_disk.sidecar)
+
+
+def test_ctrl_c_stops_cleanly(token_corpus: Path, tmp_path: Path) -> None:
+    shm = Path(tempfile.mkdtemp(prefix="ring-test-", dir="/dev/shm"))
+    try:
+        path = config(tmp_path, token_corpus, f"shm_dir = {json.dumps(str(shm))}", epochs=1000)
+        process = subprocess.Popen(
+            [str(COLO), "bench", str(path), "--backend", "sidecar", "--step-time", "20", "--steps", "100000"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while not any(shm.iterdir()):  # the ring exists: the sidecar serves batches
+            assert process.poll() is None and time.monotonic() < deadline, "bench never started serving"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        started = psutil.Process(process.pid).children(recursive=True)
+        assert started, "no sidecar process"
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 128 + signal.SIGINT, err
+        assert "interrupted (Ctrl-C): partial report after" in out and "verdict: " in out, out + err
+        assert "Traceback" not in err, err
+        gone, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+        assert sorted(p.name for p in shm.iterdir()) == []
+    finally:
+        for p in shm.iterdir():
+            p.unlink()
+        shm.rmdir()

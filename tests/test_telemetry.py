@@ -1,0 +1,275 @@
+"""Telemetry against known, injected delays: a transform or a read that sleeps, a training
+step that sleeps. The verdict must name the stage that sleeps and the input-wait share must
+be near the one the delays imply. Margins are wide (a shared, noisy 2-core machine); no
+assertion is about speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import colo_data as cd
+from colo_data import host as host_module
+from colo_data import telemetry as tm
+
+from pipelines import BATCH, make_pipeline
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
+
+
+class SleepPerRecord:
+    """A batch transform that sleeps `seconds` per record (a slow transform)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, columns: dict) -> dict:
+        time.sleep(self.seconds * len(next(iter(columns.values()))))
+        return columns
+
+
+class SlowSource:
+    """The corpus, with a `take` that sleeps `seconds` per call (a slow read)."""
+
+    def __init__(self, corpus: Path, seconds: float) -> None:
+        self.inner = cd.ArrowSource(str(corpus), columns=["id", "tokens"])
+        self.seconds = seconds
+        self.columns = self.inner.columns
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def row_group_sizes(self) -> np.ndarray:
+        return self.inner.row_group_sizes
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        time.sleep(self.seconds)
+        return self.inner.take(indices)
+
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint()
+
+
+@pytest.fixture
+def one_batch_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host pipelines (in this process) work one batch at a time, so a per-call delay is a
+    per-batch delay."""
+    monkeypatch.setattr(host_module, "CHUNK_RECORDS", BATCH)
+
+
+def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.Telemetry, float]:
+    """`steps` steps, each sleeping `step_s` after its batch. Returns the telemetry and the
+    input-wait share measured here, by the test's own clock, over the steady-state steps."""
+    warmup = loader.options["warmup"]
+    waited, start = 0.0, None
+    with loader:
+        iterator = iter(loader)
+        for i in range(steps):
+            t0 = time.perf_counter()
+            next(iterator)
+            t1 = time.perf_counter()
+            if i == warmup - 1:
+                start = t1
+            elif i >= warmup:
+                waited += t1 - t0
+            time.sleep(step_s)
+        end = t1
+        telemetry = loader.telemetry()
+    return telemetry, waited / (end - start)
+
+
+def test_a_slow_transform_is_named_and_the_wait_share_is_right(token_corpus: Path, one_batch_chunks: None) -> None:
+    # the transform sleeps 20 ms per batch, the step 5 ms: the trainer waits about 15 of every 20 ms
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.020 / BATCH)])
+    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3), steps=40, step_s=0.005)
+    assert telemetry.input_bound and telemetry.bottleneck == "transform", telemetry.verdict
+    assert telemetry.verdict.startswith("input-bound: transform stage; 1 worker at "), telemetry.verdict
+    assert "CPU budget" in telemetry.verdict
+    assert telemetry.steady.input_wait_share == pytest.approx(0.75, abs=0.15)
+    assert telemetry.steady.input_wait_share == pytest.approx(measured, abs=0.08)
+    transform = telemetry.stages[tm.TRANSFORM]
+    assert transform.seconds / telemetry.steady.steps == pytest.approx(0.020, rel=0.5)
+    assert telemetry.warmup.steps == 3 and telemetry.steady.steps == 37
+
+
+def test_a_slow_read_is_named(token_corpus: Path, one_batch_chunks: None) -> None:
+    pipeline = make_pipeline(token_corpus, epochs=None, source=SlowSource(token_corpus, 0.015))
+    telemetry, _ = timed_run(cd.Loader(pipeline, warmup=2), steps=30, step_s=0.002)
+    assert telemetry.bottleneck == "read", telemetry.verdict
+    assert telemetry.steady.input_wait_share > 0.5
+
+
+def test_a_slow_step_is_not_input_bound(token_corpus: Path, one_batch_chunks: None) -> None:
+    # the transform takes 2 ms a batch, the step 20 ms: nothing to wait for after the warm-up
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.002 / BATCH)])
+    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3), steps=40, step_s=0.020)
+    assert not telemetry.input_bound and telemetry.bottleneck is None
+    assert telemetry.verdict.startswith("not input-bound: wait "), telemetry.verdict
+    # the truth is about 0; the test's own clock also sees the GIL handed back and forth
+    # with the loader's threads around each call (a few %), which is not input wait
+    assert telemetry.steady.input_wait_share < 0.05 and measured < 0.1
+    assert telemetry.steady.step_p50_s == pytest.approx(0.020, abs=0.010)
+
+
+def test_the_warm_up_is_kept_apart(token_corpus: Path) -> None:
+    """A first batch that takes long (think: a compile) shows in the warm-up and the
+    first-batch latency, not in the steady state."""
+
+    class SlowFirstCall:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self, columns: dict) -> dict:
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(0.3)
+            return columns
+
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SlowFirstCall()])
+    telemetry, _ = timed_run(cd.Loader(pipeline, warmup=2), steps=25, step_s=0.010)
+    assert telemetry.first_batch_s is not None and telemetry.first_batch_s >= 0.3
+    assert telemetry.startup_s is not None and telemetry.startup_s >= telemetry.first_batch_s
+    assert telemetry.warmup.input_wait_s >= 0.3 and telemetry.warmup.input_wait_share > 0.5
+    assert telemetry.steady.wait_max_s < 0.3 and not telemetry.input_bound
+    assert telemetry.steady.records == 23 * BATCH
+
+
+def test_the_sidecar_sends_its_stage_counters_with_the_slots(token_corpus: Path) -> None:
+    """The host side runs in the sidecar process: its stages, CPU and ring come back with
+    the slot announcements, and the verdict names the slow transform there."""
+    shm = Path(tempfile.mkdtemp(prefix="ring-test-", dir="/dev/shm"))
+    try:
+        # the sidecar computes 42 batches a call (6 ms a batch here) and puts them in one slot
+        pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.0005)])
+        loader = cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm), warmup=3)
+        telemetry, _ = timed_run(loader, steps=150, step_s=0.002)
+        assert sorted(p.name for p in shm.iterdir()) == []
+    finally:
+        shm.rmdir()
+    assert telemetry.bottleneck == "transform", telemetry.verdict
+    (side,) = telemetry.hosts
+    assert side.runs_in.startswith("sidecar ") and not side.worker_processes
+    assert side.ring_slots == 4 and side.ring_slots_in_use is not None and 1 <= side.ring_slots_in_use <= 4
+    assert side.shm_bytes > 0 and side.cpu_budget is not None and side.worker_cpu is not None
+    stages = {s.name: s for s in side.stages}
+    assert stages["shm_write"].items > 0 and stages["transform"].items > 0 and stages["read"].bytes > 0
+    assert telemetry.steady.input_wait_share > 0.3
+
+
+def test_step_clock_against_exact_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthetic steps: 2 warm-up steps waiting 1 s, then steps of 10 ms waiting 1, 2, 3, ... ms;
+    the history wraps (kept: the last 2048 steps) while the totals count every step."""
+    monkeypatch.setattr(tm, "HISTORY", 2048)
+    clock = tm.StepClock(warmup=2)
+    clock.created = 0.0
+    t, waits = 0.0, []
+    for i in range(5000):
+        wait = 1.0 if i < 2 else 0.001 * (1 + i % 10)
+        clock.record(t, t + wait, records=8)
+        waits.append(wait)
+        t += wait + 0.010
+    clock.batch_bytes = 100
+    summary = tm.summarize(
+        backend="test", clock=clock, prefetch=0, queue_depth_known=False, handoff=tm.StageTimes().values,
+        handoff_at_warmup=None, infos=[], now=[], at_warmup_hosts=None, shared_thread=False,
+    )
+    steady = np.array(waits[2:])
+    wall = t - 0.010 - (1.0 + 0.010 + 1.0)  # from the second warm-up step's return to the last return
+    assert summary.warmup.steps == 2 and summary.warmup.input_wait_s == pytest.approx(2.0)
+    assert summary.first_batch_s == pytest.approx(1.0) and summary.startup_s == pytest.approx(1.0)
+    assert summary.steady.steps == 4998 and summary.steady.records == 8 * 4998
+    assert summary.steady.input_wait_s == pytest.approx(steady.sum())
+    assert summary.steady.input_wait_share == pytest.approx(steady.sum() / wall)
+    assert summary.steady.records_per_s == pytest.approx(8 * 4998 / wall)
+    assert summary.steady.bytes_per_s == pytest.approx(100 * 4998 / wall)
+    assert summary.steady.wait_p50_s == pytest.approx(np.percentile(steady[-2048:], 50))
+    assert summary.steady.wait_p99_s == pytest.approx(0.010)
+    assert summary.steady.step_p50_s == pytest.approx(0.010)
+    assert len(tm.StepTrace.of(clock).step) == 2048
+
+
+def host(stages: dict[str, float], workers: int, processes: bool, cpu: float | None) -> tm.HostSide:
+    values = [tm.Stage(name, stages.get(name, 0.0), 10, 10) for name in tm.STAGES[: tm.HANDOFF]]
+    return tm.HostSide(0, "sidecar x", tuple(values), workers, processes, cpu, 2.0, "cgroup v2 cpu.max 200000 100000 at /sys/fs/cgroup", 4, 2.5, 1)
+
+
+def test_verdict_lines() -> None:
+    steady = tm.Phase(100, 10.0, 4.0, 0.4, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
+    calm = tm.Phase(100, 10.0, 0.03, 0.003, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
+    warm = tm.Phase(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    handoff = tm.Stage("handoff", 1.0, 10, 10)
+    workers = [host({"transform": 3.9, "read": 1.0}, 2, True, 0.97)]
+    assert tm.verdict(steady, warm, 3, workers, handoff, False)[2] == (
+        "input-bound: transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup); wait 40.0% of step time"
+    )
+    # two worker processes share the transform out: 3.0 s of it is 1.5 s on the critical path, less
+    # than the 2 s of shared-memory writes, which the sidecar's producer thread does alone
+    line = tm.verdict(steady, warm, 3, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)], handoff, False)[2]
+    assert line.startswith("input-bound: shared-memory write stage; 2 workers at 50% CPU")
+    assert tm.verdict(steady, warm, 3, [host({"transform": 0.5}, 1, False, None)], handoff, False)[1] == "handoff"
+    assert tm.verdict(calm, warm, 3, workers, handoff, False) == (False, None, "not input-bound: wait 0.3% of step time")
+    assert tm.verdict(warm, warm, 3, workers, handoff, False)[2].startswith("warming up")
+
+
+def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:
+    jsonl = tmp_path / "telemetry.jsonl"
+    export = cd.TelemetryExport(jsonl=str(jsonl), every_s=0.2, prometheus_port=0, prometheus_addr="127.0.0.1")
+    loader = cd.Loader(make_pipeline(token_corpus, epochs=None), warmup=2, telemetry_export=export)
+    with loader:
+        for i, _ in enumerate(loader):
+            if i == 20:
+                break
+        time.sleep(0.5)
+        port = loader.prometheus_port
+        assert port
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = {line.split(" ")[0]: float(line.split(" ")[-1]) for line in text.splitlines() if line and not line.startswith("#")}
+    assert metrics["colo_data_steps_total"] == 21
+    assert metrics["colo_data_warmup_steps"] == 2
+    assert 0 <= metrics["colo_data_input_wait_share"] <= 1
+    assert 'colo_data_stage_seconds_total{host="0",stage="transform"}' in metrics
+    assert 'colo_data_input_wait_seconds{quantile="0.99"}' in metrics
+    assert metrics['colo_data_stage_items_total{host="trainer",stage="handoff"}'] > 0
+    assert any(name.startswith("colo_data_verdict_info{") for name in metrics)
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(lines) >= 2  # at least one periodic line and the last one at close
+    assert lines[-1]["steps"] == 21 and lines[-1]["verdict"] and "time" in lines[-1]
+    with pytest.raises(OSError):  # closed with the loader
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_counters_survive_a_restart(token_corpus: Path) -> None:
+    with cd.Loader(make_pipeline(token_corpus, epochs=None), warmup=2) as loader:
+        iterator = iter(loader)
+        for _ in range(5):
+            next(iterator)
+        before = loader.telemetry()
+        loader.set_state(loader.get_state())
+        for _ in range(5):
+            next(iterator)
+        after = loader.telemetry()
+    assert after.steps == 10 and after.steady.records == 8 * BATCH
+    for old, new in zip(before.stages, after.stages, strict=True):
+        assert new.seconds >= old.seconds and new.items >= old.items
+
+
+def test_telemetry_export_checks_its_settings(token_corpus: Path, tmp_path: Path) -> None:
+    with pytest.raises(cd.ConfigError, match="prometheus_port"):
+        cd.TelemetryExport(prometheus_port=70000)
+    with pytest.raises(cd.ConfigError, match="every_s"):
+        cd.TelemetryExport(every_s=0)
+    with pytest.raises(cd.ConfigError, match="warmup"):
+        cd.Loader(make_pipeline(token_corpus), warmup=-1)
+    export = cd.TelemetryExport(jsonl=str(tmp_path / "missing" / "telemetry.jsonl"))
+    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match="cannot write"):
+        next(loader)
