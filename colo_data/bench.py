@@ -266,8 +266,8 @@ def report(runs: Sequence[Run]) -> str:
     lines += ["", f"colo-data stages ({'steady state' if colo.steady.steps else 'warm-up'}, all hosts; hand-off in the trainer)"]
     stage_rows = [["stage", "ms/batch", "share", "records", "MB"]]
     for s in stages:
-        if s.name == "shm_write" and not s.items:
-            continue
+        if s.name != "handoff" and (not colo.hosts or (s.name == "shm_write" and colo.backend != "sidecar")):
+            continue  # a stage this backend does not have (or, colocated, does not measure)
         stage_rows.append(
             [STAGE_LABELS[s.name], f"{s.seconds * 1000 / steps:.3f}", f"{s.seconds / busy:.0%}", f"{s.items:,}", _mb(s.bytes)]
         )

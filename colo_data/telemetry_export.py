@@ -157,8 +157,13 @@ class PrometheusServer:
 def start(export: TelemetryExport, source: TelemetrySource) -> list[Any]:
     """The exporters `export` asks for, started (each has `close()`)."""
     out: list[Any] = []
-    if export.prometheus_port is not None:
-        out.append(PrometheusServer(source, export.prometheus_port, export.prometheus_addr))
-    if export.jsonl is not None:
-        out.append(JsonlWriter(source, export.jsonl, export.every_s))
+    try:
+        if export.jsonl is not None:
+            out.append(JsonlWriter(source, export.jsonl, export.every_s))
+        if export.prometheus_port is not None:
+            out.append(PrometheusServer(source, export.prometheus_port, export.prometheus_addr))
+    except BaseException:  # one could not start: stop the others
+        for exporter in out:
+            exporter.close()
+        raise
     return out

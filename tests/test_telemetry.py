@@ -6,8 +6,10 @@ assertion is about speed."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -273,3 +275,26 @@ def test_telemetry_export_checks_its_settings(token_corpus: Path, tmp_path: Path
     export = cd.TelemetryExport(jsonl=str(tmp_path / "missing" / "telemetry.jsonl"))
     with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match="cannot write"):
         next(loader)
+
+
+def test_an_exporter_that_cannot_start_stops_the_others(token_corpus: Path, tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a free port, for the exporter that starts
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    export = cd.TelemetryExport(jsonl=str(tmp_path / "missing" / "t.jsonl"), prometheus_port=free, prometheus_addr="127.0.0.1")
+    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match="jsonl"):
+        next(loader)
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", free), timeout=2):
+        pass  # no metrics server was left listening
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    export = cd.TelemetryExport(jsonl=str(tmp_path / "telemetry.jsonl"), prometheus_port=port, prometheus_addr="127.0.0.1")
+    try:
+        with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match=f"prometheus_port={port}"):
+            next(loader)
+    finally:
+        busy.close()
+    assert not [t for t in threading.enumerate() if t.name == "colo-data-telemetry-jsonl"]  # the JSON lines writer stopped

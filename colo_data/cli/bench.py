@@ -46,7 +46,10 @@ def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> 
     "--backend", type=click.Choice(["inprocess", "sidecar", "colocated", "auto"]), default="auto", show_default=True,
     help="Where the host pipelines run (auto: sidecar if COLO_DATA_SIDECAR is set, colocated on Pathways, else inprocess).",
 )
-@click.option("--hosts", type=click.IntRange(min=1), default=1, show_default=True, help="Host pipelines (simulated in one process).")
+@click.option(
+    "--hosts", type=click.IntRange(min=1), default=None,
+    help="Host pipelines, simulated in one process [the JAX process count; colocated: one per CPU device].",
+)
 @click.option("--workers", default=None, help="Workers per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].")
 @click.option("--compare", type=click.Choice(["grain"]), default=None, help="Also run the same pipeline with Grain alone and print the ratio.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report as JSON here.")
@@ -57,7 +60,7 @@ def bench(
     warmup: int,
     step_ms: float,
     backend: str,
-    hosts: int,
+    hosts: int | None,
     workers: str | None,
     compare: str | None,
     json_path: str | None,
@@ -86,7 +89,7 @@ def bench(
         if chosen == "sidecar":
             options |= {"slots": int(settings.sidecar.get("slots", 4)), "shm_dir": settings.sidecar.get("shm_dir", "/dev/shm")}
         header = (
-            f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen}, {hosts} host(s), "
+            f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen}, hosts {hosts or 'default'}, "
             f"workers {'auto' if count is None else count}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
         )
         click.echo(header)
