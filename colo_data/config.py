@@ -1,6 +1,7 @@
 """Pipeline configs: a TOML file naming a dataset definition (`pipeline = "pkg.module:function"`)
-with the function's keyword arguments under `[args]`, and sidecar settings under `[sidecar]`.
-A file holding only the `pipeline` line is valid and takes every default."""
+with the function's keyword arguments under `[args]`, sidecar settings under `[sidecar]` and
+deployment settings under `[deploy]` (read by `colo_data.manifest`). A file holding only
+the `pipeline` line is valid and takes every default."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 from colo_data.errors import ConfigError
 from colo_data.pipeline import Pipeline
 
-_TOP_KEYS = {"pipeline", "args", "sidecar"}
+_TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
 _SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
 
 
@@ -27,6 +28,7 @@ class Config:
     pipeline: str
     args: dict[str, Any] = field(default_factory=dict)
     sidecar: dict[str, Any] = field(default_factory=dict)
+    deploy: dict[str, Any] = field(default_factory=dict)
 
     def build(self) -> Pipeline:
         """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
@@ -67,9 +69,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     reference = data.get("pipeline")
     if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
         raise ConfigError(f'{path}: pipeline = {reference!r}: give "package.module:function"')
-    args, sidecar = data.get("args", {}), data.get("sidecar", {})
+    args, sidecar, deploy = data.get("args", {}), data.get("sidecar", {}), data.get("deploy", {})
     if not isinstance(args, dict) or not isinstance(sidecar, dict):
         raise ConfigError(f"{path}: [args] and [sidecar] must be tables")
+    if not isinstance(deploy, dict):
+        raise ConfigError(f"{path}: [deploy] must be a table (its keys are checked by `colo-data manifest`)")
     unknown = set(sidecar) - _SIDECAR_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
@@ -80,4 +84,4 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{path}: [sidecar] slots = {slots!r}: give an int >= 2")
     if not isinstance(sidecar.get("shm_dir", ""), str):
         raise ConfigError(f"{path}: [sidecar] shm_dir = {sidecar['shm_dir']!r}: give a directory path (a string)")
-    return Config(str(path), reference, args, sidecar)
+    return Config(str(path), reference, args, sidecar, deploy)

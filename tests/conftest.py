@@ -23,3 +23,20 @@ def token_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return demo.write_corpus(
         tmp_path_factory.mktemp("tokens"), files=3, rows_per_file=40, row_group_size=7, min_tokens=1, max_tokens=12
     )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The container tests run last, and their image is built on a thread from now on, so
+    that its minutes of downloads and unpacking overlap the other tests."""
+    containers = [item for item in items if item.path.name == "test_container.py"]
+    if containers:
+        items[:] = [item for item in items if item.path.name != "test_container.py"] + containers
+        import container
+
+        container.start_build()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import container
+
+    container.finish_build()

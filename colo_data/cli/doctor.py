@@ -1,5 +1,8 @@
 """`colo-data doctor`: print what this host gives an input pipeline (CPU budget and why,
-workers, memory, shared memory) and what JAX sees, to check a container before a run."""
+workers, memory, shared memory) and what JAX sees, to check a container before a run.
+Given a CONFIG it also sizes the sidecar's shared-memory ring as the sidecar will, and
+exits non-zero (after the report) when the ring cannot fit: the sidecar image runs it
+before the sidecar and refuses to start on that."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from typing import Any
 import click
 import jax
 
-from colo_data.errors import ColoDataError
+from colo_data.cli.sidecar import check_config_ring
+from colo_data.config import Config, load_config
+from colo_data.errors import ColoDataError, ShmError
 from colo_data.resources import cpu_budget, memory_limit, shm_capacity
 
 SHM_DIR = "/dev/shm"
@@ -20,21 +25,61 @@ PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "
 
 
 @click.command()
+@click.argument("config", required=False, envvar="COLO_DATA_CONFIG", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="The sidecar's shared-memory directory [config, else /dev/shm]."
+)
+@click.option("--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Slots of the ring [config, else 4].")
+@click.option(
+    "--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS", help="The trainer's host count [1: the largest ring]."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of aligned text.")
-def doctor(as_json: bool) -> None:
-    """Report the CPU budget, memory, shared memory, JAX backend and package versions."""
+def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: int, as_json: bool) -> None:
+    """Report the CPU budget, memory, shared memory, JAX backend and package versions; with
+    CONFIG, also the ring its sidecar needs, failing when it does not fit."""
     try:
-        report = _report()
+        settings = load_config(config) if config else None
+        options = settings.sidecar if settings else {}
+        directory = shm_dir or options.get("shm_dir", SHM_DIR)
+        report = _report(directory)
+        if settings is not None:
+            report["ring"] = _ring(settings, directory, slots or int(options.get("slots", 4)), hosts)
     except ColoDataError as error:
         raise click.ClickException(str(error)) from error
     click.echo(json.dumps(report, indent=2) if as_json else _text(report))
+    if report.get("ring", {}).get("error"):
+        raise click.ClickException(report["ring"]["error"])
 
 
-def _report() -> dict[str, Any]:
+def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, Any]:
+    """The ring CONFIG's sidecar needs (the sidecar's own computation) and whether it fits."""
+    from colo_data.sidecar.server import plan_ring  # imports the pipeline machinery: only with a CONFIG
+
+    plan = plan_ring(settings.build(), shm_dir, slots, hosts)
+    try:
+        check_config_ring(settings, shm_dir, slots, hosts, plan)
+        error = None
+    except ShmError as failure:
+        error = str(failure)
+    return {
+        "config": settings.path,
+        "hosts": hosts,
+        "slots": plan.slots,
+        "batches_per_slot": plan.per_slot,
+        "slot_bytes": plan.slot_size,
+        "needed_bytes": plan.needed,
+        "free_bytes": plan.free,
+        "memory_limit": plan.memory_limit,
+        "fits": error is None,
+        "error": error,
+    }
+
+
+def _report(shm_dir: str = SHM_DIR) -> dict[str, Any]:
     return {
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),
-        "shm": {"directory": SHM_DIR, "free_bytes": shm_capacity(SHM_DIR)},
+        "shm": {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)},
         "jax": {
             "backend": jax.default_backend(),
             "devices": [str(device) for device in jax.devices()],
@@ -76,6 +121,17 @@ def _text(report: dict[str, Any]) -> str:
         ("pathways proxy", "yes" if jax_info["pathways"] else "no"),
         *((f"version {name}", version or "not installed") for name, version in report["versions"].items()),
     ]
+    if "ring" in report:
+        ring = report["ring"]
+        rows += [
+            ("ring config", f"{ring['config']} (host 0 of {ring['hosts']})"),
+            (
+                "ring needs",
+                f"{ring['slots']} slots x {ring['slot_bytes']} bytes ({ring['batches_per_slot']} batch(es) a slot) = "
+                f"{ring['needed_bytes'] / 2**20:.1f} MiB ({ring['needed_bytes']} bytes)",
+            ),
+            ("ring fits", "yes" if ring["fits"] else "NO (see the error below)"),
+        ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

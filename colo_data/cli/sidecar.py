@@ -1,12 +1,19 @@
-"""`colo-data sidecar serve`: run a host's sidecar on a Unix socket."""
+"""`colo-data sidecar serve`: run a host's sidecar on a Unix socket. Every option can also
+come from a `COLO_DATA_*` environment variable (the sidecar image sets them once, for
+`colo-data doctor` and for this command alike)."""
 
 from __future__ import annotations
 
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from colo_data.config import Config
+    from colo_data.sidecar.server import RingPlan
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -19,16 +26,34 @@ def sidecar() -> None:
 
 
 @sidecar.command()
-@click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
-@click.option("--socket", "socket_path", required=True, help="Unix socket path to listen on (unix:// optional).")
-@click.option("--shm-dir", default=None, help="Memory-backed directory for the batch ring [config, else /dev/shm].")
-@click.option("--workers", default=None, help="Worker processes: a number or 'auto' (from the CPU budget).")
-@click.option("--slots", type=click.IntRange(min=2), default=None, help="Batches in the shared-memory ring [4].")
+@click.argument("config", required=False, envvar="COLO_DATA_CONFIG", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--socket", "socket_path", required=True, envvar="COLO_DATA_SOCKET", help="Unix socket path to listen on (unix:// optional)."
+)
+@click.option(
+    "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="Memory-backed directory for the batch ring [config, else /dev/shm]."
+)
+@click.option("--workers", default=None, envvar="COLO_DATA_WORKERS", help="Worker processes: a number or 'auto' (from the CPU budget).")
+@click.option("--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Batches in the shared-memory ring [4].")
+@click.option(
+    "--hosts",
+    type=click.IntRange(min=1),
+    default=1,
+    envvar="COLO_DATA_HOSTS",
+    help="The trainer's host count, for the start-up check that CONFIG's ring fits [1: the largest ring].",
+)
 @click.option("--exit-with", type=int, default=None, hidden=True, help="Exit when this pid (the trainer) exits.")
 def serve(
-    config: str | None, socket_path: str, shm_dir: str | None, workers: str | None, slots: int | None, exit_with: int | None
+    config: str | None,
+    socket_path: str,
+    shm_dir: str | None,
+    workers: str | None,
+    slots: int | None,
+    hosts: int,
+    exit_with: int | None,
 ) -> None:
-    """Serve host batches of CONFIG's pipeline (or of the pipeline the trainer sends)."""
+    """Serve host batches of CONFIG's pipeline (or of the pipeline the trainer sends).
+    With CONFIG, a ring that cannot fit the shm dir fails here, at start (ShmError)."""
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
@@ -54,6 +79,8 @@ def serve(
             slots=slots or int(options.get("slots", 4)),
             exit_with=exit_with,
         )
+        if settings is not None:
+            check_config_ring(settings, server.shm_dir, server.slots, hosts)
     except ColoDataError as e:
         raise click.ClickException(str(e)) from e
     budget = server.budget
@@ -62,3 +89,22 @@ def serve(
         err=True,
     )
     server.serve_forever()
+
+
+def check_config_ring(settings: Config, shm_dir: str, slots: int, hosts: int, plan: RingPlan | None = None) -> RingPlan:
+    """The ring CONFIG's pipeline needs for host 0 of `hosts` (`plan`, if already made),
+    checked against `shm_dir`; ShmError (naming the config, the bytes and the fix) when it
+    cannot fit. Planned on a pipeline built for this check only, so that the served one
+    starts untouched."""
+    from colo_data.errors import ShmError
+    from colo_data.sidecar.server import plan_ring
+
+    plan = plan or plan_ring(settings.build(), shm_dir, slots, hosts)
+    try:
+        plan.check()
+    except ShmError as error:
+        raise ShmError(
+            f"{settings.path}: {error} (checked for host 0 of {hosts}, {plan.per_slot} batch(es) a slot; "
+            "a host's ring shrinks with the host count: set --hosts / COLO_DATA_HOSTS to the trainer's)"
+        ) from error
+    return plan

@@ -1,0 +1,239 @@
+"""Real containers for tests (root, podman with runc, debootstrap): a private podman store
+under a temporary directory, a local Debian base image made with debootstrap (no image
+registry is reachable), wheels of colo-data and its dependencies built on the host (a
+container has no route to the package index) and the sidecar image built from
+`sidecar_image/Dockerfile` on that base. Everything is removed afterwards. Skips, saying
+why, where the machine cannot do it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = "bookworm"  # python3 is 3.11 there, like the test venv: the host's wheels fit
+BASE_PACKAGES = "python3,python3-venv"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# within the machine's hard limits (podman's defaults exceed them here)
+ULIMITS = ("--ulimit", "nofile=10000:10000", "--ulimit", "nproc=10000:10000")
+TOOLS = ("podman", "runc", "debootstrap")
+# no systemd timers for the image's HEALTHCHECK (there may be no systemd): checks run on demand
+NO_HEALTH_TIMER = ("--health-interval", "disable")
+
+
+def unavailable() -> str | None:
+    """Why real containers cannot be run here, or None."""
+    if os.geteuid() != 0:
+        return f"container tests need root (debootstrap, podman's overlay store, tmpfs mounts); uid is {os.geteuid()}"
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"container tests need {', '.join(missing)} (.ci/run installs podman, runc and debootstrap with apt-get)"
+    return None
+
+
+@dataclass
+class Podman:
+    """`podman` on a private store (overlay, under `root`), always with the runc runtime
+    (crun fails on hybrid cgroup hosts), cgroupfs and file events (no systemd needed)."""
+
+    root: Path
+    names: list[str] = field(default_factory=list)
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            "podman",
+            "--root", str(self.root / "storage"),
+            "--runroot", str(self.root / "run"),
+            "--storage-driver", "overlay",
+            "--runtime", "runc",
+            "--cgroup-manager", "cgroupfs",
+            "--events-backend", "file",
+            *args,
+        ]  # fmt: skip
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout, **kwargs)
+        if check and result.returncode:
+            raise AssertionError(f"podman {' '.join(args[:3])} ... failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        return result
+
+    def run(self, image: str, *args: str, options: Sequence[str] = (), timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`podman run --rm` of `image` with `args`, no network, the ulimits; the result."""
+        return self(
+            "run", "--rm", "--network", "none", *ULIMITS, *NO_HEALTH_TIMER, *options, image, *args, check=False, timeout=timeout
+        )
+
+    def start(self, image: str, *args: str, options: Sequence[str] = ()) -> str:
+        """`podman run -d`: a named container, removed by `cleanup()` at the latest."""
+        name = f"colo-data-test-{secrets.token_hex(4)}"
+        self.names.append(name)
+        self("run", "-d", "--name", name, "--network", "none", *ULIMITS, *NO_HEALTH_TIMER, *options, image, *args)
+        return name
+
+    def remove(self, name: str) -> None:
+        self("rm", "--force", "--time", "10", name, check=False)
+
+    def cleanup(self) -> None:
+        """Remove every container and image of the private store, then the store (not
+        `podman system reset`: that also drops the machine's network definitions)."""
+        for name in self.names:
+            self.remove(name)
+        self("rm", "--all", "--force", check=False)
+        self("rmi", "--all", "--force", check=False, timeout=300)
+        unmount_under(self.root)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def build_rootfs(rootfs: Path) -> None:
+    """A minimal Debian with python3 and venv (about a minute, from the Debian mirror)."""
+    _run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", SUITE, str(rootfs)], 600, "debootstrap")
+
+
+def build_wheels(wheels: Path) -> None:
+    """Wheels of colo-data and of every runtime dependency, at the versions this venv has
+    (so the container computes with the same libraries as the host), from pip's cache
+    where it has them."""
+    pins = wheels.parent / "pins.txt"
+    frozen = _run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], 120, "pip freeze")
+    pins.write_text(frozen)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-c", str(pins), "-w", str(wheels), str(REPO)],
+        600,
+        "pip wheel",
+    )
+
+
+def build_context(context: Path, wheels: Path) -> None:
+    """The build context: `sidecar_image/` and the wheels (no sources: colo-data comes as a wheel)."""
+    shutil.copytree(REPO / "sidecar_image", context / "sidecar_image")
+    shutil.move(str(wheels), context / "wheels")
+
+
+def _run(command: list[str], timeout: float, what: str) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if result.returncode:
+        raise AssertionError(f"{what} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class SidecarImage:
+    """The built image, the podman that holds it, and how long each build step took."""
+
+    podman: Podman
+    tag: str
+    timings: dict[str, float]
+
+
+class ImageBuild:
+    """The base image and the sidecar image on it, built on a thread that starts with the
+    test session (conftest.py), so that the build's minutes of downloading and unpacking
+    overlap the other tests; `result()` waits for it, `cleanup()` removes everything."""
+
+    def __init__(self) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="colo-data-container-"))
+        self.podman = Podman(self.work / "podman")
+        self._image: SidecarImage | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="colo-data-test-image-build", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._image = self._build()
+        except BaseException as error:  # reported by result(), in the tests that need the image
+            self._error = error
+
+    def _build(self) -> SidecarImage:
+        work, podman = self.work, self.podman
+        token = secrets.token_hex(4)
+        base, tag = f"localhost/colo-data-test-base:{token}", f"localhost/colo-data-sidecar-test:{token}"
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:  # the mirror and the package index in parallel
+            rootfs = pool.submit(build_rootfs, work / "rootfs")
+            wheels = pool.submit(build_wheels, work / "wheels")
+            wheels.result()
+            timings["wheels"] = time.perf_counter() - t0
+            rootfs.result()
+            timings["debootstrap"] = time.perf_counter() - t0
+        tar = subprocess.Popen(["tar", "-C", str(work / "rootfs"), "-c", "."], stdout=subprocess.PIPE)
+        podman("import", "--change", f"ENV {PATH_ENV}", "-", base, stdin=tar.stdout, timeout=300)
+        assert tar.wait() == 0, "tar of the root file system failed"
+        shutil.rmtree(work / "rootfs")
+        timings["import"] = time.perf_counter() - t0
+        build_context(work / "context", work / "wheels")
+        podman(
+            "build", "--pull=never", "--format", "docker", "--network", "none", *ULIMITS,
+            "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "WHEELS=wheels",
+            "-f", str(work / "context" / "sidecar_image" / "Dockerfile"), "-t", tag, str(work / "context"),
+            timeout=900,
+        )  # fmt: skip
+        timings["build"] = time.perf_counter() - t0
+        shutil.rmtree(work / "context")
+        return SidecarImage(podman, tag, timings)
+
+    def result(self) -> SidecarImage:
+        waited = time.perf_counter()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._image is not None
+        steps = ", ".join(f"{k} {v:.0f}" for k, v in self._image.timings.items())
+        print(f"sidecar image built (seconds from the start): {steps}; the tests waited {time.perf_counter() - waited:.0f} s for it")
+        return self._image
+
+    def cleanup(self) -> None:
+        self._thread.join()
+        self.podman.cleanup()
+        unmount_under(self.work)  # what a failed debootstrap left mounted (proc, sys) in the root fs
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+_build: ImageBuild | None = None
+
+
+def start_build() -> None:
+    """Start building the images, once per session, where the machine can."""
+    global _build
+    if _build is None and unavailable() is None:
+        _build = ImageBuild()
+
+
+def finish_build() -> None:
+    """Remove what the build made (at the end of the session)."""
+    global _build
+    if _build is not None:
+        _build.cleanup()
+        _build = None
+
+
+def sidecar_image() -> SidecarImage:
+    """The built sidecar image (started now if the session did not start it); skips, saying
+    why, where the machine cannot build it."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    start_build()
+    assert _build is not None
+    return _build.result()
+
+
+def unmount_under(directory: Path) -> None:
+    """Unmount every mount below `directory`, deepest first."""
+    prefix = str(directory.resolve()) + "/"
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)

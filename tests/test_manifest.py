@@ -1,0 +1,444 @@
+"""`colo-data manifest`: the rendered Pathways JobSet and multi-controller Job are valid
+Kubernetes objects (checked field by field against the kubernetes client's models, the
+JobSet's own fields by hand), share memory and sockets between trainer and sidecar as
+the code expects, give the sidecar the CPU budget for the expected workers, size shared
+memory from the batch, and use the images of colo_data/versions.py; bad [deploy] values
+are errors naming the key; and the version coupling agrees with the Dockerfile, pyproject
+and README."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.utils import parse_quantity
+from packaging.requirements import Requirement
+
+from colo_data import versions
+from colo_data.config import Config, load_config
+from colo_data.errors import ConfigError
+from colo_data.manifest import SOCKET, parse_override, render
+from colo_data.resources import cpu_budget
+
+ROOT = Path(__file__).resolve().parents[1]
+COLO = Path(sys.executable).parent / "colo-data"
+DEMO = ROOT / "configs" / "demo.toml"
+SLICE = {"tpu_type": "v6e", "topology": "4x4", "gcs_scratch": "gs://bucket/pathways"}  # 4 hosts of 4 chips
+API = client.ApiClient()
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# jobset.x-k8s.io/v1alpha2 fields (JobSetSpec, ReplicatedJob, Network, policies)
+JOBSET_SPEC = {
+    "replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy", "suspend",
+    "coordinator", "managedBy", "ttlSecondsAfterFinished",
+}
+REPLICATED_JOB = {"name", "groupName", "template", "replicas", "dependsOn"}
+
+
+def write_config(tmp_path: Path, corpus: Path, text: str, **args: Any) -> Config:
+    """A demo-pipeline config over `corpus` with `args` and the TOML tables in `text`."""
+    values = {"data_dir": str(corpus), **args}
+    lines = ['pipeline = "colo_data.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
+    path = tmp_path / "deploy.toml"
+    path.write_text("\n".join(lines) + "\n" + text)
+    return load_config(path)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, token_corpus: Path) -> Config:
+    """Small batches (6 rows a host of 2), 3 workers, 3 slots, its own shm dir and images."""
+    return write_config(
+        tmp_path, token_corpus,
+        '[sidecar]\nworkers = 3\nslots = 3\nshm_dir = "/mnt/colo-shm"\n'
+        '[deploy]\nname = "tiny"\nhosts = 2\nimage = "registry.example/colo-data-sidecar:1"\n'
+        'trainer_image = "registry.example/trainer:1"\ncommand = ["python", "train.py"]\n',
+        seq_len=8, global_batch_size=12,
+    )
+
+
+def strict(data: dict[str, Any], model: str) -> None:
+    """`data` read as the kubernetes client's `model` and written back is `data` itself: a
+    misspelled or misplaced field (which reading drops) or a wrong type fails."""
+    value = API.deserialize(json.dumps(data), model, "application/json")
+    assert API.sanitize_for_serialization(value) == data, f"not a valid {model}"
+
+
+def check_jobset(jobset: dict[str, Any]) -> None:
+    """A JobSet (a custom resource: no model in the client) checked by hand down to its
+    Job templates, which are checked as V1JobTemplateSpec."""
+    assert set(jobset) == {"apiVersion", "kind", "metadata", "spec"}
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    strict(jobset["metadata"], "V1ObjectMeta")
+    spec = jobset["spec"]
+    assert set(spec) <= JOBSET_SPEC, set(spec) - JOBSET_SPEC
+    names = [job["name"] for job in spec["replicatedJobs"]]
+    assert len(set(names)) == len(names)
+    for job in spec["replicatedJobs"]:
+        assert set(job) <= REPLICATED_JOB and {"name", "template"} <= set(job), job.keys()
+        assert DNS_LABEL.fullmatch(job["name"])
+        assert isinstance(job["replicas"], int) and job["replicas"] >= 1
+        strict(job["template"], "V1JobTemplateSpec")
+    assert spec["startupPolicy"] == {"startupPolicyOrder": "InOrder"}
+    assert set(spec["failurePolicy"]) <= {"maxRestarts", "restartStrategy", "rules"}
+    assert spec["failurePolicy"]["restartStrategy"] in ("Recreate", "BlockingRecreate")
+    assert set(spec["network"]) <= {"enableDNSHostnames", "subdomain", "publishNotReadyAddresses"}
+    assert all(isinstance(spec["network"][k], bool) for k in ("enableDNSHostnames", "publishNotReadyAddresses"))
+    assert set(spec["coordinator"]) <= {"replicatedJob", "jobIndex", "podIndex"}
+    assert spec["coordinator"]["replicatedJob"] in names
+    assert spec["successPolicy"]["operator"] in ("All", "Any")
+    assert set(spec["successPolicy"]["targetReplicatedJobs"]) <= set(names)
+
+
+def pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a Job or Job template."""
+    return job["spec"]["template"]["spec"]
+
+
+def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """The container or init container `name` of a pod spec."""
+    found = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def env(c: dict[str, Any]) -> dict[str, str]:
+    """A container's environment variables with plain values."""
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+def mounts(c: dict[str, Any]) -> dict[str, str]:
+    """A container's mount paths by volume name."""
+    return {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+
+
+def volume(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """The volume `name` of a pod spec."""
+    return next(v for v in spec["volumes"] if v["name"] == name)
+
+
+def pathways_worker(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JobSet's replicated job of TPU hosts."""
+    (jobset,) = objects
+    return next(job for job in jobset["spec"]["replicatedJobs"] if job["name"] == "pathways-worker")
+
+
+def test_demo_multi_controller_renders_valid_objects() -> None:
+    service, job = render(load_config(DEMO), "multi-controller")
+    strict(service, "V1Service")
+    strict(job, "V1Job")
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 1
+    assert pod(job)["subdomain"] == service["metadata"]["name"] == service["spec"]["selector"]["job-name"]
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_demo_pathways_renders_a_valid_jobset() -> None:
+    objects = render(load_config(DEMO), "pathways", SLICE)
+    check_jobset(objects[0])
+    head = next(job for job in objects[0]["spec"]["replicatedJobs"] if job["name"] == "pathways-head")
+    trainer = container(pod(head["template"]), "trainer")
+    assert env(trainer)["JAX_PLATFORMS"] == "proxy"
+    assert trainer["command"] == ["colo-data", "bench", str(DEMO)]
+
+
+@pytest.mark.parametrize(
+    ("where", "change"),
+    [
+        ("job", lambda job: pod(job)["containers"][0].__setitem__("volumeMount", [])),  # misspelled
+        ("job", lambda job: job["spec"].__setitem__("completions", "two")),  # wrong type
+        ("jobset", lambda js: js["spec"].__setitem__("replicatedjobs", [])),  # misspelled JobSet field
+        ("jobset", lambda js: pod(js["spec"]["replicatedJobs"][1]["template"]).__setitem__("initContainer", [])),
+    ],
+)
+def test_the_schema_checks_catch_a_bad_field(where: str, change: Any) -> None:
+    if where == "job":
+        document = copy.deepcopy(render(load_config(DEMO), "multi-controller")[1])
+        change(document)
+        with pytest.raises(Exception):
+            strict(document, "V1Job")
+    else:
+        document = copy.deepcopy(render(load_config(DEMO), "pathways", SLICE)[0])
+        change(document)
+        with pytest.raises(AssertionError):
+            check_jobset(document)
+
+
+def test_multi_controller_shares_memory_and_the_socket(tiny: Config) -> None:
+    service, job = render(tiny, "multi-controller")
+    strict(job, "V1Job")
+    spec = pod(job)
+    sidecar, trainer = container(spec, "colo-data-sidecar"), container(spec, "trainer")
+    assert sidecar["restartPolicy"] == "Always" and sidecar in spec["initContainers"]  # a native sidecar
+    assert volume(spec, "colo-data-shm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "25Mi"}
+    assert mounts(sidecar)["colo-data-shm"] == mounts(trainer)["colo-data-shm"] == "/mnt/colo-shm"
+    assert env(sidecar)["COLO_DATA_SHM_DIR"] == env(trainer)["COLO_DATA_SHM_DIR"] == "/mnt/colo-shm"
+    socket_dir = mounts(sidecar)["colo-data-socket"]
+    assert mounts(trainer)["colo-data-socket"] == socket_dir and Path(SOCKET).parent == Path(socket_dir)
+    assert env(sidecar)["COLO_DATA_SOCKET"] == SOCKET and env(trainer)["COLO_DATA_SIDECAR"] == f"unix://{SOCKET}"
+    assert sidecar["startupProbe"]["exec"]["command"] == ["test", "-S", SOCKET]
+    assert (env(sidecar)["COLO_DATA_WORKERS"], env(sidecar)["COLO_DATA_SLOTS"]) == ("3", "3")
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert env(trainer)["JAX_COORDINATOR_ADDRESS"] == "tiny-0.tiny:8482"
+    assert (sidecar["image"], trainer["image"]) == ("registry.example/colo-data-sidecar:1", "registry.example/trainer:1")
+    assert trainer["command"] == ["python", "train.py"]
+
+
+def test_multi_controller_on_tpus_takes_hosts_and_chips_from_the_topology(tiny: Config) -> None:
+    _, job = render(tiny, "multi-controller", {"hosts": 4, "tpu_type": "v5p", "topology": "2x2x4"})
+    strict(job, "V1Job")
+    spec = pod(job)
+    assert job["spec"]["completions"] == 4
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice", "cloud.google.com/gke-tpu-topology": "2x2x4",
+    }
+    assert container(spec, "trainer")["resources"] == {"limits": {"google.com/tpu": "4"}}
+    with pytest.raises(ConfigError, match=r"\[deploy\] hosts = 2, but topology '2x2x4' has 4 TPU host"):
+        render(tiny, "multi-controller", {"tpu_type": "v5p", "topology": "2x2x4"})
+
+
+def test_pathways_shares_memory_between_worker_and_sidecar(tiny: Config) -> None:
+    # tiny's 12-row batches do not split over 2 slices of 4 hosts: no measuring, give the size
+    objects = render(tiny, "pathways", {**SLICE, "hosts": None, "slices": 2, "shm_size": "64Mi"})
+    check_jobset(objects[0])
+    worker = pathways_worker(objects)
+    spec = pod(worker["template"])
+    sidecar, server = container(spec, "colocated-python-sidecar"), container(spec, "pathways-worker")
+    assert sidecar["restartPolicy"] == "Always" and sidecar in spec["initContainers"]
+    assert volume(spec, "colo-data-shm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
+    assert mounts(sidecar)["colo-data-shm"] == mounts(server)["colo-data-shm"] == "/mnt/colo-shm"
+    assert env(sidecar)["CLOUD_PATHWAYS_SIDECAR_SHM_DIRECTORY"] == env(server)["CLOUD_PATHWAYS_SIDECAR_SHM_DIRECTORY"]
+    assert "--cloud_pathways_sidecar_shm_directory=/mnt/colo-shm" in server["args"]
+    assert "--resource_manager_address=$(PATHWAYS_HEAD):29001" in server["args"]
+    assert worker["replicas"] == 2 and worker["template"]["spec"]["completions"] == 4
+    assert server["resources"]["limits"]["google.com/tpu"] == "4"
+    head = pod(next(j for j in objects[0]["spec"]["replicatedJobs"] if j["name"] == "pathways-head")["template"])
+    assert "--sidecar_name=external" in container(head, "pathways-proxy")["args"]
+    assert "--instance_type=tpuv6e:4x4" in container(head, "pathways-rm")["args"]
+    assert "--instance_count=2" in container(head, "pathways-rm")["args"]
+
+
+@pytest.fixture
+def tiny_without_hosts(tmp_path: Path, token_corpus: Path) -> Config:
+    """Batches of 16 (2 rows a host on 2 slices of 4 hosts), no [deploy] table."""
+    return write_config(tmp_path, token_corpus, '[sidecar]\nshm_dir = "/mnt/colo-shm"\n', seq_len=8, global_batch_size=16)
+
+
+def test_pathways_defaults(tiny_without_hosts: Config) -> None:
+    objects = render(tiny_without_hosts, "pathways", {**SLICE, "slices": 2})
+    check_jobset(objects[0])
+    spec = pod(pathways_worker(objects)["template"])
+    sidecar, doctor = container(spec, "colocated-python-sidecar"), container(spec, "colo-data-doctor")
+    assert sidecar["image"] == doctor["image"] == versions.SIDECAR_COLOCATED_IMAGE
+    assert "command" not in sidecar and "args" not in sidecar  # the base image's colocated-Python server
+    # the doctor runs first, as a plain init container, with the sidecar's limits and shm dir
+    names = [c["name"] for c in spec["initContainers"]]
+    assert names.index("colo-data-doctor") < names.index("colocated-python-sidecar") and "restartPolicy" not in doctor
+    assert doctor["command"] == ["colo-data", "doctor"] and doctor["resources"] == sidecar["resources"]
+    assert env(doctor)["COLO_DATA_SHM_DIR"] == "/mnt/colo-shm"
+    assert {"name": "colo-data-shm", "mountPath": "/mnt/colo-shm"} in doctor["volumeMounts"]
+    assert container(spec, "pathways-worker")["image"] == versions.PATHWAYS_SERVER_IMAGE
+    head = pod(objects[0]["spec"]["replicatedJobs"][0]["template"])
+    assert container(head, "pathways-rm")["image"] == versions.PATHWAYS_SERVER_IMAGE
+    assert container(head, "pathways-proxy")["image"] == versions.PATHWAYS_PROXY_IMAGE
+    assert container(head, "trainer")["image"] == versions.SIDECAR_IMAGE
+
+
+def test_large_batches_take_a_slot_each(tmp_path: Path, token_corpus: Path) -> None:
+    """64 rows of 2**14 int32 tokens (4 MiB) plus `id` and `_index` (int64, 512 bytes each):
+    one batch a slot of 4,195,328 bytes; 2 slots, doubled, is 16,781,312 bytes: 17 MiB."""
+    config = write_config(tmp_path, token_corpus, "[sidecar]\nslots = 2\n", seq_len=2**14, global_batch_size=64)
+    _, job = render(config, "multi-controller")
+    assert volume(pod(job), "colo-data-shm")["emptyDir"]["sizeLimit"] == "17Mi"
+
+
+def test_shared_memory_holds_the_ring_the_sidecar_plans(tiny: Config, tmp_path: Path) -> None:
+    """The sidecar's own sizing (with plenty of room, so slots take their full 4 MiB) fits
+    in half the volume: the other half is what lets it choose that size."""
+    from colo_data.sidecar.server import plan_ring
+
+    _, job = render(tiny, "multi-controller")
+    size = parse_quantity(volume(pod(job), "colo-data-shm")["emptyDir"]["sizeLimit"])
+    plan = plan_ring(tiny.build(), str(tmp_path), slots=3, hosts=2)
+    assert plan.per_slot > 1 and plan.needed <= size / 2
+
+
+def test_explicit_shm_size_skips_the_measurement(tmp_path: Path) -> None:
+    path = tmp_path / "remote.toml"
+    path.write_text('pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n[deploy]\nshm_size = "3Gi"\n')
+    _, job = render(load_config(path), "multi-controller")
+    assert volume(pod(job), "colo-data-shm")["emptyDir"]["sizeLimit"] == "3Gi"
+    sidecar = container(pod(job), "colo-data-sidecar")
+    assert parse_quantity(sidecar["resources"]["limits"]["memory"]) == 3 * 2**30 + 4 * 2**30
+    path.write_text('pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n')
+    with pytest.raises(ConfigError, match=r"set \[deploy\] shm_size"):
+        render(load_config(path), "multi-controller")
+
+
+@pytest.mark.parametrize(
+    ("sidecar", "deploy", "cpu", "workers"),
+    [
+        ('workers = "auto"', {}, "4", 3),
+        ('workers = "auto"', {"sidecar_cpus": 2.5}, "2500m", 2),
+        ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 1),
+        ("workers = 6", {}, "7", 6),
+        ("workers = 6", {"sidecar_cpus": 6.2}, "6200m", 6),
+    ],
+)
+def test_sidecar_cpu_limit_gives_the_expected_workers(
+    tmp_path: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch,
+    sidecar: str, deploy: dict[str, Any], cpu: str, workers: int,
+) -> None:
+    config = write_config(tmp_path, token_corpus, f"[sidecar]\n{sidecar}\n", seq_len=8, global_batch_size=12)
+    _, job = render(config, "multi-controller", deploy)
+    resources = container(pod(job), "colo-data-sidecar")["resources"]
+    assert resources["limits"] == resources["requests"] and resources["limits"]["cpu"] == cpu
+    # the budget the sidecar will find under that limit: its quota and a machine of 64 CPUs
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("COLO_DATA_CPUS", str(parse_quantity(cpu)))
+    assert cpu_budget(proc=str(tmp_path), root=str(tmp_path)).workers == workers
+
+
+@pytest.mark.parametrize(
+    ("target", "deploy", "message"),
+    [
+        ("multi-controller", {"name": "Bad_Name"}, r"\[deploy\] name = 'Bad_Name': give lower-case"),
+        ("multi-controller", {"name": "x" * 41}, r"\[deploy\] name = 'x+': .*at most 40"),
+        ("multi-controller", {"image": "a b"}, r"\[deploy\] image = 'a b': give an image reference"),
+        ("multi-controller", {"command": "python train.py"}, r"\[deploy\] command = 'python train.py': give a non-empty list"),
+        ("multi-controller", {"hosts": 0}, r"\[deploy\] hosts = 0: give an int >= 1"),
+        ("multi-controller", {"hosts": True}, r"\[deploy\] hosts = True: give an int >= 1"),
+        ("multi-controller", {"tpu_type": "v9", "topology": "2x2"}, r"\[deploy\] tpu_type = 'v9': give v5e, v5p, v6e, tpu7x"),
+        ("multi-controller", {"tpu_type": "v6e"}, r"\[deploy\] tpu_type and topology: give both or neither"),
+        ("multi-controller", {"tpu_type": "v6e", "topology": "2by2"}, r"\[deploy\] topology = '2by2'"),
+        ("multi-controller", {"sidecar_cpus": -1}, r"\[deploy\] sidecar_cpus = -1: give a number of CPUs"),
+        ("multi-controller", {"sidecar_memory": "lots"}, r"\[deploy\] sidecar_memory = 'lots': give a memory size"),
+        ("multi-controller", {"shm_size": "1.5Gi"}, r"\[deploy\] shm_size = '1.5Gi': give a memory size"),
+        ("multi-controller", {"shm_size": "1Gi", "sidecar_memory": "1Gi"}, r"\[deploy\] sidecar_memory = '1Gi' must exceed"),
+        ("multi-controller", {"replicas": 2}, r"unknown key\(s\) \['replicas'\] in \[deploy\]"),
+        ("multi-controller", {"slices": 2}, r"\[deploy\] slices = 2: multi-controller manifests are for one slice"),
+        ("multi-controller", {"gcs_scratch": "gs://b"}, r"\[deploy\] gcs_scratch: used by --target pathways only"),
+        ("pathways", {"gcs_scratch": "gs://b"}, r"\[deploy\] tpu_type is needed for --target pathways"),
+        ("pathways", {**SLICE, "gcs_scratch": None}, r"\[deploy\] gcs_scratch is needed for --target pathways"),
+        ("pathways", {**SLICE, "gcs_scratch": "s3://b"}, r"\[deploy\] gcs_scratch = 's3://b': give a Cloud Storage path"),
+        ("pathways", {**SLICE, "hosts": 4}, r"\[deploy\] hosts: under Pathways"),
+        ("pathways", {**SLICE, "slices": 0}, r"\[deploy\] slices = 0: give an int >= 1"),
+    ],
+)
+def test_bad_deploy_values_are_errors_naming_the_key(target: str, deploy: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as error:
+        render(load_config(DEMO), target, {**deploy, "shm_size": deploy.get("shm_size", "64Mi")})
+    assert str(error.value).startswith(f"{DEMO}: ")
+
+
+def test_workers_that_the_cpu_limit_cannot_give_are_an_error(tiny: Config) -> None:
+    with pytest.raises(ConfigError, match=r"sidecar_cpus = 2 gives a CPU budget for 1 worker\(s\), but \[sidecar\] workers = 3"):
+        render(tiny, "multi-controller", {"sidecar_cpus": 2})
+
+
+def test_unknown_target_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"target 'k8s': allowed: pathways, multi-controller"):
+        render(load_config(DEMO), "k8s")
+
+
+def test_a_deploy_table_is_read_and_must_be_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('pipeline = "m:f"\n[deploy]\nname = "x"\n')
+    assert load_config(path).deploy == {"name": "x"}
+    path.write_text('pipeline = "m:f"\ndeploy = 3\n')
+    with pytest.raises(ConfigError, match=r"\[deploy\] must be a table"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "pair"),
+    [
+        ("sidecar_cpus=2.5", ("sidecar_cpus", 2.5)),
+        ("hosts=4", ("hosts", 4)),
+        ('command=["python", "t.py"]', ("command", ["python", "t.py"])),
+        ("image=registry.example/colo:1", ("image", "registry.example/colo:1")),
+        ('name="a-b"', ("name", "a-b")),
+    ],
+)
+def test_overrides_parse_as_toml_values_else_text(text: str, pair: tuple[str, Any]) -> None:
+    assert parse_override(text) == pair
+
+
+def test_an_override_without_a_value_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="give KEY=VALUE"):
+        parse_override("hosts")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`colo-data manifest ARGS` through the installed console script, from the repository."""
+    return subprocess.run([str(COLO), "manifest", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    ("target", "sets"),
+    [
+        ("multi-controller", ["--set", "hosts=2"]),
+        ("pathways", ["--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/p"]),
+    ],
+)
+def test_cli_prints_the_rendered_yaml(target: str, sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    result = run_cli("configs/demo.toml", "--target", target, *sets)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("# colo-data manifest configs/demo.toml")
+    printed = list(yaml.safe_load_all(result.stdout))
+    overrides = dict(parse_override(text) for text in sets[1::2])
+    assert printed == render(load_config("configs/demo.toml"), target, overrides)
+
+
+def test_cli_errors_are_one_message() -> None:
+    result = run_cli("configs/demo.toml", "--target", "pathways", "--set", "tpu_type=v9", "--set", "topology=2x2")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "Error: configs/demo.toml: [deploy] tpu_type = 'v9'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_versions_are_coupled() -> None:
+    tag = versions.SIDECAR_BASE_IMAGE.rpartition(":")[2]
+    assert tag.endswith(f"-jax_{versions.JAX_VERSION}")
+    assert versions.PATHWAYS_SERVER_IMAGE.endswith(f"/server:jax-{versions.JAX_VERSION}")
+    assert versions.PATHWAYS_PROXY_IMAGE.endswith(f"/proxy_server:jax-{versions.JAX_VERSION}")
+    assert versions.SIDECAR_IMAGE == f"colo-data-sidecar:{importlib.metadata.version('colo-data')}"
+
+
+def test_dockerfile_builds_on_the_base_image_of_versions() -> None:
+    dockerfile = ROOT / "sidecar_image" / "Dockerfile"
+    if not dockerfile.exists():
+        pytest.skip(f"{dockerfile} does not exist yet")
+    defaults = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile.read_text(), re.MULTILINE)
+    assert defaults == [versions.SIDECAR_BASE_IMAGE]
+    # the two targets the manifests' default images name
+    assert re.findall(r"^FROM \S+ AS (\w+)$", dockerfile.read_text(), re.MULTILINE) == ["colocated", "serve"]
+
+
+def pinned(name: str) -> Requirement:
+    """pyproject.toml's requirement on `name`."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (requirement,) = [r for r in map(Requirement, dependencies) if r.name == name]
+    return requirement
+
+
+def test_pyproject_admits_the_pathwaysutils_of_versions() -> None:
+    assert pinned("pathwaysutils").specifier.contains(versions.PATHWAYSUTILS_VERSION)
+
+
+def test_pyproject_admits_the_jax_of_versions() -> None:
+    assert pinned("jax").specifier.contains(versions.JAX_VERSION)
+
+
+def test_readme_names_the_coupled_versions() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for text in (versions.SIDECAR_BASE_IMAGE, f"JAX {versions.JAX_VERSION}", f"pathwaysutils {versions.PATHWAYSUTILS_VERSION}"):
+        assert text in readme, text
