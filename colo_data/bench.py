@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import grain
@@ -41,21 +42,26 @@ class Run:
 
 
 class _Interrupted:
-    """Turns a Ctrl-C inside the block into a flag, and from then on ignores Ctrl-C so that
-    the clean-up (closing the loader, its sidecars and workers) runs to the end."""
+    """A first Ctrl-C asks the run to stop after the step in progress (`hit`, which the loop
+    reads), so that it never lands inside the loader's or Grain's own code half-way through
+    a hand-off; a second one interrupts at once. After a Ctrl-C, Ctrl-C stays ignored, so
+    that the clean-up (closing the loader, its sidecars and workers) runs to the end."""
 
     def __init__(self) -> None:
         self.hit = False
 
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
     def __enter__(self) -> _Interrupted:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        if kind is KeyboardInterrupt:
-            self.hit = True
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            return True
-        return False
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.hit else self._previous)
+        return kind is KeyboardInterrupt
 
 
 class _Shielded:
@@ -99,7 +105,7 @@ def run_loader(
                     time.sleep(step_s)  # the simulated training step
                 count += 1
                 bar.update()
-                if count == total:
+                if count == total or stop.hit:
                     break
     finally:
         with _Shielded():
@@ -171,7 +177,7 @@ def run_grain(pipeline: Pipeline, *, steps: int | None, warmup: int, step_s: flo
     try:
         with _Interrupted() as stop, _bar(total, "Grain") as bar:
             iterator = iter(loader)
-            while clock.count != total:
+            while clock.count != total and not stop.hit:
                 start = time.perf_counter()
                 try:
                     batch = next(iterator)

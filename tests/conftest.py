@@ -26,8 +26,8 @@ def token_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The container tests run last, and their image is built on a thread from now on, so
-    that its minutes of downloads and unpacking overlap the other tests."""
+    """The container tests run last, and their image is built by a detached process from
+    now on, so that its minutes of downloads and unpacking overlap the other tests."""
     containers = [item for item in items if item.path.name == "test_container.py"]
     if containers:
         items[:] = [item for item in items if item.path.name != "test_container.py"] + containers

@@ -7,14 +7,15 @@ why, where the machine cannot do it."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -137,69 +138,79 @@ class SidecarImage:
     timings: dict[str, float]
 
 
+def build(work: Path) -> SidecarImage:
+    """The base image (debootstrap, `podman import`) and the sidecar image on it, in the
+    podman store under `work`."""
+    podman = Podman(work / "podman")
+    token = secrets.token_hex(4)
+    base, tag = f"localhost/colo-data-test-base:{token}", f"localhost/colo-data-sidecar-test:{token}"
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:  # the mirror and the package index in parallel
+        rootfs = pool.submit(build_rootfs, work / "rootfs")
+        wheels = pool.submit(build_wheels, work / "wheels")
+        wheels.result()
+        timings["wheels"] = time.perf_counter() - t0
+        rootfs.result()
+        timings["debootstrap"] = time.perf_counter() - t0
+    tar = subprocess.Popen(["tar", "-C", str(work / "rootfs"), "-c", "."], stdout=subprocess.PIPE)
+    podman("import", "--change", f"ENV {PATH_ENV}", "-", base, stdin=tar.stdout, timeout=300)
+    assert tar.wait() == 0, "tar of the root file system failed"
+    shutil.rmtree(work / "rootfs")
+    timings["import"] = time.perf_counter() - t0
+    build_context(work / "context", work / "wheels")
+    podman(
+        "build", "--pull=never", "--format", "docker", "--network", "none", *ULIMITS,
+        "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "WHEELS=wheels",
+        "-f", str(work / "context" / "sidecar_image" / "Dockerfile"), "-t", tag, str(work / "context"),
+        timeout=900,
+    )  # fmt: skip
+    timings["build"] = time.perf_counter() - t0
+    shutil.rmtree(work / "context")
+    return SidecarImage(podman, tag, timings)
+
+
 class ImageBuild:
-    """The base image and the sidecar image on it, built on a thread that starts with the
-    test session (conftest.py), so that the build's minutes of downloading and unpacking
-    overlap the other tests; `result()` waits for it, `cleanup()` removes everything."""
+    """The images, built by a detached process that starts with the test session
+    (conftest.py), so that the build's minutes of downloading and unpacking overlap the
+    other tests. Detached (`setsid -f`: not a child of the test process), so that tests
+    that count their process's children see none of the build's. `result()` waits for it,
+    `cleanup()` removes everything."""
 
     def __init__(self) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="colo-data-container-"))
         self.podman = Podman(self.work / "podman")
-        self._image: SidecarImage | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="colo-data-test-image-build", daemon=True)
-        self._thread.start()
+        self.outcome = self.work / "outcome.json"
+        with open(self.work / "build.log", "w") as log:
+            subprocess.run(
+                ["setsid", "-f", sys.executable, __file__, "build", str(self.work)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True,
+            )  # fmt: skip
 
-    def _run(self) -> None:
-        try:
-            self._image = self._build()
-        except BaseException as error:  # reported by result(), in the tests that need the image
-            self._error = error
-
-    def _build(self) -> SidecarImage:
-        work, podman = self.work, self.podman
-        token = secrets.token_hex(4)
-        base, tag = f"localhost/colo-data-test-base:{token}", f"localhost/colo-data-sidecar-test:{token}"
-        timings: dict[str, float] = {}
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(2) as pool:  # the mirror and the package index in parallel
-            rootfs = pool.submit(build_rootfs, work / "rootfs")
-            wheels = pool.submit(build_wheels, work / "wheels")
-            wheels.result()
-            timings["wheels"] = time.perf_counter() - t0
-            rootfs.result()
-            timings["debootstrap"] = time.perf_counter() - t0
-        tar = subprocess.Popen(["tar", "-C", str(work / "rootfs"), "-c", "."], stdout=subprocess.PIPE)
-        podman("import", "--change", f"ENV {PATH_ENV}", "-", base, stdin=tar.stdout, timeout=300)
-        assert tar.wait() == 0, "tar of the root file system failed"
-        shutil.rmtree(work / "rootfs")
-        timings["import"] = time.perf_counter() - t0
-        build_context(work / "context", work / "wheels")
-        podman(
-            "build", "--pull=never", "--format", "docker", "--network", "none", *ULIMITS,
-            "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "WHEELS=wheels",
-            "-f", str(work / "context" / "sidecar_image" / "Dockerfile"), "-t", tag, str(work / "context"),
-            timeout=900,
-        )  # fmt: skip
-        timings["build"] = time.perf_counter() - t0
-        shutil.rmtree(work / "context")
-        return SidecarImage(podman, tag, timings)
+    def _wait(self, timeout: float = 1200) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self.outcome.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the image build did not finish in {timeout:.0f} s; see {self.work / 'build.log'}")
+            time.sleep(0.5)
+        return json.loads(self.outcome.read_text())
 
     def result(self) -> SidecarImage:
         waited = time.perf_counter()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._image is not None
-        steps = ", ".join(f"{k} {v:.0f}" for k, v in self._image.timings.items())
+        outcome = self._wait()
+        if "error" in outcome:
+            raise AssertionError(f"the image build failed:\n{outcome['error']}")
+        steps = ", ".join(f"{k} {v:.0f}" for k, v in outcome["timings"].items())
         print(f"sidecar image built (seconds from the start): {steps}; the tests waited {time.perf_counter() - waited:.0f} s for it")
-        return self._image
+        return SidecarImage(self.podman, outcome["tag"], outcome["timings"])
 
     def cleanup(self) -> None:
-        self._thread.join()
-        self.podman.cleanup()
-        unmount_under(self.work)  # what a failed debootstrap left mounted (proc, sys) in the root fs
-        shutil.rmtree(self.work, ignore_errors=True)
+        try:
+            self._wait()
+        finally:
+            self.podman.cleanup()
+            unmount_under(self.work)  # what a failed debootstrap left mounted (proc, sys) in the root fs
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 _build: ImageBuild | None = None
@@ -237,3 +248,19 @@ def unmount_under(directory: Path) -> None:
     points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
+
+
+def _build_main(work: Path) -> None:
+    """The detached build: its outcome (tag and timings, or the error) as JSON in `work`."""
+    try:
+        image = build(work)
+        outcome: dict = {"tag": image.tag, "timings": image.timings}
+    except BaseException:
+        outcome = {"error": traceback.format_exc()}
+    partial = work / "outcome.json.partial"
+    partial.write_text(json.dumps(outcome))
+    partial.rename(work / "outcome.json")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["build"]:
+    _build_main(Path(sys.argv[2]))
