@@ -42,9 +42,19 @@ def assert_exactly_once(batches: list[dict[str, np.ndarray]], records: int) -> N
     assert seen.min() >= 0 and seen.max() < records
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
-@pytest.mark.parametrize("hosts", [1, 2, 3, 4])
-@pytest.mark.parametrize("shuffle", SHUFFLES)
+# Every shuffle with every host count in process; with worker processes (seconds to start
+# each), a pairwise design: every pair of (shuffle, hosts), (shuffle, workers) and
+# (hosts, workers) occurs once or more.
+WORKER_CASES = [
+    ("none", 1, 2), ("none", 2, 1), ("none", 3, 2), ("none", 4, 1),
+    ("global", 1, 1), ("global", 2, 2), ("global", 3, 1), ("global", 4, 2),
+    ("block", 1, 2), ("block", 2, 1), ("block", 3, 2), ("block", 4, 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "shuffle, hosts, workers", [(s, h, 0) for s in SHUFFLES for h in (1, 2, 3, 4)] + WORKER_CASES
+)
 def test_exactly_once(token_corpus: Path, shuffle: str, hosts: int, workers: int) -> None:
     batches = epoch(token_corpus, shuffle, hosts, workers)
     assert_exactly_once(batches, 120)
