@@ -1,5 +1,6 @@
-"""Helpers for the start-up gate tests (doctor CONFIG, serve CONFIG, the container): a
-config file over the demo pipeline, and a real tmpfs of a given size (root only)."""
+"""Helpers for the start-up gate tests (doctor CONFIG, serve CONFIG, the container) and the
+sidecar's shared-memory tests: a config file over the demo pipeline, and a real tmpfs of a
+given size (root only)."""
 
 from __future__ import annotations
 
