@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from absl import flags
 
 import colo_data as cd
-from colo_data import demo
+from colo_data.ops import demo
 
 SEQ_LEN, BATCH = 1024, 32
 PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records

@@ -49,12 +49,12 @@ import pyarrow as pa
 from absl import flags
 
 import colo_data as cd
-from colo_data import demo
-from colo_data.host import CHUNK_RECORDS
-from colo_data.shm import ShmRing
-from colo_data.sidecar.client import SidecarClient
-from colo_data.sidecar.local import LocalSidecar
-from colo_data.sidecar.server import copy_threads
+from colo_data.ops import demo
+from colo_data.host.pipeline import CHUNK_RECORDS
+from colo_data.backends.sidecar.shm import ShmRing
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.backends.sidecar.local import LocalSidecar
+from colo_data.backends.sidecar.server import copy_threads
 from core import BATCH, SEQ_LEN, PadRecord  # the core benchmark's pipeline and Grain per-record pad
 
 MIB = 2**20

@@ -41,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH = 1024, 32
 
 PATCH = r"""
-from colo_data import telemetry, host, loader, packing
+from colo_data.telemetry import counters as telemetry
+from colo_data.host import pipeline as host, packing
+from colo_data.loader import loader
 noop = lambda *a, **k: None
 STUBS = [(telemetry.StepClock, "record", noop), (telemetry.StageTimes, "add", noop), (telemetry.StageTimes, "merge", noop),
          (telemetry.CpuMeter, "maybe_sample", noop), (telemetry.CpuMeter, "take", noop),
@@ -60,7 +62,7 @@ from absl import flags
 flags.FLAGS.mark_as_parsed()
 import jax, numpy as np
 import colo_data as cd
-from colo_data import demo
+from colo_data.ops import demo
 jax.block_until_ready(jax.device_put(np.zeros(1)))
 
 def epoch(backend):
@@ -107,13 +109,13 @@ def cost_accounting() -> dict[str, float]:
     flags.FLAGS.mark_as_parsed()
     import numpy as np
 
-    from colo_data import demo
-    from colo_data.columns import table_to_columns
-    from colo_data.host import HostPipeline
-    from colo_data.host import _metered
-    from colo_data.loader_telemetry import LoaderMeters
-    from colo_data.prefetch import Prefetcher
-    from colo_data.telemetry import READ, CpuMeter, StageTimes, StepClock
+    from colo_data.ops import demo
+    from colo_data.io.columns import table_to_columns
+    from colo_data.host.pipeline import HostPipeline
+    from colo_data.host.pipeline import _metered
+    from colo_data.loader.meters import LoaderMeters
+    from colo_data.runtime.prefetch import Prefetcher
+    from colo_data.telemetry.counters import READ, CpuMeter, StageTimes, StepClock
 
     pipeline = demo.pipeline(demo.corpus(), seq_len=SEQ_LEN, global_batch_size=BATCH)
     host = HostPipeline(pipeline)

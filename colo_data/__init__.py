@@ -5,8 +5,6 @@ a `Loader` runs each host's share of it and yields global `jax.Array` batches wi
 small, host-count-independent checkpoint state.
 """
 
-from colo_data import checkpoint, elastic, verify
-from colo_data.columns import Column, Columns
 from colo_data.errors import (
     ColoDataError,
     ConfigError,
@@ -19,16 +17,19 @@ from colo_data.errors import (
     StateError,
     TransformError,
 )
-from colo_data.host import HostPipeline
-from colo_data.loader import Loader
-from colo_data.order import GlobalOrder, Order, host_rows
-from colo_data.packing import Pack
-from colo_data.pipeline import Pipeline
-from colo_data.resources import CpuBudget, cpu_budget, memory_limit
-from colo_data.sources import ArrowSource, RecordSource, Source
-from colo_data.telemetry import Telemetry
-from colo_data.telemetry_export import TelemetryExport
-from colo_data.transforms import pad_or_truncate, per_record
+from colo_data.host.pipeline import HostPipeline
+from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
+from colo_data.io.columns import Column, Columns
+from colo_data.io.sources import ArrowSource, RecordSource, Source
+from colo_data.loader import checkpoint, elastic
+from colo_data.loader.loader import Loader
+from colo_data.ops import verify
+from colo_data.spec.order import GlobalOrder, Order, host_rows
+from colo_data.spec.pack import Pack
+from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.transforms import pad_or_truncate, per_record
+from colo_data.telemetry.export import TelemetryExport
+from colo_data.telemetry.report import Telemetry
 
 __all__ = [
     "ArrowSource",

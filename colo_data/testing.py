@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from colo_data.loader import Loader
+from colo_data.loader.loader import Loader
 
 
 def to_numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:

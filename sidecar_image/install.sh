@@ -51,5 +51,5 @@ fi
 
 # warm-up: import what `colo-data doctor` and `colo-data sidecar serve` use (writing their
 # byte code), which also checks the install; and the console script is there
-JAX_PLATFORMS=cpu "$venv/bin/python" -c "import colo_data.cli, colo_data.sidecar.server, jax; jax.devices()"
+JAX_PLATFORMS=cpu "$venv/bin/python" -c "import colo_data.cli, colo_data.backends.sidecar.server, jax; jax.devices()"
 test -x "$venv/bin/colo-data"

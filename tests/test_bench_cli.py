@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from colo_data.cli.bench import builtin_config
-from colo_data.config import load_config
+from colo_data.ops.config import load_config
 
 COLO = Path(sys.executable).parent / "colo-data"
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def config(tmp_path: Path, corpus: Path, sidecar: str = "", **args: object) -> Path:
     """A config for the demo pipeline over `corpus` (10 batches an epoch), 3 epochs."""
     values = {"data_dir": str(corpus), "seq_len": 8, "global_batch_size": 12, "epochs": 3, **args}
-    lines = ['pipeline = "colo_data.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
+    lines = ['pipeline = "colo_data.ops.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
     path = tmp_path / "bench.toml"
     path.write_text("\n".join([*lines, *(["[sidecar]", sidecar] if sidecar else [])]) + "\n")
     return path

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
-from colo_data import checkpoint
+from colo_data.loader import checkpoint
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import make_pipeline

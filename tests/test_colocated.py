@@ -24,9 +24,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
-from colo_data.sidecar import colocated
-from colo_data.sidecar.colocated import ColocatedHosts, colocated_hosts
-from colo_data.state import make_state, restore_position
+from colo_data.backends.sidecar import colocated
+from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
+from colo_data.spec.state import make_state, restore_position
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, make_pipeline
@@ -242,8 +242,8 @@ EIGHT_HOSTS = textwrap.dedent(
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     import colo_data as cd
-    from colo_data.sidecar.colocated import ColocatedHosts
-    from colo_data.state import make_state, restore_position
+    from colo_data.backends.colocated import ColocatedHosts
+    from colo_data.spec.state import make_state, restore_position
     from pipelines import make_pipeline
 
     corpus, out, size = sys.argv[1], sys.argv[2], int(sys.argv[3])

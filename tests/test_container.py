@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import colo_data as cd
-from colo_data import demo
+from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from container import SidecarImage, sidecar_image

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from colo_data.cli import main
-from colo_data.sidecar.client import SidecarClient
+from colo_data.backends.sidecar.client import SidecarClient
 
 from start_gate import demo_config, tmpfs
 

@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
-from colo_data import demo
+from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
 from pipelines import BATCH, make_pipeline

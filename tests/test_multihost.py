@@ -25,9 +25,9 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
-from colo_data.host import HostBatch, HostPipeline
-from colo_data.sidecar.client import SidecarClient
-from colo_data.state import make_state
+from colo_data.host.pipeline import HostBatch, HostPipeline
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.spec.state import make_state
 from colo_data.testing import assert_batches_equal, read_all
 
 from multihost import Result, merge, record, run

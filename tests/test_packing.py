@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
-from colo_data.packing import plan
+from colo_data.host.packing import plan
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
 RECORDS = 120

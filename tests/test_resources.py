@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from colo_data import ConfigError, CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
-from colo_data.resources import shm_capacity
+from colo_data.host.resources import shm_capacity
 
 from real_cgroup import cpu_cgroup
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colo_data import shm
+from colo_data.backends.sidecar import shm
 from colo_data.errors import ConfigError, ShmError
-from colo_data.shm import ArraySpec, ShmReader, ShmRing, check_capacity, ring_bytes, slot_bytes, sweep_stale
+from colo_data.backends.sidecar.shm import ArraySpec, ShmReader, ShmRing, check_capacity, ring_bytes, slot_bytes, sweep_stale
 
 MIB = 2**20
 
@@ -272,7 +272,7 @@ def test_sweep_removes_exactly_the_segments_of_dead_writers(tmp_path: Path) -> N
     child = _python(
         """
         import json, sys, time
-        from colo_data.shm import ShmRing
+        from colo_data.backends.sidecar.shm import ShmRing
         ring = ShmRing.create(sys.argv[1], 2, 4096)
         print(json.dumps(ring.names), flush=True)
         time.sleep(120)
@@ -306,7 +306,7 @@ def test_exit_removes_the_ring_but_a_forked_child_exit_does_not(tmp_path: Path) 
     child = _python(
         """
         import os, sys
-        from colo_data.shm import ShmRing, sweep_stale
+        from colo_data.backends.sidecar.shm import ShmRing, sweep_stale
         ring = ShmRing.create(sys.argv[1], 2, 4096)
         pid = os.fork()
         if pid == 0:

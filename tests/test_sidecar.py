@@ -21,10 +21,10 @@ import psutil
 import pytest
 
 import colo_data as cd
-from colo_data import demo
-from colo_data.sidecar.client import SidecarClient
-from colo_data.sidecar.local import LocalSidecar
-from colo_data.sidecar.server import SLOT_TARGET_BYTES, batches_per_slot
+from colo_data.ops import demo
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.backends.sidecar.local import LocalSidecar
+from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES, batches_per_slot
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, make_pipeline
@@ -212,7 +212,7 @@ def test_trainer_killed_leaves_no_sidecar(token_corpus: Path, shm_dir: Path, tmp
 def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "pipeline.toml"
     config.write_text(
-        f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nseq_len = 8\nglobal_batch_size = 12\n'
+        f'pipeline = "colo_data.ops.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nseq_len = 8\nglobal_batch_size = 12\n'
     )
     socket = tmp_path / "host0.sock"
     server = subprocess.Popen(
@@ -308,7 +308,7 @@ def test_auto_backend_on_pathways_is_colocated(monkeypatch: pytest.MonkeyPatch) 
     # No Pathways proxy backend can start here; what is checked is the decision on its signal.
     import pathwaysutils
 
-    from colo_data.loader import resolve_backend
+    from colo_data.loader.loader import resolve_backend
 
     assert resolve_backend("auto", None) == "inprocess"
     assert resolve_backend("auto", "unix:///run/colo/host0.sock") == "sidecar"

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import colo_data as cd
-from colo_data.rowgroup_cache import RowGroupCache
-from colo_data.sources import Source
+from colo_data.io.rowgroup_cache import RowGroupCache
+from colo_data.io.sources import Source
 
 SCHEMA = pa.schema(
     [

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 import colo_data as cd
-from colo_data import host as host_module
-from colo_data import telemetry as tm
+from colo_data.host import pipeline as host_module
+from colo_data.telemetry import counters, report
 
 from pipelines import BATCH, make_pipeline
 
@@ -99,7 +99,7 @@ def test_a_slow_transform_is_named_and_the_wait_share_is_right(token_corpus: Pat
     assert "CPU budget" in telemetry.verdict
     assert telemetry.steady.input_wait_share == pytest.approx(0.75, abs=0.15)
     assert telemetry.steady.input_wait_share == pytest.approx(measured, abs=0.08)
-    transform = telemetry.stages[tm.TRANSFORM]
+    transform = telemetry.stages[counters.TRANSFORM]
     assert transform.seconds / telemetry.steady.steps == pytest.approx(0.020, rel=0.5)
     assert telemetry.warmup.steps == 3 and telemetry.steady.steps == 37
 
@@ -171,8 +171,8 @@ def test_the_sidecar_sends_its_stage_counters_with_the_slots(token_corpus: Path)
 def test_step_clock_against_exact_times(monkeypatch: pytest.MonkeyPatch) -> None:
     """Synthetic steps: 2 warm-up steps waiting 1 s, then steps of 10 ms waiting 1, 2, 3, ... ms;
     the history wraps (kept: the last 2048 steps) while the totals count every step."""
-    monkeypatch.setattr(tm, "HISTORY", 2048)
-    clock = tm.StepClock(warmup=2)
+    monkeypatch.setattr(counters, "HISTORY", 2048)
+    clock = counters.StepClock(warmup=2)
     clock.created = 0.0
     t, waits = 0.0, []
     for i in range(5000):
@@ -181,8 +181,8 @@ def test_step_clock_against_exact_times(monkeypatch: pytest.MonkeyPatch) -> None
         waits.append(wait)
         t += wait + 0.010
     clock.batch_bytes = 100
-    summary = tm.summarize(
-        backend="test", clock=clock, prefetch=0, queue_depth_known=False, handoff=tm.StageTimes().values,
+    summary = report.summarize(
+        backend="test", clock=clock, prefetch=0, queue_depth_known=False, handoff=counters.StageTimes().values,
         handoff_at_warmup=None, infos=[], now=[], at_warmup_hosts=None, shared_thread=False,
     )
     steady = np.array(waits[2:])
@@ -197,30 +197,30 @@ def test_step_clock_against_exact_times(monkeypatch: pytest.MonkeyPatch) -> None
     assert summary.steady.wait_p50_s == pytest.approx(np.percentile(steady[-2048:], 50))
     assert summary.steady.wait_p99_s == pytest.approx(0.010)
     assert summary.steady.step_p50_s == pytest.approx(0.010)
-    assert len(tm.StepTrace.of(clock).step) == 2048
+    assert len(report.StepTrace.of(clock).step) == 2048
 
 
-def host(stages: dict[str, float], workers: int, processes: bool, cpu: float | None) -> tm.HostSide:
-    values = [tm.Stage(name, stages.get(name, 0.0), 10, 10) for name in tm.STAGES[: tm.HANDOFF]]
-    return tm.HostSide(0, "sidecar x", tuple(values), workers, processes, cpu, 2.0, "cgroup v2 cpu.max 200000 100000 at /sys/fs/cgroup", 4, 2.5, 1)
+def host(stages: dict[str, float], workers: int, processes: bool, cpu: float | None) -> report.HostSide:
+    values = [report.Stage(name, stages.get(name, 0.0), 10, 10) for name in counters.STAGES[: counters.HANDOFF]]
+    return report.HostSide(0, "sidecar x", tuple(values), workers, processes, cpu, 2.0, "cgroup v2 cpu.max 200000 100000 at /sys/fs/cgroup", 4, 2.5, 1)
 
 
 def test_verdict_lines() -> None:
-    steady = tm.Phase(100, 10.0, 4.0, 0.4, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
-    calm = tm.Phase(100, 10.0, 0.03, 0.003, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
-    warm = tm.Phase(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    handoff = tm.Stage("handoff", 1.0, 10, 10)
+    steady = report.Phase(100, 10.0, 4.0, 0.4, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
+    calm = report.Phase(100, 10.0, 0.03, 0.003, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
+    warm = report.Phase(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    handoff = report.Stage("handoff", 1.0, 10, 10)
     workers = [host({"transform": 3.9, "read": 1.0}, 2, True, 0.97)]
-    assert tm.verdict(steady, warm, 3, workers, handoff, False)[2] == (
+    assert report.verdict(steady, warm, 3, workers, handoff, False)[2] == (
         "input-bound: transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup); wait 40.0% of step time"
     )
     # two worker processes share the transform out: 3.0 s of it is 1.5 s on the critical path, less
     # than the 2 s of shared-memory writes, which the sidecar's producer thread does alone
-    line = tm.verdict(steady, warm, 3, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)], handoff, False)[2]
+    line = report.verdict(steady, warm, 3, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)], handoff, False)[2]
     assert line.startswith("input-bound: shared-memory write stage; 2 workers at 50% CPU")
-    assert tm.verdict(steady, warm, 3, [host({"transform": 0.5}, 1, False, None)], handoff, False)[1] == "handoff"
-    assert tm.verdict(calm, warm, 3, workers, handoff, False) == (False, None, "not input-bound: wait 0.3% of step time")
-    assert tm.verdict(warm, warm, 3, workers, handoff, False)[2].startswith("warming up")
+    assert report.verdict(steady, warm, 3, [host({"transform": 0.5}, 1, False, None)], handoff, False)[1] == "handoff"
+    assert report.verdict(calm, warm, 3, workers, handoff, False) == (False, None, "not input-bound: wait 0.3% of step time")
+    assert report.verdict(warm, warm, 3, workers, handoff, False)[2].startswith("warming up")
 
 
 def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import colo_data as cd
 from colo_data import TransformError
-from colo_data.columns import from_records, table_to_columns, to_records
+from colo_data.io.columns import from_records, table_to_columns, to_records
 
 
 def reference_pad(rows, length, pad_value, dtype) -> np.ndarray:

@@ -17,16 +17,16 @@ BUILTIN = "configs/demo.toml (built in)"
 
 def builtin_config() -> Any:
     """The default CONFIG: what configs/demo.toml holds (a test keeps the two equal)."""
-    from colo_data.config import Config
+    from colo_data.ops.config import Config
 
-    return Config(BUILTIN, "colo_data.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
+    return Config(BUILTIN, "colo_data.ops.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
 
 
 def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> int | None:
     """Worker count for the Loader: --workers, else the config's [sidecar] workers for the
     sidecar backend, else 0 in process; "auto" is the CPU budget's (None for a sidecar,
     which reads its own)."""
-    from colo_data.resources import cpu_budget
+    from colo_data.host.resources import cpu_budget
 
     if text is None:
         text = str(config_sidecar.get("workers", "auto")) if backend == "sidecar" else "0"
@@ -71,10 +71,10 @@ def bench(
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    from colo_data import bench as runner
-    from colo_data.config import load_config
     from colo_data.errors import ColoDataError, ConfigError
-    from colo_data.loader import resolve_backend
+    from colo_data.loader.loader import resolve_backend
+    from colo_data.ops import bench as runner
+    from colo_data.ops.config import load_config
 
     try:
         settings = load_config(config) if config else builtin_config()

@@ -19,7 +19,8 @@ def demo(steps: int | None, hosts: int, workers: int, batch_size: int, seq_len: 
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    from colo_data import Loader, demo as demo_data
+    from colo_data import Loader
+    from colo_data.ops import demo as demo_data
 
     t0 = time.perf_counter()
     directory = demo_data.corpus()

@@ -16,9 +16,9 @@ import click
 import jax
 
 from colo_data.cli.sidecar import check_config_ring
-from colo_data.config import Config, load_config
 from colo_data.errors import ColoDataError, ShmError
-from colo_data.resources import cpu_budget, memory_limit, shm_capacity
+from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
+from colo_data.ops.config import Config, load_config
 
 SHM_DIR = "/dev/shm"
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
@@ -53,7 +53,9 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
 
 def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, Any]:
     """The ring CONFIG's sidecar needs (the sidecar's own computation) and whether it fits."""
-    from colo_data.sidecar.server import plan_ring  # imports the pipeline machinery: only with a CONFIG
+    from colo_data.backends.sidecar.ring_plan import (
+        plan_ring,  # imports the pipeline machinery: only with a CONFIG
+    )
 
     plan = plan_ring(settings.build(), shm_dir, slots, hosts)
     try:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from colo_data.config import Config
-    from colo_data.sidecar.server import RingPlan
+    from colo_data.backends.sidecar.ring_plan import RingPlan
+    from colo_data.ops.config import Config
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -57,10 +57,10 @@ def serve(
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    from colo_data.config import load_config
+    from colo_data.backends.sidecar.protocol import socket_path as path_of
+    from colo_data.backends.sidecar.server import SidecarServer
     from colo_data.errors import ColoDataError
-    from colo_data.sidecar.protocol import socket_path as path_of
-    from colo_data.sidecar.server import SidecarServer
+    from colo_data.ops.config import load_config
 
     signal.signal(signal.SIGTERM, _stop)
     if exit_with is not None:  # a trainer's own sidecar: the trainer stops it (SIGTERM) after a Ctrl-C, not the terminal
@@ -96,8 +96,8 @@ def check_config_ring(settings: Config, shm_dir: str, slots: int, hosts: int, pl
     checked against `shm_dir`; ShmError (naming the config, the bytes and the fix) when it
     cannot fit. Planned on a pipeline built for this check only, so that the served one
     starts untouched."""
+    from colo_data.backends.sidecar.ring_plan import plan_ring
     from colo_data.errors import ShmError
-    from colo_data.sidecar.server import plan_ring
 
     plan = plan or plan_ring(settings.build(), shm_dir, slots, hosts)
     try:

@@ -1,0 +1,243 @@
+"""The Pathways transport: each host's `HostPipeline` runs inside the colocated-Python
+sidecar of that host (`jax.experimental.colocated_python`), on the CPU device colocated
+with the host's accelerators, and its rows come back as the shards of global `jax.Array`s
+on those CPU devices. Host h is the h-th CPU device of the mesh, never `jax.process_index()`
+(always 0 under Pathways). On a CPU-only JAX the same calls run in this process."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental.colocated_python import (
+    colocated_cpu_devices,
+    colocated_python_class,
+)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from colo_data import errors
+from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
+from colo_data.host.pipeline import HostBatch, HostPipeline
+from colo_data.spec.pipeline import Pipeline
+
+_AXIS = "hosts"
+_LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
+
+
+def colocated_hosts(mesh: Mesh) -> list[jax.Device]:
+    """The CPU devices colocated with `mesh`'s devices, one per host, in the order in which
+    the mesh's devices first name them: host h is the h-th. CPU devices stand for
+    themselves (JAX's CPU-only fallback of `colocated_cpu_devices` renumbers them)."""
+    devices = tuple(mesh.devices.flat)
+    cpus = devices if all(d.platform == "cpu" for d in devices) else colocated_cpu_devices(devices)
+    return list(dict.fromkeys(cpus))
+
+
+def _encode(positions: np.ndarray) -> np.ndarray:
+    return np.stack([positions >> _LOW_BITS, positions & (2**_LOW_BITS - 1)], axis=-1).astype(np.int32)
+
+
+def _decode(words: np.ndarray) -> np.ndarray:
+    return (words[..., 0].astype(np.int64) << _LOW_BITS) | words[..., 1].astype(np.int64)
+
+
+class _HostSide:
+    """The object that lives in the colocated-Python sidecar: one per host under Pathways,
+    one for every host on a CPU-only JAX. A request is an int32 array of shape
+    `(hosts, count, 2)`, sharded over the hosts' CPU devices, holding the stream positions
+    of `count` consecutive global batches; the shard a host holds says which host it is.
+    Consecutive requests continue each host's chunk stream (its worker processes and
+    row-group cache); any other position restarts it."""
+
+    def __init__(self, pipeline: Pipeline, workers: int) -> None:
+        self.pipeline, self.workers = pipeline, workers
+        self._pipelines: dict[int, HostPipeline] = {}
+        self._streams: dict[int, tuple[int, Iterator[HostBatch]]] = {}
+
+    @staticmethod
+    def _host(shard: Any, hosts: int) -> int:
+        """The host whose CPU device holds `shard`: the request's row on that device."""
+        return shard.index[0].indices(hosts)[0]
+
+    def _chunk(self, host: int, hosts: int, position: int, count: int) -> HostBatch:
+        size = self.pipeline.global_batch_size
+        expected, stream = self._streams.get(host, (None, None))
+        if stream is None or expected != position:
+            if stream is not None:
+                _close(stream)
+            if host not in self._pipelines:
+                self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, self.workers)
+            stream = self._pipelines[host].chunks(position)
+        chunk = next(stream)
+        self._streams[host] = (position + count * size, stream)
+        return chunk
+
+    def open(self, request: jax.Array) -> jax.Array:
+        """Each host's index as its CPU device sees it, for the controller to check."""
+        hosts = request.shape[0]
+        pieces = [
+            jax.device_put(np.array([self._host(s, hosts)], np.int32), s.device) for s in request.addressable_shards
+        ]
+        return jax.make_array_from_single_device_arrays((hosts,), _batch_sharding(request), pieces)
+
+    def batches(self, request: jax.Array) -> list[dict[str, jax.Array]]:
+        """The requested global batches, each a dict of arrays of shape (global batch size,
+        ...) whose shard on host h's CPU device is host h's rows."""
+        hosts, count = request.shape[:2]
+        size = self.pipeline.global_batch_size
+        size // hosts
+        per_host: list[tuple[int, Any, HostBatch]] = []
+        for shard in request.addressable_shards:
+            host = self._host(shard, hosts)
+            position = int(_decode(np.asarray(shard.data))[0, 0])
+            per_host.append((host, shard.device, self._chunk(host, hosts, position, count)))
+        _check_columns(per_host)
+        sharding = _batch_sharding(request)
+        out: list[dict[str, jax.Array]] = [{} for _ in range(count)]
+        for name, first in per_host[0][2].items():
+            shape = (size, *first.shape[1:])
+            pieces = [jax.device_put(np.split(c[name], count), [d] * count) for _, d, c in per_host]  # one call per host
+            for i in range(count):
+                out[i][name] = jax.make_array_from_single_device_arrays(shape, sharding, [p[i] for p in pieces])
+        return out
+
+    def close(self, request: jax.Array) -> jax.Array:
+        """Stop every host stream (and its worker processes)."""
+        for _, stream in self._streams.values():
+            _close(stream)
+        self._streams.clear()
+        return self.open(request)
+
+
+def _batch_sharding(request: jax.Array) -> NamedSharding:
+    """Leading dimension over the hosts' CPU devices, as the request's."""
+    return NamedSharding(request.sharding.mesh, PartitionSpec(_AXIS))
+
+
+def _close(stream: Iterator[HostBatch]) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+def _check_columns(per_host: Sequence[tuple[int, Any, HostBatch]]) -> None:
+    host0, _, first = per_host[0]
+    for host, _, chunk in per_host[1:]:
+        for name, col in first.items():
+            other = chunk.get(name)
+            if other is None or other.shape[1:] != col.shape[1:] or other.dtype != col.dtype:
+                got = "no such column" if other is None else f"{other.dtype}{list(other.shape[1:])}"
+                raise TransformError(
+                    f"column {name!r}: host {host0} made {col.dtype}{list(col.shape[1:])} rows, host {host} made {got}; "
+                    "transforms must give every host the same columns, dtypes and trailing shapes"
+                )
+
+
+_ERROR_NAME = re.compile(r"\b([A-Z]\w*Error)\b")
+
+
+def _as_colo_data_error(e: Exception, hosts: Sequence[jax.Device]) -> ColoDataError:
+    """A failure of a colocated call as a colo-data error: the colo-data error type named
+    in the remote message (the sidecar sends the text, not the exception), else a
+    SidecarError that says where to look."""
+    message = str(e)
+    for name in reversed(_ERROR_NAME.findall(message)):
+        kind = getattr(errors, name, None)
+        if isinstance(kind, type) and issubclass(kind, ColoDataError):
+            return kind(f"{message}\n--- raised in the colocated-Python sidecar of {len(hosts)} hosts ---")
+    return SidecarError(
+        f"the colocated-Python call on {len(hosts)} hosts ({', '.join(map(str, hosts[:4]))}"
+        f"{', ...' if len(hosts) > 4 else ''}) failed: {type(e).__name__}: {message}\n"
+        "Check the colocated-Python sidecar's log; its image must have colo-data and the pipeline's "
+        "modules installed (the pipeline is shipped with cloudpickle)."
+    )
+
+
+class ColocatedHosts:
+    """The hosts of `mesh` (the CPU devices colocated with its devices) each running their
+    share of `pipeline` (with `workers` processes, 0: in the sidecar's own process) in the
+    colocated-Python sidecar. `batches(position)` yields global batches as `jax.Array`s on
+    those CPU devices, the batch dimension sharded over the hosts, for the caller to move
+    onto the accelerators with `jax.device_put`."""
+
+    def __init__(self, pipeline: Pipeline, mesh: Mesh, workers: int = 0) -> None:
+        if not isinstance(workers, int) or workers < 0:
+            raise ConfigError(
+                f"workers={workers!r}: must be an int >= 0 (0 runs each host's pipeline in its sidecar's process)"
+            )
+        self.pipeline, self.workers = pipeline, workers
+        self.hosts = colocated_hosts(mesh)
+        size, count = pipeline.global_batch_size, len(self.hosts)
+        if size % count:
+            raise ConfigError(
+                f"global_batch_size={size} is not divisible by the {count} hosts of the mesh (the CPU devices "
+                f"colocated with its {mesh.devices.size} devices): use a multiple of {count}, "
+                f"e.g. {size - size % count or count} or {size - size % count + count}"
+            )
+        self.sharding = NamedSharding(Mesh(np.array(self.hosts), (_AXIS,)), PartitionSpec(_AXIS))
+        self.batches_per_call = HostPipeline(pipeline, 0, count).chunk
+        self._remote: Any = None
+        self._open()
+
+    def _request(self, position: int, count: int) -> jax.Array:
+        positions = position + self.pipeline.global_batch_size * np.arange(count, dtype=np.int64)
+        words = np.broadcast_to(_encode(positions), (len(self.hosts), count, 2))
+        return jax.device_put(words, self.sharding)
+
+    def _call(self, method: str, request: jax.Array) -> Any:
+        try:
+            return jax.block_until_ready(getattr(self._remote, method)(request))
+        except ColoDataError:
+            raise
+        except Exception as e:
+            raise _as_colo_data_error(e, self.hosts) from e
+
+    def _open(self) -> None:
+        # The first call creates the objects. It must succeed: a colocated object lives only
+        # as long as a compiled method holds it, and a first call that fails holds nothing
+        # (every later call would find no object), so this one cannot fail on the data.
+        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers)
+        try:
+            seen = np.asarray(self._call("open", self._request(0, 1)))
+        except BaseException:
+            self._remote = None
+            raise
+        if not np.array_equal(seen, np.arange(len(self.hosts))):
+            self.close()
+            raise SidecarError(
+                f"the colocated hosts {self.hosts} report host indices {seen.tolist()}: the sharding lost the host order"
+            )
+
+    def batches(self, start_position: int) -> Iterator[dict[str, jax.Array]]:
+        """Global batches from stream `start_position` on (a trailing partial batch is
+        dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
+        objects after `close()`."""
+        if self._remote is None:
+            self._open()
+        left = self.pipeline.batches_from(start_position)
+        position, size = start_position, self.pipeline.global_batch_size
+        while left is None or left > 0:
+            if self._remote is None:
+                raise SidecarError("ColocatedHosts was closed while its batches were read: call batches() again")
+            count = self.batches_per_call if left is None else min(self.batches_per_call, left)
+            yield from self._call("batches", self._request(position, count))
+            position += count * size
+            left = None if left is None else left - count
+
+    def close(self) -> None:
+        """Stop the hosts' streams and release the colocated objects."""
+        if self._remote is None:
+            return
+        try:
+            self._call("close", self._request(0, 1))
+        finally:
+            self._remote = None
+
+    def __enter__(self) -> ColocatedHosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,239 @@
+"""The sidecar: one process per host that owns the host's CPU budget, runs its share of the
+pipeline in worker processes and writes each host batch once into a shared-memory slot
+(small batches several to a slot), from which the trainer reads it without a copy. It serves one trainer session at a time
+over a Unix socket (see `colo_data.backends.sidecar.protocol`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+import cloudpickle
+import psutil
+
+from colo_data.backends.sidecar.protocol import FAMILY, error_reply
+from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
+from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
+from colo_data.errors import ConfigError
+from colo_data.host.pipeline import HostBatch, HostPipeline, split_rows
+from colo_data.host.resources import CpuBudget, cpu_budget
+from colo_data.spec.pipeline import Pipeline
+from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
+
+_WATCH_S = 0.5
+def copy_threads(budget: CpuBudget) -> int:
+    """Threads that copy a large batch into its slot: the budget's whole CPUs (the copy is
+    the sidecar's work between two batches; its workers wait for a free slot meanwhile)."""
+    return max(1, int(budget.cpus))
+
+
+class _Session:
+    """One trainer's stream: the host pipeline, the ring, and a producer thread that fills
+    every free slot with the next `per_slot` host batches and announces it to the trainer
+    unasked (so a slot costs the trainer one release message, not a round trip). Each
+    announcement carries the session's cumulative telemetry counters (`stats`)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        host: int,
+        hosts: int,
+        position: int,
+        workers: int,
+        shm_dir: str,
+        slots: int,
+        copy_threads: int,
+    ) -> None:
+        # One worker runs here, on the producer thread: the sidecar already is a process of
+        # its own, and a single worker process would only add a hop (measured: half the rate).
+        host_pipeline = HostPipeline(pipeline, host, hosts, workers if workers > 1 else 0)
+        self.stages = host_pipeline.stages
+        self.cpu = CpuMeter("children" if host_pipeline.workers else "thread")  # sampled on the producer thread
+        self.slots = slots
+        self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
+        self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
+        self._chunks: Iterator[HostBatch] = host_pipeline.chunks(position)
+        try:
+            first = next(self._chunks, None)
+            target, limit = slot_target(shm_dir, slots)
+            self.per_slot = 1 if first is None else batches_per_slot(first, self.rows, host_pipeline.chunk, target)
+            chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
+            self._groups = split_rows(chunks, self.rows * self.per_slot)
+            self._first = next(self._groups, None)
+            size = slot_bytes(self._first) if self._first is not None else 1
+            # sweeps stale rings, checks room
+            self.ring = ShmRing.create(shm_dir, slots, size, limit, copy_threads)
+        except BaseException:
+            self._close_batches()
+            raise
+        self._free: queue.Queue[int] = queue.Queue()
+        for slot in range(slots):
+            self._free.put(slot)
+        self._thread: threading.Thread | None = None
+
+    def start(self, send: Callable[[dict[str, Any]], None]) -> None:
+        """Start filling slots; each filled one, the end and any error go out through `send`."""
+        self._thread = threading.Thread(target=self._produce, args=(send,), name="colo-data-sidecar-produce", daemon=True)
+        self._thread.start()
+
+    def _stats(self, now: float) -> dict[str, Any]:
+        """The cumulative counters an announcement carries: stage values, the CPU sample
+        (seconds since the session's first, CPU seconds of its workers since then) and the
+        ring's fill (sum of slots in use at each announcement, announcements)."""
+        self.cpu.maybe_sample(now)
+        self._in_use[0] += self.slots - self._free.qsize()
+        self._in_use[1] += 1
+        return {"stages": list(self.stages.values), "cpu": self.cpu.sample, "ring": tuple(self._in_use)}
+
+    def _produce(self, send: Callable[[dict[str, Any]], None]) -> None:
+        try:
+            try:
+                self.cpu.take()
+                batch, self._first = self._first, None
+                while batch is not None:
+                    slot = self._free.get()
+                    if slot < 0:
+                        return
+                    t0 = time.perf_counter()
+                    layout = self.ring.write(slot, batch)
+                    t1 = time.perf_counter()
+                    rows = len(next(iter(batch.values())))
+                    self.stages.add(SHM_WRITE, t1 - t0, rows, sum(array.nbytes for array in batch.values()))
+                    send({"slot": slot, "layout": [spec.to_wire() for spec in layout], "stats": self._stats(t1)})
+                    batch = next(self._groups, None)
+                send({"end": True})
+            except Exception as e:
+                send(error_reply(e))
+        except OSError:  # the trainer is gone; the session is being closed
+            return
+
+    def release(self, slot: int) -> None:
+        self._free.put(slot)
+
+    def close(self) -> None:
+        self._free.put(-1)
+        if self._thread is not None:
+            self._thread.join()
+        self._close_batches()
+        self.ring.close()
+
+    def _close_batches(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+
+class SidecarServer:
+    """Serves trainer sessions on `socket_path` until stopped. `pipeline` (from a config) is
+    used when the trainer sends none; `workers=None` takes the CPU budget's worker count,
+    re-read at start. With `exit_with`, the server exits when that process dies."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        pipeline: Pipeline | None = None,
+        shm_dir: str = "/dev/shm",
+        workers: int | None = None,
+        slots: int = 4,
+        exit_with: int | None = None,
+    ) -> None:
+        if slots < 2:
+            raise ConfigError(f"slots={slots}: the ring needs at least 2 slots (one read, one written)")
+        self.socket_path = socket_path
+        self.pipeline = pipeline
+        self.shm_dir = shm_dir
+        self.budget = cpu_budget()
+        self.workers = self.budget.workers if workers is None else workers
+        self.slots = slots
+        self._session: _Session | None = None
+        if exit_with is not None:
+            threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
+
+    def _watch(self, pid: int) -> None:
+        """Exit, removing the ring, once the trainer that started this sidecar is gone."""
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(_WATCH_S)
+        if self._session is not None:
+            self._session.ring.close()
+        for child in psutil.Process().children(recursive=True):
+            if "resource_tracker" not in " ".join(child.cmdline()):  # it cleans up after us once we are gone
+                child.kill()
+        os._exit(0)
+
+    def _open(self, request: dict[str, Any]) -> dict[str, Any]:
+        pipeline = cloudpickle.loads(request["pipeline"]) if request.get("pipeline") else self.pipeline
+        if pipeline is None:
+            raise ConfigError("the trainer sent no pipeline and this sidecar was started without a CONFIG")
+        self._session = _Session(
+            pipeline,
+            request["host"],
+            request["hosts"],
+            request["position"],
+            self.workers,
+            self.shm_dir,
+            self.slots,
+            copy_threads(self.budget),
+        )
+        ring = self._session.ring
+        return {
+            "rows": self._session.rows,
+            "names": ring.names,
+            "shm_dir": self.shm_dir,
+            "slots": self.slots,
+            "workers": self.workers,
+            "copy_threads": copy_threads(self.budget),
+            "batches_per_slot": self._session.per_slot,
+            "slot_bytes": ring.slot_size,
+            "budget": {"cpus": self.budget.cpus, "workers": self.budget.workers, "source": self.budget.source},
+        }
+
+    def _serve(self, conn: Connection) -> None:
+        lock = threading.Lock()  # the producer thread and this one both send
+
+        def send(message: dict[str, Any]) -> None:
+            with lock:
+                conn.send(message)
+
+        try:
+            while True:
+                try:
+                    request = conn.recv()
+                except EOFError:  # the trainer went away
+                    return
+                op = request.get("op")
+                if op == "release":
+                    if self._session is not None:
+                        self._session.release(request["slot"])
+                    continue
+                if op == "close":
+                    self._end_session()  # the producer has stopped sending
+                    send({"closed": True})
+                    return
+                try:
+                    if op != "open":
+                        raise ConfigError(f"unknown sidecar request {op!r}")
+                    send(self._open(request))
+                    self._session.start(send)
+                except Exception as e:
+                    send(error_reply(e))
+        finally:
+            self._end_session()
+
+    def _end_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def serve_forever(self) -> None:
+        with Listener(self.socket_path, FAMILY) as listener:
+            while True:
+                with listener.accept() as conn:
+                    self._serve(conn)
+

@@ -1,0 +1,347 @@
+"""Sources: record collections addressed by a global index. `ArrowSource` reads Parquet and
+Arrow IPC files through any `pyarrow.fs` filesystem, indexing row groups from metadata
+alone and gathering many records with one Arrow `take` per row group."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from colo_data.errors import (
+    CorruptFileError,
+    RecordIndexError,
+    SchemaError,
+    SourceError,
+)
+from colo_data.io.columns import table_to_columns, to_records
+from colo_data.io.gather import gather
+from colo_data.io.rowgroup_cache import RowGroupCache
+
+_PARQUET_MAGIC = b"PAR1"
+_IPC_FILE_MAGIC = b"ARROW1"
+_IPC_STREAM_MAGIC = b"\xff\xff\xff\xff"
+_DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
+_GLOB_CHARS = "*?["
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the pipeline needs of a record source: a length, a row-group layout for block
+    shuffling, a vectorised gather, and a fingerprint that changes when the data does."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def row_group_sizes(self) -> np.ndarray: ...
+
+    def take(self, indices: np.ndarray) -> pa.Table: ...
+
+    def fingerprint(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    format: str  # "parquet" or "ipc"
+    row_groups: tuple[int, ...]
+
+
+def _split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    if filesystem is not None:
+        return filesystem, path
+    if "://" in path:
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, inner
+    return pafs.LocalFileSystem(), posixpath.abspath(path)
+
+
+def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Files named by one path: a file, a directory (its data files, recursively) or a glob."""
+    if any(c in path for c in _GLOB_CHARS):
+        parts = path.split("/")
+        fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))]]
+        base = "/".join(fixed) or "/"
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        except OSError:
+            return []
+        pattern = path.lstrip("/")  # filesystems differ on whether the paths they list start with "/"
+        patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
+        depth = pattern.count("/")
+        return [
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.File
+            and any(fnmatch.fnmatchcase(i.path.lstrip("/"), p) for p in patterns)
+            and ("**" in path or i.path.lstrip("/").count("/") == depth)
+        ]
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [path]
+    if info.type == pafs.FileType.Directory:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return [
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.File
+            and i.path.lower().endswith(_DATA_SUFFIXES)
+            and not posixpath.basename(i.path).startswith((".", "_"))
+        ]
+    return []
+
+
+def _detect_format(fs: pafs.FileSystem, path: str) -> str:
+    with fs.open_input_file(path) as f:
+        head = f.read(6)
+    if head.startswith(_PARQUET_MAGIC):
+        return "parquet"
+    if head.startswith(_IPC_FILE_MAGIC):
+        return "ipc"
+    if head.startswith(_IPC_STREAM_MAGIC):
+        raise SourceError(
+            f"{path}: Arrow IPC stream format, which has no random access. "
+            "Rewrite it as an IPC file (pyarrow.ipc.new_file) or as Parquet."
+        )
+    raise CorruptFileError(
+        f"{path}: neither Parquet nor Arrow IPC (starts with {head!r}). Remove it from the paths or rewrite it."
+    )
+
+
+def _open(fs: pafs.FileSystem, path: str, fmt: str) -> pq.ParquetFile | ipc.RecordBatchFileReader:
+    local = isinstance(fs, pafs.LocalFileSystem)
+    if fmt == "parquet":
+        return pq.ParquetFile(path, memory_map=True) if local else pq.ParquetFile(fs.open_input_file(path))
+    if local:
+        return ipc.open_file(pa.memory_map(path))
+    return ipc.open_file(fs.open_input_file(path))
+
+
+def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
+    fmt = _detect_format(fs, path)
+    try:
+        reader = _open(fs, path, fmt)
+        if fmt == "parquet":
+            meta = reader.metadata
+            sizes = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+            schema = reader.schema_arrow
+        else:
+            sizes = tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            schema = reader.schema
+        schema.names  # decoded lazily: damaged metadata can hold names that are not UTF-8
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+        raise CorruptFileError(
+            f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
+        ) from e
+    return _File(path, fmt, sizes), schema
+
+
+class ArrowSource:
+    """Parquet / Arrow IPC files as one table of records with a global index (files sorted by
+    path, rows in file order). Random access (`len`, `[i]`) makes it a Grain data source;
+    `take` is the fast path. Decoded row groups are cached up to `cache_bytes`.
+    Picklable: files re-open lazily in the new process."""
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        columns: Sequence[str] | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        cache_bytes: int = 512 * 2**20,
+    ) -> None:
+        if not isinstance(cache_bytes, int) or cache_bytes < 1:
+            raise SourceError(f"cache_bytes={cache_bytes!r}: must be a positive number of bytes of decoded row groups")
+        patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        if not patterns:
+            raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
+        found: set[str] = set()
+        fs: pafs.FileSystem | None = None
+        for pattern in patterns:
+            pattern_fs, inner = _split_uri(pattern, filesystem)
+            if fs is not None and pattern_fs.type_name != fs.type_name:
+                raise SourceError(
+                    f"{pattern!r} is on {pattern_fs.type_name}, the paths before it on {fs.type_name}: "
+                    "one ArrowSource reads from one filesystem; make one source per filesystem."
+                )
+            fs = pattern_fs
+            found.update(_expand(fs, inner))
+        if not found:
+            raise SourceError(
+                f"no Parquet or Arrow IPC files match {patterns!r} on {type(fs).__name__}: "
+                "check the path, the glob, or the filesystem argument."
+            )
+        self._fs = fs
+        inspected = [_inspect(fs, p) for p in sorted(found)]
+        self._files = [f for f, _ in inspected]
+        self.schema = self._check_schemas(inspected, columns)
+        self.columns = tuple(self.schema.names)
+        self._cache_bytes = cache_bytes
+        sizes = [(i, g, n) for i, f in enumerate(self._files) for g, n in enumerate(f.row_groups)]
+        self._rg_file = np.array([i for i, _, _ in sizes], dtype=np.int64)
+        self._rg_local = np.array([g for _, g, _ in sizes], dtype=np.int64)
+        self._rg_sizes = np.array([n for _, _, n in sizes], dtype=np.int64)
+        self._rg_start = np.concatenate([[0], np.cumsum(self._rg_sizes)]).astype(np.int64)
+        self._readers: dict[int, Any] = {}
+        self._cache: RowGroupCache | None = None
+
+    @staticmethod
+    def _check_schemas(inspected: list[tuple[_File, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
+        first_file, first = inspected[0]
+        wanted = list(columns) if columns is not None else first.names
+        for file, schema in inspected:
+            missing = [c for c in wanted if c not in schema.names]
+            if missing:
+                raise SchemaError(
+                    f"{file.path}: no column {', '.join(map(repr, missing))}; it has {schema.names}. "
+                    "Fix the columns argument or the file."
+                )
+            for name in wanted:
+                ref, got = first.field(name).type, schema.field(name).type
+                if ref != got:
+                    raise SchemaError(
+                        f"column {name!r} is {ref} in {first_file.path} but {got} in {file.path}: "
+                        "rewrite one of them with the same type, or leave the column out."
+                    )
+        return pa.schema([first.field(c) for c in wanted])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"], state["_cache"] = {}, None
+        return state
+
+    def __len__(self) -> int:
+        return int(self._rg_start[-1])
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self._files)
+
+    @property
+    def row_group_sizes(self) -> np.ndarray:
+        """Rows of every row group (IPC record batch), in global order; zeros included."""
+        return self._rg_sizes
+
+    def fingerprint(self) -> str:
+        """A hash of file names, formats, row-group sizes and the schema: stable across
+        machines and mount points, different when files, their row counts or the schema
+        change (not when values are rewritten in place)."""
+        h = hashlib.sha256()
+        for f in self._files:
+            h.update(f"{posixpath.basename(f.path)}:{f.format}:{f.row_groups}\n".encode())
+        h.update(self.schema.to_string().encode())
+        return h.hexdigest()[:16]
+
+    def _decode(self, group: int) -> pa.Table:
+        file_index, local = int(self._rg_file[group]), int(self._rg_local[group])
+        file = self._files[file_index]
+        try:
+            reader = self._readers.get(file_index)
+            if reader is None:
+                reader = self._readers[file_index] = _open(self._fs, file.path, file.format)
+            if file.format == "parquet":
+                table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
+            else:
+                batch = reader.get_batch(local).select(list(self.columns))
+                batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
+                table = pa.Table.from_batches([batch])
+        except (pa.ArrowException, OSError) as e:
+            raise CorruptFileError(
+                f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file."
+            ) from e
+        return table.combine_chunks()
+
+    @property
+    def _row_groups(self) -> RowGroupCache:
+        if self._cache is None:
+            self._cache = RowGroupCache(self._decode, self._cache_bytes)
+        return self._cache
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Start decoding, in the background, the row groups that these records live in."""
+        idx = np.asarray(indices, dtype=np.int64)
+        idx = idx[(idx >= 0) & (idx < len(self))]
+        self._row_groups.prefetch(np.unique(np.searchsorted(self._rg_start, idx, side="right") - 1).tolist())
+
+    def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
+        """The records at these global indices, in the order given: each needed row group is
+        read once (LRU cache) and gathered with Arrow's `take` (see `colo_data.io.gather`)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1:
+            raise RecordIndexError(f"indices must be one-dimensional, got shape {idx.shape}")
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise RecordIndexError(f"record index {bad} is outside [0, {n}) of {len(self._files)} file(s)")
+        if idx.size == 0:
+            return self.schema.empty_table()
+        groups = np.searchsorted(self._rg_start, idx, side="right") - 1
+        needed, group_of = np.unique(groups, return_inverse=True)
+        tables = [self._row_groups.get(int(g)) for g in needed]
+        return gather(tables, group_of, idx - self._rg_start[groups])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """One record as a dict: numpy arrays for numeric lists, Python values otherwise."""
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"ArrowSource indices are integers, got {type(index).__name__}")
+        return to_records(table_to_columns(self.take([int(index)])))[0]
+
+    def __repr__(self) -> str:
+        return f"ArrowSource({len(self._files)} files, {len(self)} records, columns={list(self.columns)})"
+
+
+class RecordSource:
+    """Adapts any random-access record collection (a `grain.MapDataset`, a Grain data source,
+    a list of dicts) to the `Source` protocol. It has no row groups: block shuffling treats
+    every `CHUNK` consecutive records as one."""
+
+    CHUNK = 1024
+
+    def __init__(self, records: Any) -> None:
+        self._records = records
+        self._len = len(records)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def row_group_sizes(self) -> np.ndarray:
+        full, rest = divmod(self._len, self.CHUNK)
+        return np.array([self.CHUNK] * full + ([rest] if rest else []), dtype=np.int64)
+
+    def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._len):
+            bad = int(idx[(idx < 0) | (idx >= self._len)][0])
+            raise RecordIndexError(f"record index {bad} is outside [0, {self._len}) of {type(self._records).__name__}")
+        rows = [self._records[int(i)] for i in idx]
+        if rows and not isinstance(rows[0], dict):
+            raise SourceError(
+                f"{type(self._records).__name__} yields {type(rows[0]).__name__} records; "
+                "colo-data needs dict records (column name -> value)."
+            )
+        return pa.Table.from_pylist(rows)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{type(self._records).__name__}:{self._len}".encode()).hexdigest()[:16]
+
+
+def as_source(source: Any) -> Source:
+    """Accept an `ArrowSource`, any `Source`, or a random-access record collection."""
+    if isinstance(source, Source):
+        return source
+    if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+        return RecordSource(source)
+    raise SourceError(
+        f"{type(source).__name__} is not a source: give a cd.ArrowSource, a grain.MapDataset "
+        "or any object with __len__ and __getitem__ returning dict records."
+    )

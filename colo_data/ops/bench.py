@@ -1,0 +1,338 @@
+"""What `colo-data bench` runs and prints: a pipeline through `cd.Loader` with a simulated
+training step, the same logical pipeline through Grain alone for comparison, the report
+table and the plot. The command line itself is `colo_data.cli.bench`."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from colo_data.errors import ConfigError
+from colo_data.host.pipeline import _check_batch
+from colo_data.io.columns import from_records
+from colo_data.loader.loader import Loader
+from colo_data.spec.pipeline import Pipeline
+from colo_data.telemetry.counters import STAGE_LABELS, STAGES, StepClock
+from colo_data.telemetry.report import StepTrace, Telemetry, cpus_text, summarize
+
+GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
+
+
+@dataclass
+class Run:
+    """One contender's result: its telemetry, its steps one by one, and whether Ctrl-C
+    cut it short."""
+
+    name: str
+    telemetry: Telemetry
+    trace: StepTrace
+    interrupted: bool
+    notes: list[str] = field(default_factory=list)
+
+
+class _Interrupted:
+    """A first Ctrl-C asks the run to stop after the step in progress (`hit`, which the loop
+    reads), so that it never lands inside the loader's or Grain's own code half-way through
+    a hand-off; a second one interrupts at once. After a Ctrl-C, Ctrl-C stays ignored, so
+    that the clean-up (closing the loader, its sidecars and workers) runs to the end."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __enter__(self) -> _Interrupted:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.hit else self._previous)
+        return kind is KeyboardInterrupt
+
+
+class _Shielded:
+    """Ctrl-C is ignored inside the block (a clean-up that must finish), then restored."""
+
+    def __enter__(self) -> None:
+        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def _steps(pipeline: Pipeline, steps: int | None) -> int | None:
+    """The steps to run: `steps`, else the stream's global batches (one pass over the
+    pipeline's epochs), else None (run to the end: packed pipelines)."""
+    if steps is not None:
+        return steps
+    if pipeline.total_records is None:
+        raise ConfigError("the pipeline repeats forever (epochs = None in its [args] or definition): give --steps N")
+    return pipeline.batches_from(0)
+
+
+def _bar(total: int | None, name: str) -> tqdm:
+    return tqdm(total=total, desc=name, unit="step", file=sys.stderr, mininterval=0.5, leave=True)
+
+
+def run_loader(
+    pipeline: Pipeline, *, steps: int | None, warmup: int, step_s: float, loader_options: dict[str, Any]
+) -> Run:
+    """Read `steps` global batches through `cd.Loader`, sleeping `step_s` after each one
+    (the simulated training step), with a progress bar. Ctrl-C ends the run early; the
+    loader (its sidecars, workers and shared memory) is closed either way."""
+    total = _steps(pipeline, steps)
+    loader = Loader(pipeline, warmup=warmup, **loader_options)
+    try:
+        count = 0
+        with _Interrupted() as stop, _bar(total, "colo-data") as bar:
+            for batch in loader:
+                jax.block_until_ready(batch)
+                if step_s:
+                    time.sleep(step_s)  # the simulated training step
+                count += 1
+                bar.update()
+                if count == total or stop.hit:
+                    break
+    finally:
+        with _Shielded():
+            loader.close()  # also takes the last CPU samples
+    return Run("colo-data", loader.telemetry(), loader.step_trace(), stop.hit)
+
+
+class _Indexed:
+    """A record source whose records also carry their index (the pipeline's `index_column`)."""
+
+    def __init__(self, source: Any, index_column: str | None) -> None:
+        self.source, self.index_column = source, index_column
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        record = self.source[index]
+        if self.index_column is not None:
+            record[self.index_column] = np.int64(index)
+        return record
+
+
+class _TransformedBatch:
+    """Grain's batch function for the pipeline: stack the records into columns, then run
+    the pipeline's batch transforms on them, as colo-data does."""
+
+    def __init__(self, transforms: Sequence[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+        self.transforms = tuple(transforms)
+
+    def __call__(self, records: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+        columns = from_records(records)
+        for transform in self.transforms:
+            columns = transform(columns)
+        return _check_batch(columns, len(records))
+
+
+def grain_loader(pipeline: Pipeline) -> tuple[grain.DataLoader, list[str]]:
+    """The same logical pipeline with Grain alone: its `DataLoader` over the pipeline's
+    random-access source, its own global shuffle, the pipeline's transforms on each batch,
+    its default worker count (`worker_count=None`: os.cpu_count())."""
+    if pipeline.pack is not None:
+        raise ConfigError("--compare grain: packed pipelines (cd.Pack) have no Grain equivalent here")
+    order = pipeline.order
+    notes = []
+    if order.shuffle == "block":
+        notes.append("Grain has no block shuffle: it shuffles globally")
+    loader = grain.DataLoader(
+        data_source=_Indexed(pipeline.source, pipeline.index_column),
+        sampler=grain.samplers.IndexSampler(
+            num_records=len(pipeline.source), shuffle=order.shuffle != "none", seed=order.seed, num_epochs=pipeline.epochs
+        ),
+        operations=[grain.transforms.Batch(pipeline.global_batch_size, drop_remainder=True, batch_fn=_TransformedBatch(pipeline.transforms))],
+        worker_count=GRAIN_DEFAULT_WORKERS,
+    )
+    notes.insert(0, f"DataLoader(worker_count=None): {loader.multiprocessing_options.num_workers} worker processes")
+    return loader, notes
+
+
+def run_grain(pipeline: Pipeline, *, steps: int | None, warmup: int, step_s: float) -> Run:
+    """The Grain equivalent, timed the same way at the trainer: each batch put on the
+    devices (batch dimension sharded over all of them, as the Loader's default)."""
+    total = _steps(pipeline, steps)
+    clock = StepClock(warmup)
+    loader, notes = grain_loader(pipeline)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    shardings: dict[int, NamedSharding] = {}
+    iterator: Iterator[dict[str, np.ndarray]] | None = None
+    try:
+        with _Interrupted() as stop, _bar(total, "Grain") as bar:
+            iterator = iter(loader)
+            while clock.count != total and not stop.hit:
+                start = time.perf_counter()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                placed = {
+                    name: jax.device_put(a, shardings.setdefault(a.ndim, NamedSharding(mesh, PartitionSpec("data"))))
+                    for name, a in batch.items()
+                }
+                jax.block_until_ready(placed)
+                done = time.perf_counter()
+                clock.batch_bytes = clock.batch_bytes or sum(a.nbytes for a in batch.values())
+                clock.record(start, done, pipeline.global_batch_size)
+                if step_s:
+                    time.sleep(step_s)
+                bar.update()
+    finally:
+        with _Shielded():
+            del iterator  # Grain stops its worker processes when its iterator is collected
+            gc.collect()
+    telemetry = summarize(
+        backend="grain",
+        clock=clock,
+        prefetch=0,
+        queue_depth_known=False,
+        handoff=[0.0] * 3 * len(STAGES),
+        handoff_at_warmup=None,
+        infos=[],
+        now=[],
+        at_warmup_hosts=None,
+        shared_thread=False,
+    )
+    return Run("Grain", telemetry, StepTrace.of(clock), stop.hit, notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.1f}"
+
+
+def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def report(runs: Sequence[Run]) -> str:
+    """The report table: throughput, input wait, percentiles and warm-up per contender (and
+    their ratio), then colo-data's stage breakdown, hosts and verdict."""
+    lines = []
+    if any(run.interrupted for run in runs):
+        done = ", ".join(f"{r.telemetry.steps} {r.name} steps" for r in runs)
+        lines += [f"interrupted (Ctrl-C): partial report after {done}", ""]
+    steady = [run.telemetry.steady for run in runs]
+    ratio = len(runs) == 2 and steady[1].records_per_s > 0
+    rows = [["steady state", *(run.name for run in runs), *(["ratio"] if ratio else [])]]
+
+    def row(label: str, values: Sequence[str], ratio_of: Callable[[Telemetry], float] | None = None) -> None:
+        """A row of the table; with two contenders and `ratio_of`, their ratio too."""
+        cells = [label, *values]
+        if ratio:
+            ours, theirs = (ratio_of(run.telemetry) for run in runs) if ratio_of else (0.0, 0.0)
+            cells.append(f"{ours / theirs:.2f}x" if theirs else "")
+        rows.append(cells)
+
+    row("steps (after warm-up)", [f"{s.steps:,}" for s in steady])
+    row("records/s", [f"{s.records_per_s:,.0f}" for s in steady], lambda t: t.steady.records_per_s)
+    row("MB/s", [_mb(s.bytes_per_s) for s in steady], lambda t: t.steady.bytes_per_s)
+    row("input wait, share of wall time", [f"{s.input_wait_share:.2%}" for s in steady])
+    row("wait p50 / p90 / p99 (ms)", [f"{_ms(s.wait_p50_s)} / {_ms(s.wait_p90_s)} / {_ms(s.wait_p99_s)}" for s in steady])
+    row("wait max (ms)", [_ms(s.wait_max_s) for s in steady])
+    row("step p50 (ms)", [_ms(s.step_p50_s) for s in steady])
+    row("first batch (s)", [f"{r.telemetry.first_batch_s:.2f}" if r.telemetry.first_batch_s is not None else "-" for r in runs])
+    row(
+        "warm-up: steps, s, wait share",
+        [f"{r.telemetry.warmup.steps}, {r.telemetry.warmup.seconds:.2f}, {r.telemetry.warmup.input_wait_share:.0%}" for r in runs],
+    )
+    lines += _table(rows, [False, *([True] * (len(rows[0]) - 1))])
+    colo = runs[0].telemetry
+    steps = max(1, colo.steady.steps if colo.steady.steps else colo.warmup.steps)
+    stages = colo.stages
+    busy = sum(s.seconds for s in stages) or 1.0
+    lines += ["", f"colo-data stages ({'steady state' if colo.steady.steps else 'warm-up'}, all hosts; hand-off in the trainer)"]
+    stage_rows = [["stage", "ms/batch", "share", "records", "MB"]]
+    for s in stages:
+        if s.name != "handoff" and (not colo.hosts or (s.name == "shm_write" and colo.backend != "sidecar")):
+            continue  # a stage this backend does not have (or, colocated, does not measure)
+        stage_rows.append(
+            [STAGE_LABELS[s.name], f"{s.seconds * 1000 / steps:.3f}", f"{s.seconds / busy:.0%}", f"{s.items:,}", _mb(s.bytes)]
+        )
+    lines += _table(stage_rows, [False, True, True, True, True])
+    lines.append("")
+    for host in colo.hosts:
+        cpu = f" at {host.worker_cpu:.0%} CPU" if host.worker_cpu is not None else ""
+        kind = ("worker process" if host.worker_processes else "worker thread") if host.workers == 1 else (
+            "worker processes" if host.worker_processes else "worker threads"
+        )
+        ring = (
+            f"; ring {host.ring_slots_in_use:.1f} of {host.ring_slots} slots in use, {_mb(host.shm_bytes)} MB shared memory"
+            if host.ring_slots_in_use is not None
+            else ""
+        )
+        budget = f"CPU budget {cpus_text(host.cpu_budget)} ({host.cpu_budget_source})" if host.cpu_budget is not None else "CPU budget unknown"
+        lines.append(f"host {host.host}: {host.runs_in}; {host.workers} {kind}{cpu}; {budget}{ring}")
+    if colo.queue_depth is not None:
+        lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
+    for run in runs[1:]:
+        lines += [f"{run.name}: {note}" for note in run.notes]
+    lines += ["", f"verdict: {colo.verdict}"]
+    return "\n".join(lines)
+
+
+def as_json(runs: Sequence[Run], settings: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"settings": settings, "interrupted": any(r.interrupted for r in runs)}
+    for run in runs:
+        out[run.name.lower()] = {**run.telemetry.as_dict(), "notes": run.notes}
+    if len(runs) == 2 and runs[1].telemetry.steady.records_per_s:
+        out["ratio_records_per_s"] = runs[0].telemetry.steady.records_per_s / runs[1].telemetry.steady.records_per_s
+    return out
+
+
+def plot(runs: Sequence[Run], path: str, title: str) -> None:
+    """A PNG: input wait per step (warm-up shaded) and throughput over time, per contender."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (wait_ax, rate_ax) = plt.subplots(2, 1, figsize=(10, 7))
+    for run in runs:
+        trace = run.trace
+        wait_ax.plot(trace.step, np.maximum(trace.input_wait_s * 1000, 1e-3), lw=0.8, label=run.name)
+        if len(trace.step) > 1:
+            returned = trace.start_s + trace.input_wait_s - trace.start_s[0]
+            width = max(returned[-1] / 100, 0.01)
+            counts, edges = np.histogram(returned, bins=np.arange(0, returned[-1] + width, width), weights=trace.records)
+            rate_ax.plot(edges[:-1] + width / 2, np.maximum(counts / width, 1), lw=1, label=run.name)
+    warmup = runs[0].trace.warmup_steps
+    if warmup:
+        wait_ax.axvspan(0, warmup, color="0.9", label="warm-up")
+    wait_ax.set(xlabel="step", ylabel="input wait (ms)", yscale="log", title=title)
+    rate_ax.set(xlabel="seconds since the first next()", ylabel="records/s", yscale="log")
+    for ax in (wait_ax, rate_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)

@@ -1,0 +1,87 @@
+"""Pipeline configs: a TOML file naming a dataset definition (`pipeline = "pkg.module:function"`)
+with the function's keyword arguments under `[args]`, sidecar settings under `[sidecar]` and
+deployment settings under `[deploy]` (read by `colo_data.ops.manifest`). A file holding only
+the `pipeline` line is valid and takes every default."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colo_data.errors import ConfigError
+from colo_data.spec.pipeline import Pipeline
+
+_TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
+_SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A parsed config file: where the dataset definition lives and how to call it."""
+
+    path: str
+    pipeline: str
+    args: dict[str, Any] = field(default_factory=dict)
+    sidecar: dict[str, Any] = field(default_factory=dict)
+    deploy: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Pipeline:
+        """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
+        module_name, _, function_name = self.pipeline.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(
+                f"{self.path}: pipeline = {self.pipeline!r}: cannot import module {module_name!r} ({e}); "
+                "run from the directory that holds it or add it to PYTHONPATH"
+            ) from e
+        function = getattr(module, function_name, None)
+        if not callable(function):
+            raise ConfigError(f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} has no function {function_name!r}")
+        try:
+            pipeline = function(**self.args)
+        except TypeError as e:
+            raise ConfigError(f"{self.path}: [args] do not fit {self.pipeline}: {e}") from e
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigError(f"{self.path}: {self.pipeline} returned {type(pipeline).__name__}, not a colo_data.Pipeline")
+        return pipeline
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a config file; every problem is one ConfigError naming the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    reference = data.get("pipeline")
+    if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
+        raise ConfigError(f'{path}: pipeline = {reference!r}: give "package.module:function"')
+    args, sidecar, deploy = data.get("args", {}), data.get("sidecar", {}), data.get("deploy", {})
+    if not isinstance(args, dict) or not isinstance(sidecar, dict):
+        raise ConfigError(f"{path}: [args] and [sidecar] must be tables")
+    if not isinstance(deploy, dict):
+        raise ConfigError(f"{path}: [deploy] must be a table (its keys are checked by `colo-data manifest`)")
+    unknown = set(sidecar) - _SIDECAR_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
+    workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", 4)
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f'{path}: [sidecar] workers = {workers!r}: give "auto" or an int >= 0')
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2:
+        raise ConfigError(f"{path}: [sidecar] slots = {slots!r}: give an int >= 2")
+    if not isinstance(sidecar.get("shm_dir", ""), str):
+        raise ConfigError(f"{path}: [sidecar] shm_dir = {sidecar['shm_dir']!r}: give a directory path (a string)")
+    return Config(str(path), reference, args, sidecar, deploy)

@@ -1,0 +1,353 @@
+"""Kubernetes manifests for a colo-data deployment, rendered from the YAML templates in
+`configs/manifests/` and a config's `[sidecar]` and `[deploy]` tables: a Pathways JobSet
+whose TPU hosts run colo-data in the colocated-Python sidecar, or an Indexed Job of
+multi-controller JAX pods with a colo-data sidecar next to each trainer.
+
+A template is plain YAML. A string that is exactly `${key}` becomes the key's value, of
+any type (a key whose value is None is left out); `${key}` inside a longer string is
+replaced by the value's text and `$$` by `$`. The sidecar's CPU limit is chosen so that
+its CPU budget gives the expected workers, and the shared-memory volume is sized from one
+measured host batch unless `[deploy] shm_size` says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from colo_data.errors import ColoDataError, ConfigError
+from colo_data.ops import versions
+from colo_data.ops.config import Config
+from colo_data.spec.pipeline import Pipeline
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data
+TEMPLATE_FILES = {"pathways": "pathways-jobset.yaml", "multi-controller": "multi-controller.yaml"}
+SOCKET_DIR = "/run/colo"  # the sidecar image's COLO_DATA_SOCKET lives here
+SOCKET = f"{SOCKET_DIR}/sidecar.sock"
+# The shared-memory mount when [sidecar] shm_dir is unset: /dev/shm for colo-data's ring,
+# pathwaysutils' default for the Pathways sidecar's transfer directory.
+SHM_DIRS = {"pathways": "/tmp/shared-memory", "multi-controller": "/dev/shm"}
+DEFAULT_SIDECAR_CPUS = 4
+MEMORY_PER_CPU = 2**30  # the sidecar's memory beyond shared memory: per worker and main loop
+_MIB = 2**20
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# Pathways pod host names add `-pathways-worker-<slice>-<host>` to the name, within 63.
+_NAME_MAX = 40
+_TOPOLOGY = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
+_QUANTITY = re.compile(r"([1-9]\d*)(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_WHOLE = re.compile(r"\$\{(\w+)\}")
+_CHIPS_PER_HOST = 4
+
+
+@dataclass(frozen=True)
+class Tpu:
+    """A Cloud TPU type: its GKE node label and the Pathways instance type prefix."""
+
+    accelerator: str
+    pathways: str
+
+
+TPUS = {
+    "v5e": Tpu("tpu-v5-lite-podslice", "tpuv5e"),
+    "v5p": Tpu("tpu-v5p-slice", "tpuv5"),
+    "v6e": Tpu("tpu-v6e-slice", "tpuv6e"),
+    "tpu7x": Tpu("tpu7x", "tpu7x"),
+}
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """The `[deploy]` table: what the manifests need beyond the pipeline. `image` is the
+    colo-data sidecar image (default: the target's build of `sidecar_image/`, see
+    `versions`), `trainer_image`/`command` the trainer's (default: the sidecar image
+    running `colo-data bench CONFIG`); `hosts` the trainer pods (multi-controller);
+    `tpu_type`/`topology`/`slices` the TPU slices; `gcs_scratch` Pathways' scratch bucket;
+    `sidecar_cpus`/`sidecar_memory` the sidecar's limits; `shm_size` the shared-memory
+    volume (default: measured)."""
+
+    name: str = "colo-data"
+    image: str | None = None
+    trainer_image: str | None = None
+    command: tuple[str, ...] | None = None
+    hosts: int | None = None
+    tpu_type: str | None = None
+    topology: str | None = None
+    slices: int = 1
+    gcs_scratch: str | None = None
+    sidecar_cpus: float | None = None
+    sidecar_memory: str | None = None
+    shm_size: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) or len(self.name) > _NAME_MAX:
+            _bad("name", self.name, f"lower-case letters, digits and '-', starting with a letter, at most {_NAME_MAX} characters")
+        for key in ("image", "trainer_image"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value or any(c.isspace() for c in value)):
+                _bad(key, value, "an image reference such as registry/name:tag")
+        if self.command is not None and (
+            not isinstance(self.command, tuple) or not self.command or not all(isinstance(a, str) for a in self.command)
+        ):
+            _bad("command", self.command, 'a non-empty list of strings, e.g. ["python", "train.py"]')
+        for key in ("hosts", "slices"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _bad(key, value, "an int >= 1")
+        if self.tpu_type is not None and (not isinstance(self.tpu_type, str) or self.tpu_type not in TPUS):
+            _bad("tpu_type", self.tpu_type, ", ".join(TPUS))
+        if self.topology is not None and (not isinstance(self.topology, str) or not _TOPOLOGY.fullmatch(self.topology)):
+            _bad("topology", self.topology, 'chips along each axis, e.g. "2x2" or "2x2x4"')
+        if (self.tpu_type is None) != (self.topology is None):
+            raise ConfigError("[deploy] tpu_type and topology: give both or neither")
+        if self.gcs_scratch is not None and (not isinstance(self.gcs_scratch, str) or not self.gcs_scratch.startswith("gs://")):
+            _bad("gcs_scratch", self.gcs_scratch, 'a Cloud Storage path, e.g. "gs://bucket/pathways"')
+        cpus = self.sidecar_cpus
+        if cpus is not None and (
+            isinstance(cpus, bool) or not isinstance(cpus, int | float) or not math.isfinite(cpus) or cpus < 0.001
+        ):
+            _bad("sidecar_cpus", cpus, "a number of CPUs >= 0.001, e.g. 4 or 2.5")
+        for key in ("sidecar_memory", "shm_size"):
+            if getattr(self, key) is not None:
+                quantity_bytes(key, getattr(self, key))
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> Deploy:
+        """The settings of a `[deploy]` table; unknown keys are an error."""
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(table) - set(allowed))
+        if unknown:
+            raise ConfigError(f"unknown key(s) {unknown} in [deploy]; allowed: {allowed}")
+        values = dict(table)
+        if isinstance(values.get("command"), list):
+            values["command"] = tuple(values["command"])
+        return cls(**values)
+
+
+def _bad(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"[deploy] {key} = {value!r}: give {allowed}")
+
+
+def quantity_bytes(key: str, quantity: Any) -> int:
+    """Bytes of a Kubernetes memory quantity such as "512Mi", "16Gi" or "1G"."""
+    match = _QUANTITY.fullmatch(quantity) if isinstance(quantity, str) else None
+    if match is None:
+        _bad(key, quantity, 'a memory size such as "512Mi" or "16Gi" (units Ki Mi Gi Ti, K M G T)')
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def mebibytes(size: int) -> str:
+    """`size` bytes rounded up to a whole MiB, as a Kubernetes quantity."""
+    return f"{-(-size // _MIB)}Mi"
+
+
+def cpu_quantity(cpus: float) -> str:
+    """A CPU count as a Kubernetes quantity: "4", or millicores ("2500m")."""
+    millis = round(cpus * 1000)
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def budget_workers(cpus: float) -> int:
+    """The workers a sidecar limited to `cpus` CPUs starts with `workers = "auto"`:
+    `colo_data.resources.cpu_budget`'s rule, ceil(CPUs) - 1 for the main loop, at least 1."""
+    return max(1, math.ceil(cpus) - 1)
+
+
+def sidecar_cpus(deploy: Deploy, workers: int | str) -> float:
+    """The sidecar's CPU limit: `[deploy] sidecar_cpus`, else enough for `[sidecar] workers`
+    plus the main loop, else `DEFAULT_SIDECAR_CPUS`. A limit whose budget would give a
+    different worker count than `[sidecar] workers` asks for is an error."""
+    if workers == "auto":
+        return deploy.sidecar_cpus if deploy.sidecar_cpus is not None else DEFAULT_SIDECAR_CPUS
+    if deploy.sidecar_cpus is None:
+        return workers + 1
+    if workers and budget_workers(deploy.sidecar_cpus) != workers:  # 0: no worker processes
+        raise ConfigError(
+            f"[deploy] sidecar_cpus = {deploy.sidecar_cpus!r} gives a CPU budget for "
+            f"{budget_workers(deploy.sidecar_cpus)} worker(s), but [sidecar] workers = {workers}: "
+            f"set sidecar_cpus = {workers + 1} or workers = \"auto\""
+        )
+    return deploy.sidecar_cpus
+
+
+def slot_bound(pipeline: Pipeline, hosts: int) -> int:
+    """The most bytes a slot of a sidecar serving host 0 of `hosts` can take: a slot holds as
+    many host batches as fit `SLOT_TARGET_BYTES` (each array aligned), or one larger batch.
+    Measured from the host's first batch."""
+    from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES
+    from colo_data.backends.sidecar.shm import ALIGN, slot_bytes
+    from colo_data.host.pipeline import HostPipeline
+
+    host = HostPipeline(pipeline, 0, hosts)
+    chunks = host.chunks(0)
+    try:
+        first = next(chunks, None)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    if first is None:
+        raise ConfigError(f"the pipeline gives no batch for {hosts} host(s): nothing to size shared memory from")
+    rows = host.rows[1] - host.rows[0]
+    batch = {name: column[:rows] for name, column in first.items()}
+    return max(SLOT_TARGET_BYTES + ALIGN * len(batch), slot_bytes(batch))
+
+
+def shm_bytes(config: Config, hosts: int, slots: int) -> int:
+    """The shared-memory volume's size: twice a ring of `slots` slots of `slot_bound`,
+    because a sidecar lets shared slots take at most half of the room it finds."""
+    try:
+        return 2 * slots * slot_bound(config.build(), hosts)
+    except (ColoDataError, OSError) as e:  # OSError: data out of reach from here
+        raise ConfigError(f"cannot measure a host batch to size shared memory ({e}); set [deploy] shm_size") from e
+
+
+def _fill(node: Any, values: Mapping[str, Any]) -> Any:
+    """The template tree `node` with its placeholders replaced (see the module docstring)."""
+    if isinstance(node, dict):
+        filled = {key: _fill(value, values) for key, value in node.items()}
+        return {key: value for key, value in filled.items() if value is not None}
+    if isinstance(node, list):
+        return [_fill(item, values) for item in node]
+    if isinstance(node, str):
+        whole = _WHOLE.fullmatch(node)
+        if whole:
+            return values[whole.group(1)]
+        return string.Template(node).substitute({key: str(value) for key, value in values.items()})
+    return node
+
+
+def render(config: Config, target: str, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The Kubernetes objects for `target` ("pathways" or "multi-controller"), from
+    `config` with `overrides` taking the place of its `[deploy]` keys."""
+    if target not in TEMPLATE_FILES:
+        raise ConfigError(f"target {target!r}: allowed: {', '.join(TEMPLATE_FILES)}")
+    try:
+        deploy = Deploy.from_table({**config.deploy, **(overrides or {})})
+        values = _pathways(config, deploy) if target == "pathways" else _multi_controller(config, deploy)
+    except ConfigError as e:
+        raise ConfigError(f"{config.path}: {e}") from None
+    path = TEMPLATES / TEMPLATE_FILES[target]
+    if not path.is_file():
+        raise ConfigError(
+            f"no manifest template at {path}: the templates are part of colo-data's source tree (configs/manifests/); "
+            "run `colo-data manifest` from a checkout of it (pip install -e .)"
+        )
+    template = path.read_text()
+    return [_fill(document, values) for document in yaml.safe_load_all(template)]
+
+
+def to_yaml(objects: list[dict[str, Any]], header: str) -> str:
+    """The objects as one YAML stream (what `kubectl apply -f -` reads), after `header`
+    as comment lines."""
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump_all(objects, sort_keys=False)
+
+
+def _sidecar_values(config: Config, deploy: Deploy, target: str, hosts: int) -> dict[str, Any]:
+    """Placeholders both templates share: images, command, sidecar limits, shared memory."""
+    workers = config.sidecar.get("workers", "auto")
+    slots = config.sidecar.get("slots", 4)
+    cpus = sidecar_cpus(deploy, workers)
+    shm = quantity_bytes("shm_size", deploy.shm_size) if deploy.shm_size else shm_bytes(config, hosts, slots)
+    if deploy.sidecar_memory is None:
+        memory = shm + math.ceil(cpus) * MEMORY_PER_CPU
+    else:
+        memory = quantity_bytes("sidecar_memory", deploy.sidecar_memory)
+        if memory <= shm:
+            raise ConfigError(
+                f"[deploy] sidecar_memory = {deploy.sidecar_memory!r} must exceed the shared memory "
+                f"({mebibytes(shm)}): the ring's pages count against the sidecar's memory limit"
+            )
+    default_image = versions.SIDECAR_COLOCATED_IMAGE if target == "pathways" else versions.SIDECAR_IMAGE
+    return {
+        "name": deploy.name,
+        "image": deploy.image or default_image,
+        "trainer_image": deploy.trainer_image or deploy.image or versions.SIDECAR_IMAGE,
+        "command": list(deploy.command or ("colo-data", "bench", config.path)),
+        "sidecar_cpu": cpu_quantity(cpus),
+        "sidecar_memory": deploy.sidecar_memory or mebibytes(memory),
+        "shm_dir": config.sidecar.get("shm_dir") or SHM_DIRS[target],
+        "shm_size": deploy.shm_size or mebibytes(shm),
+        "workers": str(workers),
+        "slots": str(slots),
+    }
+
+
+def _slice_shape(topology: str) -> tuple[int, int]:
+    """(TPU hosts, chips per host) of one slice of `topology`: hosts of up to 4 chips."""
+    chips = math.prod(int(d) for d in topology.split("x"))
+    return max(1, chips // _CHIPS_PER_HOST), min(chips, _CHIPS_PER_HOST)
+
+
+def _pathways(config: Config, deploy: Deploy) -> dict[str, Any]:
+    """The JobSet's placeholders: a TPU slice (required) and Pathways' scratch bucket."""
+    for key in ("tpu_type", "gcs_scratch"):
+        if getattr(deploy, key) is None:
+            raise ConfigError(f"[deploy] {key} is needed for --target pathways")
+    if deploy.hosts is not None:
+        raise ConfigError("[deploy] hosts: under Pathways the hosts are the TPU VMs of tpu_type, topology and slices")
+    per_slice, chips = _slice_shape(deploy.topology)
+    values = _sidecar_values(config, deploy, "pathways", per_slice * deploy.slices)
+    tpu = TPUS[deploy.tpu_type]
+    return values | {
+        "slices": deploy.slices,
+        "hosts_per_slice": per_slice,
+        "gcs_scratch": deploy.gcs_scratch,
+        "instance_type": f"{tpu.pathways}:{deploy.topology}",
+        "tpu_accelerator": tpu.accelerator,
+        "topology": deploy.topology,
+        "chips_per_host": str(chips),
+        "server_image": versions.PATHWAYS_SERVER_IMAGE,
+        "proxy_image": versions.PATHWAYS_PROXY_IMAGE,
+    }
+
+
+def _multi_controller(config: Config, deploy: Deploy) -> dict[str, Any]:
+    """The Service's and Job's placeholders: `hosts` pods, or one per TPU host of a slice."""
+    if deploy.slices != 1:
+        raise ConfigError(
+            f"[deploy] slices = {deploy.slices}: multi-controller manifests are for one slice; use --target pathways"
+        )
+    if deploy.gcs_scratch is not None:
+        raise ConfigError("[deploy] gcs_scratch: used by --target pathways only")
+    hosts = deploy.hosts or 1
+    node_selector = resources = None
+    if deploy.tpu_type is not None:
+        per_slice, chips = _slice_shape(deploy.topology)
+        if deploy.hosts is not None and deploy.hosts != per_slice:
+            raise ConfigError(f"[deploy] hosts = {deploy.hosts}, but topology {deploy.topology!r} has {per_slice} TPU host(s)")
+        hosts = per_slice
+        node_selector = {
+            "cloud.google.com/gke-tpu-accelerator": TPUS[deploy.tpu_type].accelerator,
+            "cloud.google.com/gke-tpu-topology": deploy.topology,
+        }
+        resources = {"limits": {"google.com/tpu": str(chips)}}
+    values = _sidecar_values(config, deploy, "multi-controller", hosts)
+    return values | {
+        "hosts": hosts,
+        "socket": SOCKET,
+        "socket_dir": SOCKET_DIR,
+        "node_selector": node_selector,
+        "trainer_resources": resources,
+    }
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` from the command line: VALUE as a TOML value (2, 2.5, ["a", "b"],
+    "text"), else as the plain string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: give KEY=VALUE, e.g. --set tpu_type=v6e")
+    try:
+        return key, tomllib.loads(f"value = {value}")["value"]
+    except tomllib.TOMLDecodeError:
+        return key, value

@@ -1,0 +1,454 @@
+"""`verify`: the acceptance run before a large job. A short run of a pipeline through the
+real `Loader`, once per host count, checks the promises a trainer relies on: every host
+count yields the same global batches, each record appears exactly once (through the
+pipeline's index column), in the order the seed defines, and a state saved at one step and
+restored with another host count continues identically. Each result is a `Check` whose
+detail names the first offending batch, row and record."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from colo_data.errors import ConfigError
+from colo_data.host.pipeline import HostPipeline
+from colo_data.io.columns import table_to_columns
+from colo_data.loader.loader import Loader
+from colo_data.spec.pipeline import Pipeline
+from colo_data.testing import to_numpy
+
+Status = Literal["PASS", "FAIL", "SKIP"]
+Batch = dict[str, np.ndarray]
+_KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects
+_PLACES_SHOWN = 4
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification: its name, PASS, FAIL or SKIP, and what was seen (on a failure:
+    the host count, the first offending batch and row, and the record there)."""
+
+    name: str
+    status: Status
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAIL"
+
+    def __str__(self) -> str:
+        return f"{self.status}  {self.name}: {self.detail}"
+
+
+def verify(
+    pipeline: Pipeline,
+    hosts: Sequence[int] = (1, 2, 4),
+    steps: int | None = None,
+    resume_at: int | None = None,
+    resume_hosts: int | None = None,
+) -> list[Check]:
+    """Read `steps` global batches of `pipeline` (default: one epoch, also when it repeats
+    forever) with each host count in `hosts`, and check them; the first host count is the
+    reference. Its state after `resume_at` batches (default: half the run) is restored
+    with `resume_hosts` hosts (default: the last of `hosts` that runs) and must continue
+    as the uninterrupted run does. A host count that does not divide the global batch size
+    cannot run the pipeline at all: it gives a SKIP check. Raises ConfigError when the
+    pipeline cannot be verified (no index column) or a setting is impossible. A check
+    fails rather than raises; a pipeline that raises while running raises here too."""
+    _check_settings(pipeline, hosts, steps, resume_at, resume_hosts)
+    size = pipeline.global_batch_size
+    counts = list(dict.fromkeys(hosts))
+    runnable = [h for h in counts if size % h == 0]
+    if not runnable:
+        raise ConfigError(
+            f"hosts={tuple(counts)}: none divides global_batch_size={size}, so the Loader refuses them all; "
+            "give host counts that divide the batch size (1 always does)"
+        )
+    skipped = [Check(_hosts(h), "SKIP", _refused(size, h)) for h in counts if h not in runnable]
+    run_steps = _run_steps(pipeline, steps)
+    if run_steps is not None:
+        _check_resume_at(resume_at, run_steps)  # before the first run, when its length is known
+    runs, difference = _read_together(pipeline, runnable, run_steps)
+    reference = runs[0]
+    if not len(reference):
+        raise ConfigError("the pipeline delivers no batch: does the pack's keep reject every record?")
+    resume_at = len(reference) // 2 if resume_at is None else resume_at
+    _check_resume_at(resume_at, len(reference))
+    expected = _expected(pipeline, max(run.end for run in runs))
+    covered = _covered(pipeline, reference, expected)
+    order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
+    return skipped + [
+        _identical(runs, difference),
+        _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
+        _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
+        _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts),
+    ]
+
+
+def _check_settings(
+    pipeline: Pipeline, hosts: Sequence[int], steps: int | None, resume_at: int | None, resume_hosts: int | None
+) -> None:
+    if pipeline.index_column is None:
+        raise ConfigError(
+            "the pipeline has no index column, so verify cannot tell which record each row holds: add "
+            'index_column="_index" to cd.Pipeline(...) (it adds each row\'s global record index as an int64 '
+            "column before the transforms run; a model can ignore it) and keep that column through the transforms"
+        )
+    if not hosts or any(not isinstance(h, int) or h < 1 for h in hosts):
+        raise ConfigError(f"hosts={tuple(hosts)!r}: give one or more positive host counts, e.g. (1, 2, 4)")
+    for name, value, least in (("steps", steps, 1), ("resume_at", resume_at, 0), ("resume_hosts", resume_hosts, 1)):
+        if value is not None and (not isinstance(value, int) or value < least):
+            raise ConfigError(f"{name}={value!r}: must be an int >= {least}")
+
+
+def _check_resume_at(resume_at: int | None, batches: int) -> None:
+    if resume_at is not None and resume_at >= batches:
+        raise ConfigError(f"resume_at={resume_at}: the run reads {batches} batches; give 0 <= resume_at < {batches}")
+
+
+def _run_steps(pipeline: Pipeline, steps: int | None) -> int | None:
+    """Global batches to read: `steps`, at most what the stream holds; by default the
+    first epoch's full batches. None for packed pipelines without `steps`: their batches
+    take as many records as fit, so the run reads until it passes the first epoch."""
+    if steps is None:
+        return None if pipeline.pack is not None else pipeline.records_per_epoch // pipeline.global_batch_size
+    available = pipeline.batches_from(0)
+    return steps if available is None else min(steps, available)
+
+
+@dataclass
+class _Run:
+    """What one host count's run delivered, as verify needs it: each batch's index column
+    and the loader state after each batch (`states[0]`: before the first), through JSON as
+    a checkpoint holds it."""
+
+    hosts: int
+    records: list[np.ndarray] = field(default_factory=list)
+    states: list[dict[str, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def ends(self) -> list[int]:
+        """The stream position after each batch."""
+        return [_position(state) for state in self.states[1:]]
+
+    @property
+    def end(self) -> int:
+        """The stream position after the run: its records come from positions `[0, end)`."""
+        return _position(self.states[-1])
+
+
+def _position(state: dict[str, Any]) -> int:
+    """The stream position a loader state (`colo_data.state.make_state`) points at."""
+    return state["epoch"] * state["records"] + state["position"]
+
+
+class _Stream:
+    """A Loader with `hosts` simulated hosts (from `state`) on a one-device mesh, so that
+    the batch size need only divide by the host count: the check is about hosts, not
+    devices. `next` returns each global batch as numpy and records it in `run`."""
+
+    def __init__(self, pipeline: Pipeline, hosts: int, state: dict[str, Any] | None = None) -> None:
+        self.pipeline = pipeline
+        self.loader = Loader(pipeline, hosts=hosts, mesh=Mesh(np.array(jax.devices()[:1]), ("data",)), state=state)
+        self.run = _Run(hosts, states=[self._state()])
+
+    def _state(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.loader.get_state()))
+
+    def next(self) -> Batch | None:
+        """The next global batch, or None at the end of the stream."""
+        batch = next(self.loader, None)
+        if batch is None:
+            return None
+        batch = to_numpy(batch)
+        self.run.records.append(_index_column(self.pipeline, batch))
+        self.run.states.append(self._state())
+        return batch
+
+
+def _index_column(pipeline: Pipeline, batch: Batch) -> np.ndarray:
+    """The batch's index column as int64, checked: `(rows,)`, packed `(rows, max_segments)`."""
+    name = pipeline.index_column
+    assert name is not None
+    if name not in batch:
+        raise ConfigError(
+            f"index_column={name!r}: the batches have no such column (they have {sorted(batch)}): a transform drops "
+            "it; keep it in the transforms' output so that verify can tell which record each row holds"
+        )
+    records, rows = batch[name], pipeline.global_batch_size
+    shape = (rows,) if pipeline.pack is None else (rows, pipeline.pack.max_segments)
+    if records.shape != shape or records.dtype.kind not in "iu":
+        raise ConfigError(
+            f"index_column={name!r}: the batches hold it as {records.dtype} {records.shape}, expected integers of "
+            f"shape {shape}; keep it through the transforms as the pipeline adds it"
+        )
+    return records.astype(np.int64)
+
+
+def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> tuple[list[_Run], str | None]:
+    """Read `steps` batches (None: until the first host count's stream passes the first
+    epoch) with every host count in lockstep, comparing each batch with the first host
+    count's as it comes, so that no batch is kept: the runs, and the first difference."""
+    with ExitStack() as stack:
+        streams = []
+        for h in hosts:
+            streams.append(_Stream(pipeline, h))
+            stack.callback(streams[-1].loader.close)
+        reference, labels = streams[0], [f"with {_hosts(h)}" for h in hosts]
+        difference = None
+        while steps is None or len(reference.run) < steps:
+            step = len(reference.run)
+            want = reference.next()
+            for stream, label in zip(streams[1:], labels[1:]):
+                got = stream.next() if len(stream.run) == step else None  # None: it ended before
+                difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
+            if want is None or (steps is None and reference.run.end >= pipeline.records_per_epoch):
+                break
+    return [stream.run for stream in streams], difference
+
+
+def _batch_difference(
+    pipeline: Pipeline, step: int, want: Batch | None, got: Batch | None, labels: tuple[str, str]
+) -> str | None:
+    """How batch `step` of two runs differs (`labels` name them; None: that stream had
+    ended), naming the first differing row, its columns and records; None when equal."""
+    if want is None or got is None:
+        if want is got:
+            return None
+        return f"the stream ends at batch {step} {labels[want is not None]} but goes on {labels[want is None]}"
+    wanted, gotten = ({name: f"{a.dtype} {a.shape}" for name, a in batch.items()} for batch in (want, got))
+    if wanted != gotten:
+        column = next(c for c in sorted(wanted.keys() | gotten.keys()) if wanted.get(c) != gotten.get(c))
+        a, b = wanted.get(column, "absent"), gotten.get(column, "absent")
+        return f"batch {step}: column {column!r} is {a} {labels[0]}, {b} {labels[1]}"
+    first = {name: rows[0] for name in want if len(rows := _differing_rows(want[name], got[name]))}
+    if not first:
+        return None
+    row = int(min(first.values()))
+    columns = ", ".join(repr(name) for name, r in first.items() if r == row)
+    index = pipeline.index_column
+    return (
+        f"batch {step} row {row} differs in {columns}: {_records(want[index][row])} {labels[0]}, "
+        f"{_records(got[index][row])} {labels[1]}"
+    )
+
+
+def _differing_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows whose bytes differ (bytes, so that NaN equals NaN)."""
+    width = int(np.prod(a.shape[1:])) * a.dtype.itemsize
+    first, second = (np.ascontiguousarray(x).view(np.uint8).reshape(len(x), width) for x in (a, b))
+    return np.flatnonzero((first != second).any(axis=1))
+
+
+def _identical(runs: list[_Run], difference: str | None) -> Check:
+    name = "identical batches"
+    if len(runs) == 1:
+        return Check(name, "SKIP", f"only {_hosts(runs[0].hosts)} ran; give two or more host counts (e.g. 1, 2, 4)")
+    if difference:
+        return Check(name, "FAIL", difference)
+    counts = ", ".join(str(run.hosts) for run in runs)
+    return Check(name, "PASS", f"hosts {counts} give the same {len(runs[0])} batches, row for row in every column")
+
+
+def _resume(pipeline: Pipeline, reference: _Run, resume_at: int, resume_hosts: int) -> Check:
+    """The reference's state after `resume_at` batches, restored with `resume_hosts` hosts,
+    gives the batches that an uninterrupted run (read again, in lockstep) gives."""
+    name, size = "resume", pipeline.global_batch_size
+    if size % resume_hosts:
+        return Check(name, "SKIP", _refused(size, resume_hosts))
+    what = f"state after {resume_at} batches with {_hosts(reference.hosts)}, restored with {_hosts(resume_hosts)}"
+    labels = ("in the uninterrupted run", "after the restore")
+    with ExitStack() as stack:
+        uninterrupted = _Stream(pipeline, reference.hosts)
+        stack.callback(uninterrupted.loader.close)
+        restored = _Stream(pipeline, resume_hosts, state=reference.states[resume_at])
+        stack.callback(restored.loader.close)
+        for _ in range(resume_at):
+            uninterrupted.next()
+        for step in range(resume_at, len(reference)):
+            problem = _batch_difference(pipeline, step, uninterrupted.next(), restored.next(), labels)
+            if problem:
+                return Check(name, "FAIL", f"{what}: {problem}")
+    rest = len(reference) - resume_at
+    return Check(name, "PASS", f"{what}: the remaining {rest} batches are identical to the uninterrupted run's")
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What the seed defines for stream positions `[0, len(records))`: the record at each
+    position and whether it is delivered (False: the pack's `keep` rejects it)."""
+
+    records: np.ndarray
+    kept: np.ndarray
+
+    def delivered(self, end: int) -> np.ndarray:
+        """The records delivered from positions `[0, end)`, in stream order."""
+        return self.records[:end][self.kept[:end]]
+
+
+def _expected(pipeline: Pipeline, end: int) -> _Expected:
+    """The seed's records for stream positions `[0, end)`, and which of them the pack's
+    `keep` takes (all, without one)."""
+    records = HostPipeline(pipeline).stream_indices(np.arange(end, dtype=np.int64))
+    keep = pipeline.pack.keep if pipeline.pack is not None else None
+    if keep is None:
+        return _Expected(records, np.ones(end, bool))
+    kept = [
+        np.asarray(keep(table_to_columns(pipeline.source.take(records[i : i + _KEEP_CHUNK]))), dtype=bool)
+        for i in range(0, end, _KEEP_CHUNK)
+    ]
+    return _Expected(records, np.concatenate(kept))
+
+
+@dataclass(frozen=True)
+class _Delivered:
+    """A run's records in stream order with their places, (batch, row, segment) each:
+    segment 0 without packing, else 1, 2, ... as in `segment_ids`."""
+
+    records: np.ndarray
+    places: np.ndarray
+
+
+def _delivered(run: _Run) -> _Delivered:
+    """The run's records in stream order; packed batches' -1 padding left out."""
+    records, places = [], []
+    for batch, index in enumerate(run.records):
+        if index.ndim == 1:
+            rows, segments = np.arange(len(index)), np.zeros(len(index), np.int64)
+        else:
+            rows, slots = np.nonzero(index != -1)  # row-major: the order the records were packed in
+            index, segments = index[rows, slots], slots + 1
+        records.append(index)
+        places.append(np.stack([np.full(len(index), batch), rows, segments], axis=1))
+    if not records:  # a host count whose stream ended at once
+        return _Delivered(np.zeros(0, np.int64), np.zeros((0, 3), np.int64))
+    return _Delivered(np.concatenate(records), np.concatenate(places))
+
+
+def _per_run(name: str, runs: list[_Run], problem_of: Callable[[_Run], str | None], passed: str) -> Check:
+    """A check made on every run: FAIL naming the first failing host count (and any other
+    that fails), else PASS."""
+    failing = [(run.hosts, problem) for run in runs if (problem := problem_of(run))]
+    if not failing:
+        return Check(name, "PASS", f"{passed}, with hosts {', '.join(str(run.hosts) for run in runs)}")
+    (hosts, problem), others = failing[0], [h for h, _ in failing[1:]]
+    also = f" (fails with hosts {', '.join(map(str, others))} too)" if others else ""
+    return Check(name, "FAIL", f"{_hosts(hosts)}: {problem}{also}")
+
+
+def _exactly_once(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
+    """What is wrong with the records' counts: each delivered record as often as the order
+    puts it in the run's stream positions (once per epoch), and never one `keep` rejects."""
+    delivered, total, end = _delivered(run), pipeline.records_per_epoch, run.end
+    outside = (delivered.records < 0) | (delivered.records >= total)
+    problems = []
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        problems.append(f"{_place(delivered.places[i])} holds record {delivered.records[i]}, not in 0..{total - 1}")
+    got, places = delivered.records[~outside], delivered.places[~outside]
+    want = expected.delivered(end)
+    want_count, got_count = np.bincount(want, minlength=total), np.bincount(got, minlength=total)
+    too_often, missing = got_count > want_count, got_count < want_count
+    if too_often.any():
+        record = int(got[np.flatnonzero(too_often[got])[0]])
+        seen = f"record {record} appears {_times(int(got_count[record]))} ({_places(places[got == record])})"
+        if want_count[record]:
+            problems.append(seen + ("" if want_count[record] == 1 else f", expected {_times(int(want_count[record]))}"))
+        elif record in expected.records[:end]:
+            problems.append(f"{seen}, but the pack's keep rejects it")
+        else:
+            problems.append(f"{seen}, but the order puts it at none of the stream positions 0-{end - 1}")
+    if missing.any():
+        position = int(np.flatnonzero(expected.kept[:end])[np.flatnonzero(missing[want])[0]])
+        record = int(expected.records[position])
+        where = f"the order puts it at {_expected_place(pipeline, run, position)}"
+        if got_count[record]:
+            times, wanted = _times(int(got_count[record])), _times(int(want_count[record]))
+            problems.append(f"record {record} appears {times}, expected {wanted} ({where})")
+        else:
+            problems.append(f"record {record} is missing ({where})")
+    if not problems:
+        return None
+    too_often_count = _count(int(too_often.sum()), "record")
+    return "; ".join(problems) + f" (in all: {too_often_count} too often, {int(missing.sum())} missing)"
+
+
+def _covered(pipeline: Pipeline, run: _Run, expected: _Expected) -> str:
+    """What the exactly-once check covered: whole epochs and part of the last one."""
+    total = pipeline.records_per_epoch
+    epochs, rest = divmod(run.end, total)
+    spans = (["epoch 0" if epochs == 1 else f"epochs 0-{epochs - 1}"] if epochs else []) + (
+        [f"{rest} of epoch {epochs}'s {total} positions"] if rest else []
+    )
+    rejected = int((~expected.kept[: run.end]).sum())
+    dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
+    return f"each record once per epoch over {' and '.join(spans)} (stream positions 0-{run.end - 1}){dropped}"
+
+
+def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
+    """The first record that is not where the seed's order (less what `keep` rejects) puts it."""
+    delivered, want = _delivered(run), expected.delivered(run.end)
+    count = min(len(delivered.records), len(want))
+    wrong = np.flatnonzero(delivered.records[:count] != want[:count])
+    if len(wrong):
+        i = int(wrong[0])
+        place = _place(delivered.places[i])
+        return f"{place} holds record {delivered.records[i]} where the seed's order has record {want[i]}"
+    if len(delivered.records) != len(want):
+        span = f"stream positions 0-{run.end - 1}"
+        return f"{len(delivered.records)} records delivered; the seed's order has {len(want)} in {span}"
+    return None
+
+
+def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
+    """Where the order puts stream `position`: a batch and row, or for packed batches the
+    batch whose stream positions include it."""
+    size = pipeline.global_batch_size
+    if pipeline.pack is None:
+        return f"batch {position // size} row {position % size}"
+    return f"stream position {position}, in batch {int(np.searchsorted(run.ends, position, side='right'))}"
+
+
+def _place(place: np.ndarray) -> str:
+    batch, row, segment = (int(v) for v in place)
+    return f"batch {batch} row {row}" + (f" segment {segment}" if segment else "")
+
+
+def _places(places: np.ndarray) -> str:
+    named = [_place(p) for p in places[:_PLACES_SHOWN]]
+    if len(places) > _PLACES_SHOWN:
+        return ", ".join(named) + f" and {len(places) - _PLACES_SHOWN} more"
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
+def _records(index: np.ndarray) -> str:
+    """The record(s) a row holds: one index, or a packed row's without the -1 padding."""
+    if index.ndim == 0:
+        return f"record {int(index)}"
+    return f"records {[int(i) for i in index if i != -1]}"
+
+
+def _refused(size: int, hosts: int) -> str:
+    return f"global_batch_size={size} is not divisible by {hosts}: the Loader refuses {_hosts(hosts)}"
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _hosts(count: int) -> str:
+    return _count(count, "host")

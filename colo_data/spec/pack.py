@@ -1,0 +1,40 @@
+"""`Pack`: how a pipeline packs a list column into fixed-length rows (sequence packing) and
+filters records, as a declaration; `colo_data.host.packing` plans and builds the rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from colo_data.errors import ConfigError
+from colo_data.io.columns import Columns
+
+SEGMENT_IDS = "segment_ids"
+POSITIONS = "positions"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Pack the list column `column` into rows of `length` tokens, at most `max_segments`
+    records a row (1: one record a row, padded: filtering without packing). A record longer
+    than `length` keeps its first `length` tokens. `keep`, a function of the record columns
+    returning one bool per record, drops records (they are consumed, never placed). The
+    packed batch has `column`, `segment_ids` (1, 2, ... per row; 0 is padding),
+    `positions` (within each record) and, with the pipeline's `index_column`, that
+    column as `(rows, max_segments)` record indices (-1: no record)."""
+
+    column: str
+    length: int
+    max_segments: int = 64
+    keep: Callable[[Columns], np.ndarray] | None = None
+    pad_value: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("length", "max_segments"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"cd.Pack({self.column!r}): {name}={value!r} must be an int >= 1")
+        if self.keep is not None and not callable(self.keep):
+            raise ConfigError(f"cd.Pack({self.column!r}): keep={self.keep!r} must be a function of the record columns")

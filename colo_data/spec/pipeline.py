@@ -1,0 +1,77 @@
+"""`Pipeline`: the whole dataset definition (source, order, transforms, batch size, epochs)
+as one frozen, picklable value that every host builds its share from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from colo_data.errors import ConfigError
+from colo_data.io.sources import Source, as_source
+from colo_data.spec.order import Order
+from colo_data.spec.pack import Pack
+from colo_data.spec.transforms import BatchTransform
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """A dataset definition. `source` is an `ArrowSource`, a `grain.MapDataset` or any
+    random-access collection of dict records; `transforms` are batch transforms applied in
+    order; `epochs=None` repeats forever with a new order each epoch; `index_column`, when
+    set, adds each row's global record index (int64) before the transforms run. With
+    `pack` (`cd.Pack`), a global batch is `global_batch_size` rows of packed records (and
+    the transforms run on the packed batch)."""
+
+    source: Source | Any
+    global_batch_size: int
+    order: Order = field(default_factory=Order)
+    transforms: Sequence[BatchTransform] = ()
+    epochs: int | None = 1
+    index_column: str | None = None
+    pack: Pack | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", as_source(self.source))
+        object.__setattr__(self, "transforms", tuple(self.transforms))
+        if not isinstance(self.global_batch_size, int) or self.global_batch_size < 1:
+            raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
+        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
+            raise ConfigError(f"epochs={self.epochs!r}: must be a positive int, or None to repeat forever")
+        if self.pack is not None and not isinstance(self.pack, Pack):
+            raise ConfigError(f"pack={self.pack!r}: give a cd.Pack(column, length, ...)")
+        if not isinstance(self.order, Order):
+            raise ConfigError(f"order={self.order!r}: give a cd.Order(shuffle=..., seed=...)")
+        for t in self.transforms:
+            if not callable(t):
+                raise ConfigError(f"transforms: {t!r} is not callable; wrap per-record functions in cd.per_record")
+        if len(self.source) == 0:
+            raise ConfigError(f"the source {self.source!r} has no records")
+        if len(self.source) < self.global_batch_size:
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} is larger than the source's "
+                f"{len(self.source)} records: use a smaller batch"
+            )
+        columns = getattr(self.source, "columns", ())
+        if self.index_column is not None and self.index_column in columns:
+            raise ConfigError(
+                f"index_column={self.index_column!r} is already a column of the source: choose another name"
+            )
+
+    @property
+    def records_per_epoch(self) -> int:
+        return len(self.source)
+
+    @property
+    def total_records(self) -> int | None:
+        """Records in the whole stream, or None when it repeats forever."""
+        return None if self.epochs is None else self.epochs * len(self.source)
+
+    def batches_from(self, position: int) -> int | None:
+        """Full global batches left in the stream from a stream position (a trailing partial
+        batch is dropped), or None when the stream repeats forever or is packed (its batches
+        take as many records as fit)."""
+        total = self.total_records
+        if total is None or self.pack is not None:
+            return None
+        return max(0, (total - position) // self.global_batch_size)

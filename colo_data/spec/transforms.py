@@ -1,0 +1,74 @@
+"""Batch transforms: callables from a column dict to a column dict. Vectorised ones (numpy,
+Arrow compute) are the fast path; `per_record` lifts a per-record function or a Grain
+`MapTransform` into a batch transform for code that already exists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grain
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from colo_data.errors import TransformError
+from colo_data.io.columns import Column, Columns, from_records, to_records
+
+BatchTransform = Callable[[Columns], Columns]
+
+
+def _padded(column: Column, length: int, pad_value: int | float, name: str) -> np.ndarray:
+    if isinstance(column, np.ndarray):
+        if column.ndim != 2:
+            raise TransformError(f"pad_or_truncate({name!r}): column has shape {column.shape}, expected (rows, length)")
+        out = np.full((len(column), length), pad_value, dtype=column.dtype)
+        keep = min(length, column.shape[1])
+        out[:, :keep] = column[:, :keep]
+        return out
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise TransformError(f"pad_or_truncate({name!r}): column is {column.type}, expected a list column")
+    if column.null_count or column.flatten().null_count:  # flatten(): only this slice's values
+        raise TransformError(f"pad_or_truncate({name!r}): the column holds nulls; fill them first (pyarrow.compute.fill_null)")
+    fixed = pc.list_slice(column, 0, length, return_fixed_size_list=True).flatten()  # short lists: null-padded
+    if fixed.null_count:
+        fixed = pc.fill_null(fixed, pa.scalar(pad_value).cast(fixed.type))  # cast: 0 pads a bool list
+    return fixed.to_numpy(zero_copy_only=False).reshape(len(column), length)
+
+
+@dataclass(frozen=True)
+class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate("tokens", 1024)
+    """Make a variable-length list column a `(rows, length)` array: longer lists are cut,
+    shorter ones padded with `pad_value`. Vectorised over the whole batch."""
+
+    column: str
+    length: int
+    pad_value: int | float = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.length, int) or self.length < 1:
+            raise TransformError(f"pad_or_truncate({self.column!r}, length={self.length!r}): length must be >= 1")
+
+    def __call__(self, batch: Columns) -> Columns:
+        if self.column not in batch:
+            raise TransformError(f"pad_or_truncate: no column {self.column!r} in the batch; it has {sorted(batch)}")
+        return {**batch, self.column: _padded(batch[self.column], self.length, self.pad_value, self.column)}
+
+
+@dataclass(frozen=True)
+class per_record:  # noqa: N801 - used like a function: cd.per_record(fn)
+    """Apply a per-record function (dict -> dict) or a Grain `MapTransform` to every record
+    of the batch. The slow path: Python runs once per record."""
+
+    fn: Callable[[dict[str, Any]], dict[str, Any]] | Any
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn) and not isinstance(self.fn, grain.transforms.Map):
+            raise TransformError(f"per_record({self.fn!r}): give a callable or a grain.transforms.Map")
+
+    def __call__(self, batch: Columns) -> Columns:
+        apply = self.fn.map if isinstance(self.fn, grain.transforms.Map) else self.fn
+        return from_records([apply(record) for record in to_records(batch)])

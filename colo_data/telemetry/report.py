@@ -1,0 +1,305 @@
+"""The typed telemetry result and its verdict: `summarize` turns a loader's step clock and
+the hosts' stage counters into a `Telemetry` whose one-line verdict names the bottleneck."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from colo_data.telemetry.counters import (
+    HANDOFF,
+    STAGE_LABELS,
+    STAGES,
+    WORKER_STAGES,
+    StageTimes,
+    StepClock,
+)
+
+INPUT_BOUND_SHARE = 0.05  # steady input wait above this share of wall time: input-bound
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Trainer-side numbers over a span of steps: the warm-up or the steady state.
+    `input_wait_share` is the time blocked in `next()` over the span's wall time; a step's
+    time (`step_p50_s`) is from a batch's return to the next call."""
+
+    steps: int
+    seconds: float
+    input_wait_s: float
+    input_wait_share: float
+    records: int
+    records_per_s: float
+    bytes_per_s: float
+    wait_p50_s: float
+    wait_p90_s: float
+    wait_p99_s: float
+    wait_max_s: float
+    step_p50_s: float
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage's totals: seconds spent, items (records) through it, bytes it produced."""
+
+    name: str
+    seconds: float
+    items: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class HostSide:
+    """One host pipeline: where it runs, its stages, its workers' mean CPU use (1.0 is one
+    core busy; None where not measured), its CPU budget, and its shared-memory ring."""
+
+    host: int
+    runs_in: str
+    stages: tuple[Stage, ...]
+    workers: int
+    worker_processes: bool
+    worker_cpu: float | None
+    cpu_budget: float | None
+    cpu_budget_source: str | None
+    ring_slots: int | None
+    ring_slots_in_use: float | None
+    shm_bytes: int
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """A loader's telemetry (`Loader.telemetry()`). Stages and CPU cover the steady state
+    once the warm-up is over, the whole run before. `verdict` is one line: whether the
+    trainer waits for input, and if so which stage, how busy the workers are and the CPU
+    budget. `as_dict()` gives plain JSON-ready values."""
+
+    backend: str
+    steps: int
+    warmup_steps: int
+    first_batch_s: float | None
+    startup_s: float | None
+    warmup: Phase
+    steady: Phase
+    prefetch: int
+    queue_depth: float | None
+    handoff: Stage
+    hosts: tuple[HostSide, ...]
+    input_bound: bool
+    bottleneck: str | None
+    verdict: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """Every stage summed over the hosts, the trainer's hand-off included."""
+        totals = StageTimes()
+        for host in self.hosts:
+            for i, stage in enumerate(host.stages):
+                totals.add(i, stage.seconds, stage.items, stage.bytes)
+        totals.add(HANDOFF, self.handoff.seconds, self.handoff.items, self.handoff.bytes)
+        return _stages(totals.values)
+
+
+@dataclass(frozen=True)
+class HostCounters:
+    """A host's cumulative counters at one moment (subtracted to get the steady state):
+    stage values, the CPU sample `(time, seconds)`, and the ring's `(slots-in-use sum,
+    announcements)`."""
+
+    stages: tuple[float, ...]
+    cpu: tuple[float, float] | None
+    ring: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """What does not change during a run: where the host runs and its resources."""
+
+    host: int
+    runs_in: str
+    workers: int
+    worker_processes: bool
+    cpu_budget: float | None
+    cpu_budget_source: str | None
+    ring_slots: int | None
+    shm_bytes: int
+
+
+def _stages(values: Sequence[float]) -> tuple[Stage, ...]:
+    return tuple(
+        Stage(name, float(values[3 * i]), int(values[3 * i + 1]), int(values[3 * i + 2])) for i, name in enumerate(STAGES)
+    )
+
+
+def _phase(steps: int, seconds: float, wait_s: float, records: int, batch_bytes: int, start: np.ndarray, wait: np.ndarray) -> Phase:
+    """A phase of `steps` steps lasting `seconds`; `start` and `wait` are its kept steps."""
+    between = start[1:] - (start[:-1] + wait[:-1])
+    q = np.percentile(wait, [50, 90, 99]) if len(wait) else np.zeros(3)
+    per_s = 1 / seconds if seconds > 0 else 0.0
+    return Phase(
+        steps=steps,
+        seconds=seconds,
+        input_wait_s=wait_s,
+        input_wait_share=wait_s * per_s,
+        records=records,
+        records_per_s=records * per_s,
+        bytes_per_s=steps * batch_bytes * per_s,
+        wait_p50_s=float(q[0]),
+        wait_p90_s=float(q[1]),
+        wait_p99_s=float(q[2]),
+        wait_max_s=float(wait.max()) if len(wait) else 0.0,
+        step_p50_s=float(np.median(between)) if len(between) else 0.0,
+    )
+
+
+def cpus_text(cpus: float) -> str:
+    """2.0, 0.5, 1.25: whole budgets keep one decimal, to read as a quantity of CPUs."""
+    return f"{cpus:.1f}" if cpus == int(cpus) else f"{cpus:g}"
+
+
+def _short_source(source: str | None) -> str:
+    if not source:
+        return "unknown"
+    if source.startswith("cgroup"):
+        return "cgroup"
+    if source.startswith("affinity"):
+        return "affinity mask"
+    return source.split("=")[0]
+
+
+def _critical_seconds(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> dict[str, float]:
+    """Each stage's time on the critical path: a stage that worker processes share out
+    counts once per worker, hosts with their own processes run side by side (the slowest
+    counts), hosts sharing the trainer's one thread add up."""
+    out = {name: 0.0 for name in STAGES}
+    for host in hosts:
+        for i, stage in enumerate(host.stages):
+            seconds = stage.seconds / host.workers if host.worker_processes and i in WORKER_STAGES else stage.seconds
+            out[stage.name] = out[stage.name] + seconds if shared_thread else max(out[stage.name], seconds)
+    out["handoff"] += handoff.seconds
+    return out
+
+
+def verdict(steady: Phase, warmup: Phase, warmup_steps: int, hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tuple[bool, str | None, str]:
+    """(input-bound?, bottleneck stage, one line)."""
+    if steady.steps == 0:
+        return False, None, f"warming up: {warmup.steps} of {warmup_steps} warm-up steps done, no steady-state steps yet"
+    share = steady.input_wait_share
+    if share < INPUT_BOUND_SHARE:
+        return False, None, f"not input-bound: wait {share:.1%} of step time"
+    critical = _critical_seconds(hosts, handoff, shared_thread)
+    if not hosts or not any(critical.values()):
+        return True, None, f"input-bound: wait {share:.1%} of step time; host stages not measured on this backend"
+    stage = max(critical, key=lambda name: critical[name])
+    parts = [f"input-bound: {STAGE_LABELS[stage]} stage"]
+    cpus = [h.worker_cpu for h in hosts if h.worker_cpu is not None]
+    workers = sum(h.workers for h in hosts) if not shared_thread else hosts[0].workers
+    noun = "worker" if workers == 1 else "workers"
+    if cpus:
+        parts.append(f"{workers} {noun} at {sum(cpus) / len(cpus):.0%} CPU")
+    else:
+        parts.append(f"{workers} {noun}")
+    budget = hosts[0]
+    if budget.cpu_budget is not None:
+        parts.append(f"CPU budget {cpus_text(budget.cpu_budget)} ({_short_source(budget.cpu_budget_source)})")
+    parts.append(f"wait {share:.1%} of step time")
+    return True, stage, "; ".join(parts)
+
+
+def summarize(
+    *,
+    backend: str,
+    clock: StepClock,
+    prefetch: int,
+    queue_depth_known: bool,
+    handoff: Sequence[float],
+    infos: Sequence[HostInfo],
+    now: Sequence[HostCounters],
+    handoff_at_warmup: Sequence[float] | None,
+    at_warmup_hosts: Sequence[HostCounters] | None,
+    shared_thread: bool,
+) -> Telemetry:
+    """Build the `Telemetry` from the step clock and the counters (now, and at the end of
+    the warm-up once it is over): `handoff` and `handoff_at_warmup` are the trainer's
+    hand-off stage values, `now`/`at_warmup_hosts` each host's counters."""
+    warm = np.asarray(clock.warm, dtype=float).reshape(-1, 3)
+    warm_seconds = float(warm[-1, 0] + warm[-1, 1] - warm[0, 0]) if len(warm) else 0.0
+    warmup = _phase(len(warm), warm_seconds, float(warm[:, 1].sum()), int(warm[:, 2].sum()), clock.batch_bytes, warm[:, 0], warm[:, 1])
+    first, start, wait, _ = clock.series()
+    cut = max(0, clock.warmup - first)
+    steady_steps = max(0, clock.count - clock.warmup)
+    steady_seconds = clock.last_return - clock.steady_from if steady_steps and clock.steady_from is not None else 0.0
+    steady = _phase(
+        steady_steps, steady_seconds, clock.steady_wait, clock.steady_records, clock.batch_bytes, start[cut:], wait[cut:]
+    )
+    before_hosts = at_warmup_hosts if at_warmup_hosts is not None else [None] * len(now)
+    hosts = []
+    for info, current, before in zip(infos, now, before_hosts, strict=True):
+        values = np.asarray(current.stages) - (np.asarray(before.stages) if before is not None else 0.0)
+        cpu = None
+        if current.cpu is not None:
+            t0, c0 = before.cpu if before is not None and before.cpu is not None else (0.0, 0.0)
+            if current.cpu[0] > t0:
+                cpu = (current.cpu[1] - c0) / (current.cpu[0] - t0) / max(1, info.workers)
+        in_use = None
+        if current.ring is not None:
+            s0, k0 = before.ring if before is not None and before.ring is not None else (0.0, 0.0)
+            if current.ring[1] > k0:
+                in_use = (current.ring[0] - s0) / (current.ring[1] - k0)
+        hosts.append(
+            HostSide(
+                host=info.host,
+                runs_in=info.runs_in,
+                stages=_stages(values)[:HANDOFF],
+                workers=info.workers,
+                worker_processes=info.worker_processes,
+                worker_cpu=cpu,
+                cpu_budget=info.cpu_budget,
+                cpu_budget_source=info.cpu_budget_source,
+                ring_slots=info.ring_slots,
+                ring_slots_in_use=in_use,
+                shm_bytes=info.shm_bytes,
+            )
+        )
+    hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)
+    handoff_stage = _stages(hand)[HANDOFF]
+    bound, bottleneck, line = verdict(steady, warmup, clock.warmup, hosts, handoff_stage, shared_thread)
+    return Telemetry(
+        backend=backend,
+        steps=clock.count,
+        warmup_steps=clock.warmup,
+        first_batch_s=clock.first[1] if clock.first else None,
+        startup_s=clock.first[0] + clock.first[1] - clock.created if clock.first else None,
+        warmup=warmup,
+        steady=steady,
+        prefetch=prefetch,
+        queue_depth=clock.depth_sum / steady_steps if queue_depth_known and steady_steps else None,
+        handoff=handoff_stage,
+        hosts=tuple(hosts),
+        input_bound=bound,
+        bottleneck=bottleneck,
+        verdict=line,
+    )
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """The kept steps one by one (for plots): step numbers, seconds from the loader's
+    creation to each `next()` call, the wait in it, and the records it delivered."""
+
+    step: np.ndarray
+    start_s: np.ndarray
+    input_wait_s: np.ndarray
+    records: np.ndarray
+    warmup_steps: int
+
+    @classmethod
+    def of(cls, clock: StepClock) -> StepTrace:
+        first, start, wait, records = clock.series()
+        return cls(np.arange(first, first + len(start)), start - clock.created, wait, records, clock.warmup)
