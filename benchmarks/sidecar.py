@@ -2,7 +2,7 @@
 the sidecar backend against the in-process backend, and colo-data's sidecar in a 1-CPU
 cgroup against Grain's DataLoader(worker_count=None) in the same cgroup.
 
-1. Hand-off. A `colo-data sidecar serve` process (colo_data.sidecar.local.LocalSidecar,
+1. Hand-off. A `colo-data sidecar serve` process (colo_data.backends.sidecar.local.LocalSidecar,
    workers=0, 4 slots) serves a pipeline whose transform returns a preallocated batch of
    8/32/64 MiB (one uint8 array) without doing work, over a source whose `take` is a
    constant-time stub. The trainer reads host batches as numpy views through
@@ -596,7 +596,7 @@ def report(
             f"cd.cpu_budget().workers = {budget.workers} here ({budget.source}). On JAX's CPU backend the sidecar "
             "Loader copies each slot out once and releases it at once (colo_data/loader.py `_copy`); the sidecar puts "
             f"up to 4 MiB of host batches in one slot (here {CHUNK_RECORDS // BATCH} batches of "
-            f"{BATCH * SEQ_LEN * 4 // 1024} KiB of tokens: colo_data/sidecar/server.py `batches_per_slot`).",
+            f"{BATCH * SEQ_LEN * 4 // 1024} KiB of tokens: colo_data/backends/sidecar/server.py `batches_per_slot`).",
             "",
             "| loader | worker processes seen | records/s, whole epoch | records/s after first batch | first batch s "
             "| CPU s per 1k records |",
@@ -636,7 +636,7 @@ def report(
             "`IndexSampler(shuffle=True)` (global shuffle), per-record pad, `Batch(32)`, default ReadOptions. Rates "
             "incl. start-up: from creating the loader (sidecar, workers) to the last batch; the child's imports and "
             "JAX start are not timed. 'workers picked' is what each chose; 'worker processes seen' counts spawned "
-            "worker processes (a sidecar with 1 worker runs it on its own thread: colo_data/sidecar/server.py).",
+            "worker processes (a sidecar with 1 worker runs it on its own thread: colo_data/backends/sidecar/server.py).",
             "",
             "| contender (1-CPU cgroup) | workers picked | worker processes seen | records/s incl. start-up "
             "| records/s after first batch | first batch s | CPU s per 1k records | throttled s |",

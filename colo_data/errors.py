@@ -40,3 +40,7 @@ class ShmError(ColoDataError):
 
 class SidecarError(ColoDataError):
     """A sidecar is unreachable or died; the message says where and what to check."""
+
+
+class LoaderClosedError(ColoDataError, RuntimeError):
+    """`next()` or `set_state()` on a closed `Loader`: make a new one from its state."""

@@ -24,7 +24,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
-from colo_data.backends.sidecar import colocated
+from colo_data.backends import colocated
 from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
 from colo_data.spec.state import make_state, restore_position
 from colo_data.testing import assert_batches_equal, read_all, to_numpy

@@ -25,7 +25,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
-from colo_data.host.pipeline import HostBatch, HostPipeline
+from colo_data.host.chunk import HostChunk
+from colo_data.host.pipeline import HostPipeline
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.spec.state import make_state
 from colo_data.testing import assert_batches_equal, read_all
@@ -63,17 +64,17 @@ def read_loader(args: dict[str, Any]) -> dict[str, Any]:
     when None), optionally from a saved state; process 0 saves the state afterwards. It
     notes which host pipelines this process drove (in process or through sidecars)."""
     driven: list[list[int]] = []
-    host_batches, sidecar_batches = HostPipeline.batches, SidecarClient.batches
+    host_pieces, sidecar_batches = HostPipeline.pieces, SidecarClient.batches
 
-    def spy_host(self: HostPipeline, start_position: int) -> Iterator[HostBatch]:
+    def spy_host(self: HostPipeline, start_position: int, owner: Any) -> Iterator[HostChunk]:
         driven.append([self.host, self.hosts])
-        return host_batches(self, start_position)
+        return host_pieces(self, start_position, owner)
 
-    def spy_sidecar(self: SidecarClient, pipeline: cd.Pipeline, host: int, hosts: int, *rest: Any) -> Iterator[HostBatch]:
+    def spy_sidecar(self: SidecarClient, pipeline: cd.Pipeline, host: int, hosts: int, *rest: Any) -> Iterator[HostChunk]:
         driven.append([host, hosts])
         return sidecar_batches(self, pipeline, host, hosts, *rest)
 
-    HostPipeline.batches, SidecarClient.batches = spy_host, spy_sidecar
+    HostPipeline.pieces, SidecarClient.batches = spy_host, spy_sidecar
     mesh, spec = _mesh(args["mesh"])
     state = json.loads(Path(args["state"]).read_text()) if args.get("state") else None
     options = dict(backend=args["backend"], workers=0, mesh=mesh, partition_spec=spec, state=state)

@@ -90,7 +90,7 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
     # batches and the last slot 1; starting at batch 4 cuts the first group short.
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 26_000)])
     batch_bytes = sum(v.nbytes for v in next(cd.HostPipeline(pipeline).batches(0)).values())
-    assert batches_per_slot(next(cd.HostPipeline(pipeline).chunks(0)), BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
+    assert batches_per_slot(next(cd.HostPipeline(pipeline).chunks(0)).columns, BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
     expected = read_all(cd.Loader(pipeline))
     got = read_all(cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), slots=2))
     assert_batches_equal(expected, got, "3 batches a slot")
@@ -100,7 +100,7 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
     sidecar = LocalSidecar(str(shm_dir), 0, 2)
     try:  # the client's views (no copy) hold until the next batch is asked for
         client = SidecarClient(sidecar.address, sidecar.process.pid)
-        views = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+        views = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
     finally:
         sidecar.stop()
     assert_batches_equal([to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)], views, "views, 3 batches a slot")
@@ -113,7 +113,7 @@ def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Pat
         sidecar = LocalSidecar(str(mount), 0, 2)
         try:
             client = SidecarClient(sidecar.address, sidecar.process.pid)
-            got = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+            got = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
         finally:
             sidecar.stop()
         assert client.info["batches_per_slot"] == 1, client.info
@@ -253,7 +253,7 @@ def test_sidecar_in_a_cpu_limited_cgroup(
         try:
             client = SidecarClient(f"unix://{socket}", server.pid)
             pipeline = make_pipeline(token_corpus)
-            got = [{k: np.array(v) for k, v in b.items()} for b in client.batches(pipeline, 0, 1, 0)]
+            got = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
             client.close()
             assert client.info["budget"]["cpus"] == cpus and client.info["workers"] == workers, client.info
             expected = [to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)]
@@ -298,7 +298,7 @@ def test_auto_backend_picks_a_configured_sidecar(token_corpus: Path, shm_dir: Pa
         monkeypatch.setenv("COLO_DATA_SIDECAR", sidecar.address)
         got = read_all(cd.Loader(pipeline, backend="auto", hosts=1))
         with cd.Loader(pipeline, backend="auto", hosts=1) as loader:
-            assert loader.backend == "sidecar" and not loader._local_sidecars
+            assert loader.backend == "sidecar" and [p.pid for p in sidecars()] == [sidecar.process.pid]  # none started
     finally:
         sidecar.stop()
     assert_batches_equal(read_all(cd.Loader(pipeline)), got, "auto backend through COLO_DATA_SIDECAR")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from time import perf_counter
 from typing import Any
 
 import jax
@@ -19,9 +20,16 @@ from jax.experimental.colocated_python import (
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data import errors
+from colo_data.backends.base import GlobalBatch
+from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
-from colo_data.host.pipeline import HostBatch, HostPipeline
+from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.pipeline import HostPipeline
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
+from colo_data.telemetry.counters import HANDOFF, StageTimes
+from colo_data.telemetry.report import HostCounters, HostInfo
 
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
@@ -55,7 +63,8 @@ class _HostSide:
     def __init__(self, pipeline: Pipeline, workers: int) -> None:
         self.pipeline, self.workers = pipeline, workers
         self._pipelines: dict[int, HostPipeline] = {}
-        self._streams: dict[int, tuple[int, Iterator[HostBatch]]] = {}
+        self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
+        self._owner = Lifecycle("colocated host side")
 
     @staticmethod
     def _host(shard: Any, hosts: int) -> int:
@@ -64,16 +73,17 @@ class _HostSide:
 
     def _chunk(self, host: int, hosts: int, position: int, count: int) -> HostBatch:
         size = self.pipeline.global_batch_size
-        expected, stream = self._streams.get(host, (None, None))
-        if stream is None or expected != position:
-            if stream is not None:
-                _close(stream)
+        current = self._streams.get(host)
+        if current is None or current[0] != position:
+            if current is not None:
+                _close(current)
             if host not in self._pipelines:
                 self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, self.workers)
-            stream = self._pipelines[host].chunks(position)
-        chunk = next(stream)
-        self._streams[host] = (position + count * size, stream)
-        return chunk
+            run = self._owner.child(f"host {host} stream")
+            current = (position, self._pipelines[host].chunks(position, run), run)
+        chunk = next(current[1])
+        self._streams[host] = (position + count * size, current[1], current[2])
+        return chunk.columns
 
     def open(self, request: jax.Array) -> jax.Array:
         """Each host's index as its CPU device sees it, for the controller to check."""
@@ -106,7 +116,7 @@ class _HostSide:
 
     def close(self, request: jax.Array) -> jax.Array:
         """Stop every host stream (and its worker processes)."""
-        for _, stream in self._streams.values():
+        for stream in self._streams.values():
             _close(stream)
         self._streams.clear()
         return self.open(request)
@@ -117,10 +127,10 @@ def _batch_sharding(request: jax.Array) -> NamedSharding:
     return NamedSharding(request.sharding.mesh, PartitionSpec(_AXIS))
 
 
-def _close(stream: Iterator[HostBatch]) -> None:
-    close = getattr(stream, "close", None)
-    if close is not None:
-        close()
+def _close(stream: tuple[int, Iterator[HostChunk], Lifecycle]) -> None:
+    """End a host's chunk stream and whatever it started (worker processes, read-ahead)."""
+    close_iterator(stream[1])
+    stream[2].close()
 
 
 def _check_columns(per_host: Sequence[tuple[int, Any, HostBatch]]) -> None:
@@ -241,3 +251,50 @@ class ColocatedHosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ColocatedBackend:
+    """The Pathways transport behind the `Backend` protocol: `ColocatedHosts` computes the
+    global batches on the hosts' CPU devices, and each is moved onto the mesh here.
+
+    Args:
+        pipeline: the dataset definition, shipped to the colocated sidecars.
+        placement: the mesh placement (one host per CPU device colocated with the mesh).
+        workers: worker processes per host in its sidecar (0: its own process).
+        owner: releases the colocated objects when it closes.
+    """
+
+    name = "colocated"
+
+    def __init__(self, pipeline: Pipeline, placement: Placement, workers: int, owner: Lifecycle) -> None:
+        if pipeline.pack is not None:
+            raise ConfigError("pack: packed pipelines run on the inprocess and sidecar backends, not yet colocated")
+        self.placement = placement
+        self.local_hosts = placement.local_hosts
+        self.handoff = StageTimes()
+        self._hosts = ColocatedHosts(pipeline, placement.mesh, workers)
+        owner.add("colocated hosts", lambda timeout: self._hosts.close())
+
+    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
+        return self._placed(self._hosts.batches(position))
+
+    def _placed(self, batches: Iterator[dict[str, jax.Array]]) -> Iterator[GlobalBatch]:
+        """The hosts' global batches, moved from their CPU devices onto the mesh."""
+        rows = self.placement.global_batch_size
+        try:
+            for batch in batches:
+                start = perf_counter()
+                placed = jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()})
+                self.handoff.add(HANDOFF, perf_counter() - start, rows, 0)
+                yield GlobalBatch(placed)
+        finally:
+            close_iterator(batches)
+
+    def counters(self) -> tuple[list[float], list[HostCounters]]:
+        return list(self.handoff.values), []  # the hosts' own counters stay in their sidecars
+
+    def infos(self) -> list[HostInfo]:
+        return []
+
+    def run_ended(self) -> None:
+        pass

@@ -25,7 +25,6 @@ from colo_data.telemetry.counters import BATCH, ORDER, READ
 if TYPE_CHECKING:
     from colo_data.host.pipeline import HostPipeline
 
-STREAM_END = "_colo_data_stream_end"  # per host batch: the stream position after it (stripped by the Loader)
 
 
 def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:

@@ -10,14 +10,15 @@ import traceback
 from collections.abc import Iterator
 from time import perf_counter
 
-import grain
 import numpy as np
-from absl import flags
 
 from colo_data.errors import ColoDataError, ConfigError, TransformError
-from colo_data.host.packing import STREAM_END, packed_batches
+from colo_data.host.chunk import HostBatch, HostChunk, split_rows
+from colo_data.host.packing import packed_batches
 from colo_data.io.columns import Columns, table_to_columns
-from colo_data.runtime.prefetch import Prefetcher
+from colo_data.io.sources import ReadAhead
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec.order import GlobalOrder, host_rows
 from colo_data.spec.pack import Pack
 from colo_data.spec.pipeline import Pipeline
@@ -25,13 +26,12 @@ from colo_data.telemetry.counters import (
     BATCH,
     ORDER,
     READ,
-    STAGES_KEY,
     TRANSFORM,
     CpuMeter,
     StageTimes,
+    metered,
 )
 
-HostBatch = dict[str, np.ndarray]
 _FOREVER = 2**62
 CHUNK_RECORDS = 512
 
@@ -165,20 +165,22 @@ class HostPipeline:
         stages.add(BATCH, t2 - t1, rows, nbytes)
         return batch
 
-    def _packed(self, pack: Pack, start_position: int) -> Iterator[HostBatch]:
-        """Packed host batches, transformed, each with its `STREAM_END` column."""
+    def _packed(self, pack: Pack, start_position: int) -> Iterator[HostChunk]:
+        """Packed host batches, transformed, each with the stream position after it."""
         position = start_position
         for columns, end in packed_batches(self, pack, start_position):
-            batch = self._transformed(columns, position)
-            batch[STREAM_END] = np.full(self.rows[1] - self.rows[0], end, np.int64)
+            yield HostChunk(self._transformed(columns, position), end)
             position = end
-            yield batch
 
-    def chunks(self, start_position: int) -> Iterator[HostBatch]:
+    def chunks(self, start_position: int, owner: Lifecycle | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, `chunk` batches at a time
         (one after the other along the rows; the last chunk may hold fewer): computed here
-        when `workers` is 0, else by Grain's multiprocessing. Packed batches are planned in
-        stream order, one at a time, here (`workers` is not used for them)."""
+        when `workers` is 0, else by Grain's multiprocessing; `owner` stops the processes and
+        the source's read-ahead thread when it closes. Packed batches are planned in stream order, one at a time, here
+        (`workers` is not used for them)."""
+        source = self.pipeline.source
+        if owner is not None and isinstance(source, ReadAhead):
+            owner.add("row-group read-ahead", source.stop_read_ahead)
         if self.pipeline.pack is not None:
             return self._packed(self.pipeline.pack, start_position)
         total = self.pipeline.batches_from(start_position)
@@ -186,7 +188,10 @@ class HostPipeline:
         chunk_at = _ChunkAt(self, start_position, total)
         if not self.workers:
             return map(chunk_at, range(chunk_count))
-        chunk_at.attach_stages = True
+        import grain  # only worker processes need Grain's multiprocessing
+        from absl import flags
+        
+        chunk_at.in_worker = True
         if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
             flags.FLAGS.mark_as_parsed()
         ds = (
@@ -195,74 +200,62 @@ class HostPipeline:
             .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
             .mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
         )
-        return _merge_stages(iter(ds), self.stages)
+        return _merge_stages(iter(ds), self.stages, owner)
 
-    def batches(self, start_position: int) -> Iterator[HostBatch]:
-        """This host's batches from stream `start_position` on, one at a time. With `ahead`,
-        the next chunk is computed while this one's batches are handed out (else a
-        consumer that prefetches a few batches runs dry while a chunk is computed: 5% input
-        wait at a 2 ms step on the demo pipeline)."""
-        chunks = self.chunks(start_position)
+    def pieces(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
+        """This host's batches from stream `start_position` on, one at a time, with their
+        metadata; the threads and processes computing them belong to `owner`. With `ahead`,
+        the next chunk is computed while this one's batches are handed out (else a consumer
+        that prefetches a few batches runs dry while a chunk is computed: 5% input wait at
+        a 2 ms step on the demo pipeline)."""
+        chunks = self.chunks(start_position, owner)
         if self.ahead:
             self.cpu = CpuMeter("thread")
-            chunks = Prefetcher(_metered(chunks, self.cpu), 1)
+            chunks = Prefetcher(metered(chunks, self.cpu), 1, owner, f"colo-data-host{self.host}")
         return split_rows(chunks, self.rows[1] - self.rows[0])
 
+    def batches(self, start_position: int) -> Iterator[HostBatch]:
+        """This host's batches from stream `start_position` on, one at a time, as column
+        dicts; whatever computes them stops when the iterator is exhausted or closed."""
+        owner = Lifecycle(f"host {self.host} of {self.hosts} batches")
+        pieces = self.pieces(start_position, owner)
+        try:
+            for piece in pieces:
+                yield piece.columns
+        finally:
+            close_iterator(pieces)
+            owner.close()
 
-def split_rows(chunks: Iterator[HostBatch], rows: int) -> Iterator[HostBatch]:
-    """Pieces of `rows` rows (the last of a chunk may hold fewer), cut from chunks as views;
-    closes `chunks` when done or closed."""
+
+def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes, owner: Lifecycle | None) -> Iterator[HostChunk]:
+    """Worker processes' chunks, whose stage counters are added to `stages`; the processes
+    stop when the stream is done or closed, or when `owner` closes."""
+    key = None if owner is None else owner.add("worker processes", lambda timeout: close_iterator(chunks))
     try:
         for chunk in chunks:
-            for start in range(0, len(next(iter(chunk.values()))), rows):
-                yield {name: column[start : start + rows] for name, column in chunk.items()}
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def _metered(chunks: Iterator[HostBatch], meter: CpuMeter) -> Iterator[HostBatch]:
-    """`chunks`, sampling the CPU time of the thread that computes them as they come."""
-    meter.take()
-    try:
-        for chunk in chunks:
-            meter.maybe_sample(perf_counter())
+            if chunk.stages is not None:
+                stages.merge(chunk.stages)
+                chunk.stages = None
             yield chunk
     finally:
-        meter.take()
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def _merge_stages(chunks: Iterator[HostBatch], stages: StageTimes) -> Iterator[HostBatch]:
-    """Worker processes' chunks without the stage counters they carry, which are added to
-    `stages`; closes `chunks` when done or closed."""
-    try:
-        for chunk in chunks:
-            stages.merge(chunk.pop(STAGES_KEY))
-            yield chunk
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+        if owner is not None and key is not None:
+            owner.discard(key)
+        close_iterator(chunks)
 
 
 class _ChunkAt:
     """Picklable map function: chunk i of the host's batches after a start position. In a
-    worker process (`attach_stages`) the chunk carries its stage counters back with it."""
+    worker process (`in_worker`) the chunk carries its stage counters back with it."""
 
     def __init__(self, host: HostPipeline, start: int, total: int | None) -> None:
         self.host, self.start, self.total = host, start, total
-        self.attach_stages = False
+        self.in_worker = False
 
-    def __call__(self, i: int) -> HostBatch:
+    def __call__(self, i: int) -> HostChunk:
         chunk, size = self.host.chunk, self.host.pipeline.global_batch_size
         count = chunk if self.total is None else min(chunk, self.total - i * chunk)
-        if not self.attach_stages:
-            return self.host.batch(self.start + i * chunk * size, count)
+        if not self.in_worker:
+            return HostChunk(self.host.batch(self.start + i * chunk * size, count))
         stages = StageTimes()
-        batch = self.host.batch(self.start + i * chunk * size, count, stages)
-        batch[STAGES_KEY] = np.asarray(stages.values)
-        return batch
+        columns = self.host.batch(self.start + i * chunk * size, count, stages)
+        return HostChunk(columns, stages=stages.values)

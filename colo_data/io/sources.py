@@ -50,6 +50,16 @@ class Source(Protocol):
     def fingerprint(self) -> str: ...
 
 
+@runtime_checkable
+class ReadAhead(Protocol):
+    """A source that decodes upcoming records on a thread of its own: the loader that uses
+    it says what comes next and stops the thread when it closes."""
+
+    def prefetch(self, indices: np.ndarray) -> None: ...
+
+    def stop_read_ahead(self, timeout: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class _File:
     path: str
@@ -271,6 +281,12 @@ class ArrowSource:
         idx = np.asarray(indices, dtype=np.int64)
         idx = idx[(idx >= 0) & (idx < len(self))]
         self._row_groups.prefetch(np.unique(np.searchsorted(self._rg_start, idx, side="right") - 1).tolist())
+
+    def stop_read_ahead(self, timeout: float) -> None:
+        """Stop the decode thread within `timeout` seconds (decoded row groups stay cached;
+        the next read starts a new thread)."""
+        if self._cache is not None:
+            self._cache.close(timeout)
 
     def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
         """The records at these global indices, in the order given: each needed row group is

@@ -197,7 +197,7 @@ def slot_bound(pipeline: Pipeline, hosts: int) -> int:
     if first is None:
         raise ConfigError(f"the pipeline gives no batch for {hosts} host(s): nothing to size shared memory from")
     rows = host.rows[1] - host.rows[0]
-    batch = {name: column[:rows] for name, column in first.items()}
+    batch = {name: column[:rows] for name, column in first.columns.items()}
     return max(SLOT_TARGET_BYTES + ALIGN * len(batch), slot_bytes(batch))
 
 

@@ -1,6 +1,7 @@
 """`Prefetcher`: runs an iterator on a background thread, a bounded number of items ahead,
 so that input work overlaps the training step. Errors reach the consumer at the item
-where they happened; `close()` stops the thread promptly and closes the iterator."""
+where they happened; `close()` stops the thread within a deadline and closes the iterator.
+The thread is registered with the `Lifecycle` that owns it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import queue
 import threading
 from collections.abc import Iterator
 from typing import Generic, TypeVar
+
+from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle, join_thread
 
 T = TypeVar("T")
 _POLL_S = 0.1
@@ -18,17 +21,33 @@ class _End:
         self.error = error
 
 
+def close_iterator(iterator: object) -> None:
+    """Close a generator or any iterator that has `close()`; others need nothing."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
 class Prefetcher(Generic[T]):
     """Up to `depth` items of `source`, produced on a daemon thread. (Grain's
     ThreadPrefetchIterDataset does the same with per-element instrumentation that cost
-    more CPU than it saved on the demo pipeline.)"""
+    more CPU than it saved on the demo pipeline.)
 
-    def __init__(self, source: Iterator[T], depth: int) -> None:
+    Args:
+        source: the iterator to run ahead; closed on the thread when it stops.
+        depth: items kept ready.
+        owner: the lifecycle that stops the thread when it closes.
+        name: the thread's name.
+    """
+
+    def __init__(self, source: Iterator[T], depth: int, owner: Lifecycle, name: str = "colo-data-prefetch") -> None:
         self._source = source
         self._queue: queue.Queue[T | _End] = queue.Queue(depth)
         self._stop = threading.Event()
         self._done = False
-        self._thread = threading.Thread(target=self._run, name="colo-data-prefetch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._owner = owner
+        self._key = owner.add(name, self.close)
         self._thread.start()
 
     def _put(self, item: T | _End) -> bool:
@@ -49,9 +68,7 @@ class Prefetcher(Generic[T]):
         except BaseException as e:  # handed to the consumer, raised there
             self._put(_End(e))
         finally:
-            close = getattr(self._source, "close", None)
-            if close is not None:
-                close()
+            close_iterator(self._source)
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -59,7 +76,14 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        item = self._queue.get()
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if self._stop.is_set():  # closed, maybe from another thread: the stream ends here
+                    self._done = True
+                    raise StopIteration from None
         if isinstance(item, _End):
             self._done = True
             if item.error is not None:
@@ -71,7 +95,9 @@ class Prefetcher(Generic[T]):
         """Items ready in the queue now."""
         return self._queue.qsize()
 
-    def close(self) -> None:
-        """Stop producing, wait for the thread, and close the source iterator."""
+    def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """Stop producing, wait up to `timeout` seconds for the thread (which closes the
+        source iterator), and leave the owner."""
         self._stop.set()
-        self._thread.join()
+        self._owner.discard(self._key)
+        join_thread(self._thread, timeout)

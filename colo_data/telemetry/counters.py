@@ -11,17 +11,20 @@ a one-line verdict naming the bottleneck. Exporters live in `colo_data.telemetry
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Iterator, Sequence
+from typing import Literal, TypeVar
 
 import numpy as np
 import psutil
+
+from colo_data.runtime.prefetch import close_iterator
+
+T = TypeVar("T")
 
 STAGES = ("order", "read", "transform", "batch", "shm_write", "handoff")
 STAGE_LABELS = dict(zip(STAGES, ("order", "read", "transform", "batch", "shared-memory write", "hand-off")))
 ORDER, READ, TRANSFORM, BATCH, SHM_WRITE, HANDOFF = range(len(STAGES))
 WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker processes share out
-STAGES_KEY = "__colo_data_stages__"  # a worker's chunk carries its stage counters back under this name
 HISTORY = 2**20  # steps kept for percentiles and plots (24 bytes each); totals count every step
 CPU_EVERY_S = 0.5
 
@@ -152,3 +155,16 @@ class StepClock:
         cut = n % size
         start, wait, records = (np.roll(a, -cut) for a in (self._start, self._wait, self._records))
         return n - size, start, wait, records
+
+
+def metered(items: Iterator[T], meter: CpuMeter) -> Iterator[T]:
+    """`items` as they come, with `meter` sampled on the way (at most every `CPU_EVERY_S`)
+    and once more at the end; closes `items` when done or closed."""
+    meter.take()
+    try:
+        for item in items:
+            meter.maybe_sample(time.perf_counter())
+            yield item
+    finally:
+        meter.take()
+        close_iterator(items)

@@ -18,11 +18,12 @@ import psutil
 from colo_data.backends.sidecar.protocol import FAMILY, raise_remote, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError
-from colo_data.host.pipeline import HostBatch, split_rows
+from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
 _POLL_S = 0.5
+CLOSE_S = 5.0
 
 
 class SidecarClient:
@@ -71,12 +72,15 @@ class SidecarClient:
         except OSError as e:
             raise self._died(f"sent {message['op']!r}") from e
 
-    def _receive(self, waiting_for: str) -> dict[str, Any]:
-        """The sidecar's next message, telling a dead sidecar from a slow one."""
+    def _receive(self, waiting_for: str, deadline: float | None = None) -> dict[str, Any]:
+        """The sidecar's next message, telling a dead sidecar from a slow one; a
+        SidecarError past `deadline` (monotonic seconds) too."""
         try:
             while not self._conn.poll(_POLL_S):
                 if not self._alive():
                     raise EOFError
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SidecarError(f"the sidecar at {self.address} did not answer in time while the trainer waited for {waiting_for}")
             return self._conn.recv()
         except (EOFError, OSError) as e:
             raise self._died(f"waited for {waiting_for}") from e
@@ -94,7 +98,7 @@ class SidecarClient:
 
     def batches(
         self, pipeline: Pipeline | None, host: int, hosts: int, position: int, copy: bool = False
-    ) -> Iterator[HostBatch]:
+    ) -> Iterator[HostChunk]:
         """Open a stream and yield this host's batches: views valid until the next one, or,
         with `copy`, arrays of the trainer's own (for a consumer that keeps them)."""
         try:
@@ -121,18 +125,20 @@ class SidecarClient:
                     group = {name: np.array(array) for name, array in group.items()}
                     self._send({"op": "release", "slot": slot})
                 self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
-                yield from split_rows(iter([group]), self.info["rows"])
+                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"])
                 if not copy:
                     self._send({"op": "release", "slot": slot})
         finally:
             self._finish()
 
     def _finish(self) -> None:
-        """End the session (the sidecar then removes its ring) and the connection."""
+        """End the session (the sidecar then removes its ring) and the connection, waiting
+        at most `CLOSE_S` for the sidecar to confirm."""
         try:
             if self._reader is not None:
                 self._send({"op": "close"})
-                while not self._receive("the stream to close").get("closed"):
+                deadline = time.monotonic() + CLOSE_S
+                while not self._receive("the stream to close", deadline).get("closed"):
                     pass  # announcements that were already on their way
                 self._reader.close()
                 self._reader = None
@@ -141,6 +147,10 @@ class SidecarClient:
         finally:
             self.close()
 
-    def close(self) -> None:
-        self._conn.close()
+    def close(self, timeout: float = 0.0) -> None:
+        """Close the connection (the sidecar then ends the session); safe to call twice."""
+        try:
+            self._conn.close()
+        except OSError:  # closed already, from another thread
+            pass
 

@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 _STOP_S = 10.0
+_KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remove its ring
 
 
 class LocalSidecar:
@@ -23,12 +24,13 @@ class LocalSidecar:
         command += ["--workers", "auto" if workers is None else str(workers)]
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
-    def stop(self) -> None:
-        """Terminate the sidecar (it removes its ring) and its socket directory."""
+    def stop(self, timeout: float = _STOP_S) -> None:
+        """Terminate the sidecar (it removes its ring), killing it if it has not exited
+        within `timeout` seconds, and remove its socket directory; safe to call twice."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(_STOP_S)
+                self.process.wait(max(timeout, _KILL_AFTER_S))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from colo_data.backends.sidecar.shm import check_capacity, ring_bytes, slot_bytes
-from colo_data.host.pipeline import HostBatch, HostPipeline
+from colo_data.host.chunk import HostBatch
+from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import memory_limit, shm_capacity
 from colo_data.spec.pipeline import Pipeline
 
@@ -69,7 +70,8 @@ def plan_ring(pipeline: Pipeline, shm_dir: str, slots: int, hosts: int = 1, posi
     if total == 0:
         first = None
     elif pipeline.pack is not None:
-        first = next(host_pipeline.chunks(position), None)
+        chunk = next(host_pipeline.chunks(position), None)
+        first = None if chunk is None else chunk.columns
     else:
         first = host_pipeline.batch(position)
     per_slot = 1 if first is None else batches_per_slot(first, rows, host_pipeline.chunk, target)

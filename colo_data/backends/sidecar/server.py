@@ -21,8 +21,11 @@ from colo_data.backends.sidecar.protocol import FAMILY, error_reply
 from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
 from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
 from colo_data.errors import ConfigError
-from colo_data.host.pipeline import HostBatch, HostPipeline, split_rows
+from colo_data.host.chunk import HostChunk, split_rows
+from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import CpuBudget, cpu_budget
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 
@@ -58,15 +61,16 @@ class _Session:
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
         self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
-        self._chunks: Iterator[HostBatch] = host_pipeline.chunks(position)
+        self._owner = Lifecycle(f"sidecar session of host {host} of {hosts}")
+        self._chunks: Iterator[HostChunk] = host_pipeline.chunks(position, self._owner)
         try:
             first = next(self._chunks, None)
             target, limit = slot_target(shm_dir, slots)
-            self.per_slot = 1 if first is None else batches_per_slot(first, self.rows, host_pipeline.chunk, target)
+            self.per_slot = 1 if first is None else batches_per_slot(first.columns, self.rows, host_pipeline.chunk, target)
             chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
             self._groups = split_rows(chunks, self.rows * self.per_slot)
             self._first = next(self._groups, None)
-            size = slot_bytes(self._first) if self._first is not None else 1
+            size = slot_bytes(self._first.columns) if self._first is not None else 1
             # sweeps stale rings, checks room
             self.ring = ShmRing.create(shm_dir, slots, size, limit, copy_threads)
         except BaseException:
@@ -101,11 +105,11 @@ class _Session:
                     if slot < 0:
                         return
                     t0 = time.perf_counter()
-                    layout = self.ring.write(slot, batch)
+                    layout = self.ring.write(slot, batch.columns)
                     t1 = time.perf_counter()
-                    rows = len(next(iter(batch.values())))
-                    self.stages.add(SHM_WRITE, t1 - t0, rows, sum(array.nbytes for array in batch.values()))
-                    send({"slot": slot, "layout": [spec.to_wire() for spec in layout], "stats": self._stats(t1)})
+                    self.stages.add(SHM_WRITE, t1 - t0, batch.rows, sum(array.nbytes for array in batch.columns.values()))
+                    wire = [spec.to_wire() for spec in layout]
+                    send({"slot": slot, "layout": wire, "after": batch.end, "stats": self._stats(t1)})
                     batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
@@ -124,9 +128,8 @@ class _Session:
         self.ring.close()
 
     def _close_batches(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
+        close_iterator(self._chunks)
+        self._owner.close()
 
 
 class SidecarServer:
@@ -205,7 +208,7 @@ class SidecarServer:
             while True:
                 try:
                     request = conn.recv()
-                except EOFError:  # the trainer went away
+                except (EOFError, ConnectionResetError):  # the trainer went away
                     return
                 op = request.get("op")
                 if op == "release":

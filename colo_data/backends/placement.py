@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, TransformError
-from colo_data.host.pipeline import HostBatch
+from colo_data.host.chunk import HostBatch
 from colo_data.spec.order import host_rows
 
 Index = tuple[slice, ...]

@@ -1,0 +1,101 @@
+"""The sidecar transport: a sidecar process per local host runs that host's pipeline and
+writes its batches into shared memory; this side maps them and assembles global batches.
+The sidecars are given by address (a container beside the trainer) or started here, one
+per local host, when the backend is made (so that they load while the trainer compiles)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from colo_data.backends.base import GlobalBatch, assembled, plus
+from colo_data.backends.placement import Placement
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.backends.sidecar.local import LocalSidecar
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.spec.pipeline import Pipeline
+from colo_data.telemetry.counters import StageTimes
+from colo_data.telemetry.report import HostCounters, HostInfo
+
+
+class SidecarBackend:
+    """One sidecar session per local host of `placement` for each run.
+
+    Args:
+        pipeline: the dataset definition, sent to the sidecars with each session.
+        placement: the mesh placement; one sidecar per local host.
+        addresses: one socket address per local host, or empty to start local sidecars.
+        shm_dir, workers, slots: the local sidecars' settings.
+        copy: copy each slot out at once (JAX's CPU backend keeps page-aligned host memory
+            instead of copying it, and a slot is rewritten once released).
+        owner: stops the local sidecars when it closes.
+    """
+
+    name = "sidecar"
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        placement: Placement,
+        addresses: Sequence[str],
+        shm_dir: str,
+        workers: int | None,
+        slots: int,
+        copy: bool,
+        owner: Lifecycle,
+    ) -> None:
+        self.pipeline, self.placement, self.copy = pipeline, placement, copy
+        self.local_hosts = placement.local_hosts
+        self.handoff = StageTimes()
+        self._clients: list[SidecarClient] = []
+        self._sessions: list[tuple[str, dict[str, Any]]] = []  # (address, open reply) of the last sessions
+        self._base = [HostCounters(tuple(StageTimes().values), None, None) for _ in self.local_hosts]
+        self._targets: list[tuple[str, int | None]] = [(a, None) for a in addresses]
+        if not addresses:
+            for _ in self.local_hosts:
+                local = LocalSidecar(shm_dir, workers, slots)
+                owner.add(f"local sidecar pid {local.process.pid}", local.stop)
+                self._targets.append((local.address, local.process.pid))
+
+    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
+        self._clients = []
+        for address, pid in self._targets:
+            client = SidecarClient(address, pid)
+            run.add(f"sidecar session at {address}", client.close)
+            self._clients.append(client)
+        hosts = self.placement.hosts
+        streams = [c.batches(self.pipeline, h, hosts, position, self.copy) for h, c in zip(self.local_hosts, self._clients)]
+        return assembled(streams, self.placement, self.handoff, wait_for_devices=not self.copy)
+
+    def counters(self) -> tuple[list[float], list[HostCounters]]:
+        handoff = StageTimes(self.handoff.values)
+        out = []
+        for i, base in enumerate(self._base):
+            stages = StageTimes(base.stages)
+            cpu, ring = base.cpu, base.ring
+            client = self._clients[i] if i < len(self._clients) else None
+            if client is not None:
+                handoff.merge(client.handoff.values)
+                if client.stats is not None:
+                    stages.merge(client.stats["stages"])
+                    cpu, ring = plus(cpu, tuple(client.stats["cpu"])), plus(ring, tuple(client.stats["ring"]))
+            out.append(HostCounters(tuple(stages.values), cpu, ring))
+        return list(handoff.values), out
+
+    def run_ended(self) -> None:
+        handoff, self._base = self.counters()
+        self.handoff = StageTimes(handoff)
+        self._sessions = [(c.address, c.info) for c in self._clients] or self._sessions
+        self._clients = []
+
+    def infos(self) -> list[HostInfo]:
+        infos = []
+        sessions = [(c.address, c.info) for c in self._clients] or self._sessions
+        for i, h in enumerate(self.local_hosts):
+            address, info = sessions[i] if i < len(sessions) else ("(not started)", {})
+            workers, budget = info.get("workers", 1), info.get("budget", {})
+            shm = info.get("slots", 0) * info.get("slot_bytes", 0)
+            infos.append(
+                HostInfo(h, f"sidecar {address}", max(1, workers), workers > 1, budget.get("cpus"), budget.get("source"), info.get("slots"), shm)
+            )
+        return infos

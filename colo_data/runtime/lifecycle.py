@@ -1,0 +1,136 @@
+"""`Lifecycle`: the one owner of everything a loader starts (threads, worker processes,
+sidecar processes and their sockets, shared-memory readers). Each part registers how to
+stop it; `close()` stops them newest first within one deadline, and runs exactly once:
+when the user calls it, when the loader becomes unreachable (`weakref.finalize`), or at
+interpreter exit, before JAX, XLA and Arrow tear down their own threads.
+
+Why exit matters: a daemon thread that is inside C++ (an XLA transfer, Arrow decode,
+Grain's `index_shuffle`) when the interpreter finalises is killed by CPython with a forced
+unwind through C++ frames that do not allow it, and the process aborts (SIGABRT). The
+exit hook closes every live lifecycle first, so no thread of ours is left running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+State = Literal["new", "running", "closed"]
+Stop = Callable[[float], None]
+DEFAULT_TIMEOUT_S = 10.0
+
+_live: dict[int, Lifecycle] = {}
+_live_lock = threading.Lock()
+_ids = itertools.count()
+
+
+def _close_all_at_exit() -> None:
+    """Close every lifecycle still open: the interpreter is about to finalise."""
+    with _live_lock:
+        owners = list(_live.values())
+    for owner in reversed(owners):
+        owner.close()
+
+
+def _hook_exit() -> None:
+    """(Re-)register the exit hook so that it is the newest: `atexit` runs the newest first,
+    so ours runs before the hooks JAX and others registered when they were imported."""
+    atexit.unregister(_close_all_at_exit)
+    atexit.register(_close_all_at_exit)
+
+
+class Lifecycle:
+    """Stops what was registered with `add`, newest first, in `close(timeout)`.
+
+    Args:
+        name: what owns it, for messages (e.g. "Loader(backend='sidecar')").
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._id = next(_ids)
+        self._lock = threading.RLock()
+        self._parts: dict[int, tuple[str, Stop]] = {}
+        self._keys = itertools.count()
+        self._state: State = "new"
+        self._parent: tuple[Lifecycle, int] | None = None
+        with _live_lock:
+            _live[self._id] = self
+        _hook_exit()
+
+    @property
+    def state(self) -> State:
+        """`new` (nothing started yet), `running` (parts registered) or `closed` (final)."""
+        return self._state
+
+    def add(self, what: str, stop: Stop) -> int:
+        """Register a part; returns a key for `discard`. A part added after `close()` is
+        stopped at once (a thread that raced the close).
+
+        Args:
+            what: the part, for messages ("prefetch thread", "sidecar pid 123").
+            stop: stops it within the seconds it is given; must be safe to call twice.
+        """
+        with self._lock:
+            if self._state != "closed":
+                key = next(self._keys)
+                self._parts[key] = (what, stop)
+                self._state = "running"
+                return key
+        stop(DEFAULT_TIMEOUT_S)
+        return -1
+
+    def discard(self, key: int) -> None:
+        """Forget a part that stopped by itself (its stop will not be called)."""
+        with self._lock:
+            self._parts.pop(key, None)
+
+    def child(self, name: str) -> Lifecycle:
+        """A lifecycle of its own for a shorter-lived group of parts (one run of a loader,
+        one sidecar session), stopped with this one if it is still open then."""
+        child = Lifecycle(name)
+        key = self.add(name, child.close)
+        child._parent = (self, key)
+        return child
+
+    def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+        """Stop every part and close for good; a second call does nothing. Returns the parts
+        that did not stop within `timeout` seconds (empty when all did).
+
+        Args:
+            timeout: seconds for all parts together.
+        """
+        with self._lock:
+            if self._state == "closed":
+                return []
+            self._state = "closed"
+            parts = list(self._parts.values())
+            self._parts.clear()
+        deadline = time.monotonic() + timeout
+        late = []
+        for what, stop in reversed(parts):
+            try:
+                stop(max(0.0, deadline - time.monotonic()))
+            except Exception as e:  # noqa: BLE001 - one part failing to stop must not keep the others running
+                late.append(f"{what} ({e})")
+        with _live_lock:
+            _live.pop(self._id, None)
+        if self._parent is not None:
+            parent, key = self._parent
+            parent.discard(key)
+        return late
+
+
+def join_thread(thread: threading.Thread, timeout: float) -> None:
+    """Join `thread` within `timeout` seconds, unless it is the calling thread (a finalizer
+    that runs on one of the owner's own threads must not wait for itself); TimeoutError if
+    it is still running then."""
+    if thread is threading.current_thread() or thread.ident is None:
+        return
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"thread {thread.name} still running after {timeout:.1f} s")
