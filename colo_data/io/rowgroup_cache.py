@@ -14,8 +14,13 @@ import pyarrow as pa
 
 class RowGroupCache:
     """Row groups by global row-group number. Every decode runs on the one loader thread,
-    so readers are never used from two threads; the least recently used groups are dropped
-    once the decoded bytes pass `max_bytes` (the newest group always stays)."""
+    so readers are never used from two threads.
+
+    Args:
+        load: decodes one row group, given its global number.
+        max_bytes: once the decoded bytes pass this, the least recently used groups are
+            dropped (the newest group always stays).
+    """
 
     def __init__(self, load: Callable[[int], pa.Table], max_bytes: int) -> None:
         self._load = load
@@ -50,6 +55,7 @@ class RowGroupCache:
                 self._pending.pop(group, None)
 
     def get(self, group: int) -> pa.Table:
+        """Row group `group`, from the cache or decoded now (waiting for a decode under way)."""
         with self._lock:
             table = self._tables.get(group)
             if table is not None:
