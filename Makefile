@@ -23,4 +23,4 @@ benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/sidecar.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -19,14 +19,26 @@ def to_numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def read_all(loader: Loader, steps: int | None = None) -> list[dict[str, np.ndarray]]:
-    """The next `steps` batches (all that are left when None) as numpy, then close."""
+    """The loader's next batches as numpy; the loader is closed afterwards.
+
+    Args:
+        loader: the loader to read.
+        steps: batches to read; None reads all that are left.
+    """
     with loader:
         return [to_numpy(batch) for batch in itertools.islice(loader, steps)]
 
 
 def assert_batches_equal(expected: list[dict[str, np.ndarray]], actual: list[dict[str, np.ndarray]], what: str) -> None:
+    """Check that two lists of batches hold the same columns and values, batch by batch.
+
+    Args:
+        expected: the reference batches.
+        actual: the batches to check.
+        what: what is being compared, to start each failure message with.
+    """
     assert len(actual) == len(expected), f"{what}: {len(actual)} batches, expected {len(expected)}"
-    for step, (want, got) in enumerate(zip(expected, actual)):
+    for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
         assert want.keys() == got.keys(), f"{what}, batch {step}: columns {sorted(got)}, expected {sorted(want)}"
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{what}, batch {step}, column {name!r}")
@@ -37,9 +49,15 @@ def assert_resumes_identically(
     make_resumed: Callable[[int, dict[str, Any]], Loader],
     steps: int | None = None,
 ) -> None:
-    """Save the state after every step k of `make_loader()`'s stream (through JSON, as a
-    checkpoint would), restore it with `make_resumed(k, state)` (another host or worker
-    count, say), and check that the rest of the stream is identical."""
+    """Save the state after every step k of a loader's stream (through JSON, as a checkpoint
+    would), restore it into another loader, and check that the rest of the stream is identical.
+
+    Args:
+        make_loader: makes a fresh loader of the reference stream.
+        make_resumed: makes the loader to restore into, given k and the state (with another
+            host or worker count, say).
+        steps: steps of the reference stream to check; None checks the whole stream.
+    """
     reference = read_all(make_loader(), steps)
     for k in range(len(reference) + 1):
         loader = make_loader()

@@ -53,8 +53,14 @@ def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -
     """The smallest of the affinity mask, every cgroup CPU quota from the process's own cgroup
     up to the hierarchy root (v1 and v2, both on hybrid hosts) and `COLO_DATA_CPUS`.
 
-    `proc` and `root` locate the proc directory and the file system root, so that a test can
-    point them at a fixture tree.
+    Args:
+        reserve: CPUs left to the main loop; the worker count is the budget rounded up,
+            less these (at least 1).
+        proc: the proc directory; a test points it at a fixture tree.
+        root: the file system root that cgroup mount points are under; likewise.
+
+    Raises:
+        ConfigError: `reserve` is negative or `COLO_DATA_CPUS` is not a positive number.
     """
     if reserve < 0:
         raise ConfigError(f"reserve={reserve}: the CPUs kept for the main loop must be >= 0")
@@ -76,7 +82,12 @@ def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -
 
 def memory_limit(*, proc: str = "/proc/self", root: str = "/") -> int | None:
     """The smallest cgroup memory limit in bytes over the process's cgroup and its ancestors
-    (v2 `memory.max`, v1 `memory.limit_in_bytes`); None when nothing is limited."""
+    (v2 `memory.max`, v1 `memory.limit_in_bytes`); None when nothing is limited.
+
+    Args:
+        proc: the proc directory; a test points it at a fixture tree.
+        root: the file system root that cgroup mount points are under; likewise.
+    """
     limits = []
     for mount, directory in _cgroup_dirs("memory", proc, root):
         name = "memory.max" if mount.version == 2 else "memory.limit_in_bytes"
@@ -93,7 +104,11 @@ def memory_limit(*, proc: str = "/proc/self", root: str = "/") -> int | None:
 
 
 def shm_capacity(directory: str) -> int:
-    """Free bytes of the file system holding `directory` (for /dev/shm: what a ring may use)."""
+    """Free bytes of the file system holding `directory` (for /dev/shm: what a ring may use).
+
+    Raises:
+        ConfigError: the directory cannot be inspected (missing or not mounted).
+    """
     try:
         stat = os.statvfs(directory)
     except OSError as error:
@@ -117,6 +132,8 @@ def _parse_cpus_override(text: str) -> float:
 def _cpu_quotas(proc: str, root: str) -> Iterator[_Limit]:
     """Every finite CPU quota (in CPUs) on the path from the process's cgroups to the roots."""
     for mount, directory in _cgroup_dirs("cpu", proc, root):
+        quota: str | None
+        period: str | None
         if mount.version == 2:
             fields = (_read(os.path.join(directory, "cpu.max")) or "").split()
             quota, period = fields if len(fields) == 2 else ("max", None)
@@ -125,9 +142,11 @@ def _cpu_quotas(proc: str, root: str) -> Iterator[_Limit]:
             quota = _read(os.path.join(directory, "cpu.cfs_quota_us"))
             period = _read(os.path.join(directory, "cpu.cfs_period_us"))
             source = f"cgroup v1 cpu quota {quota}/{period} at {directory}"
+        if quota is None or period is None:  # a file is missing: no limit
+            continue
         try:
-            cpus = int(quota) / int(period)  # "max" (v2) and None (missing) fail here: no limit
-        except (TypeError, ValueError, ZeroDivisionError):
+            cpus = int(quota) / int(period)  # "max" (v2) fails here: no limit
+        except (ValueError, ZeroDivisionError):
             continue
         if cpus > 0:  # v1 writes -1 for "no limit"
             yield _Limit(cpus, source)
@@ -203,5 +222,5 @@ def _read(path: str) -> str | None:
 
 
 def _unescape(field: str) -> str:
-    """Undo mountinfo's octal escapes (a space is written as \\040)."""
+    r"""Undo mountinfo's octal escapes (a space is written as \040)."""
     return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)

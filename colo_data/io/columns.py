@@ -35,7 +35,7 @@ def table_to_columns(table: pa.Table) -> Columns:
     return {name: _numpy_or_arrow(table.column(name).combine_chunks()) for name in table.column_names}
 
 
-def _row_values(column: Column) -> Sequence[Any]:
+def _row_values(column: Column) -> np.ndarray | Sequence[Any]:
     """The column's rows as Python-level values: numpy rows, or numpy arrays for lists."""
     if isinstance(column, np.ndarray):
         return column

@@ -3,8 +3,9 @@ order, with Arrow moving the data.
 
 Numeric columns without nulls: a numpy take per row group into one output (Arrow's `take`
 costs ~15 µs a call, most of a 32-row batch). Other fixed-width columns: one Arrow `take`
-per row group, then one `take` with the inverse permutation. Variable-width columns (lists, strings, binary): zero-copy slices of each run
-of consecutive rows and a single `concat_arrays`, which copies each row's values once.
+per row group, then one `take` with the inverse permutation. Variable-width columns
+(lists, strings, binary): zero-copy slices of each run of consecutive rows and a single
+`concat_arrays`, which copies each row's values once.
 Arrow's `take` kernel for lists copies value by value: on the demo batch (32 token lists
 from 8 row groups, pyarrow 26) it took about 1 ms where slicing and concatenating took
 about 0.12 ms, and a `take` on a chunked array first concatenates every chunk.
@@ -34,7 +35,7 @@ def _runs(group_of: np.ndarray, row_of: np.ndarray) -> list[tuple[int, int, int]
     breaks = np.flatnonzero((group_of[1:] != group_of[:-1]) | (row_of[1:] != row_of[:-1] + 1)) + 1
     starts = np.concatenate([[0], breaks])
     lengths = np.diff(np.concatenate([starts, [len(row_of)]]))
-    return list(zip(group_of[starts].tolist(), row_of[starts].tolist(), lengths.tolist()))
+    return list(zip(group_of[starts].tolist(), row_of[starts].tolist(), lengths.tolist(), strict=True))
 
 
 def _numeric(array: pa.Array) -> bool:
@@ -63,8 +64,13 @@ def _take_by_group(arrays: Sequence[pa.Array], group_of: np.ndarray, row_of: np.
 
 
 def gather(groups: Sequence[pa.Table], group_of: np.ndarray, row_of: np.ndarray) -> pa.Table:
-    """A table whose row k is row `row_of[k]` of `groups[group_of[k]]`. The groups share a
-    schema and hold one chunk per column."""
+    """A table whose row k is row `row_of[k]` of `groups[group_of[k]]`.
+
+    Args:
+        groups: decoded row groups that share a schema and hold one chunk per column.
+        group_of: for each output row, the index of its group in `groups`.
+        row_of: for each output row, its row within that group.
+    """
     runs = None
     columns = []
     for name in groups[0].column_names:

@@ -15,13 +15,13 @@ import pyarrow as pa
 
 
 class RowGroupCache:
-    """Row groups by global row-group number; the least recently used groups are dropped
-    once the decoded bytes pass `max_bytes` (the newest group always stays). Decodes never
-    overlap (`load` may use readers that are not thread-safe).
+    """Row groups by global row-group number. Decodes never overlap, so `load` may use
+    readers that are not thread-safe.
 
     Args:
-        load: decodes one row group.
-        max_bytes: the decoded bytes kept.
+        load: decodes one row group, given its global number.
+        max_bytes: once the decoded bytes pass this, the least recently used groups are
+            dropped (the newest group always stays).
     """
 
     def __init__(self, load: Callable[[int], pa.Table], max_bytes: int) -> None:
@@ -59,7 +59,7 @@ class RowGroupCache:
                 self._pending.pop(group, None)
 
     def get(self, group: int) -> pa.Table:
-        """The decoded row group, from the cache or decoded now."""
+        """Row group `group`, from the cache or decoded now (waiting for a decode under way)."""
         with self._lock:
             table = self._tables.get(group)
             if table is not None:

@@ -43,11 +43,14 @@ class Source(Protocol):
     def __len__(self) -> int: ...
 
     @property
-    def row_group_sizes(self) -> np.ndarray: ...
+    def row_group_sizes(self) -> np.ndarray:
+        """Records in each row group, in global order (what block shuffling permutes)."""
 
-    def take(self, indices: np.ndarray) -> pa.Table: ...
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """The records at these global indices, in the order given, as one table."""
 
-    def fingerprint(self) -> str: ...
+    def fingerprint(self) -> str:
+        """A short hash that changes when the data does (checked when a state is restored)."""
 
 
 @runtime_checkable
@@ -148,7 +151,7 @@ def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
         else:
             sizes = tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             schema = reader.schema
-        schema.names  # decoded lazily: damaged metadata can hold names that are not UTF-8
+        schema.names  # noqa: B018 - decoded lazily: damaged metadata can hold names that are not UTF-8
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise CorruptFileError(
             f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
@@ -159,8 +162,21 @@ def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
 class ArrowSource:
     """Parquet / Arrow IPC files as one table of records with a global index (files sorted by
     path, rows in file order). Random access (`len`, `[i]`) makes it a Grain data source;
-    `take` is the fast path. Decoded row groups are cached up to `cache_bytes`.
-    Picklable: files re-open lazily in the new process."""
+    `take` is the fast path. Picklable: files re-open lazily in the new process.
+
+    Args:
+        paths: a file, a directory (its data files, recursively), a glob, or a list of
+            them; a URI (`gs://...`, `s3://...`) picks its `pyarrow.fs` filesystem.
+        columns: the columns to read; None reads every column of the first file.
+        filesystem: the `pyarrow.fs` filesystem to read the paths from, instead of the
+            local one or the URI's.
+        cache_bytes: decoded row groups are cached up to this many bytes.
+
+    Raises:
+        SourceError: no file matches, the paths span filesystems, or `cache_bytes` is not positive.
+        CorruptFileError: a file's metadata cannot be read.
+        SchemaError: a column is missing from a file, or files disagree on its type.
+    """
 
     def __init__(
         self,
@@ -234,6 +250,7 @@ class ArrowSource:
 
     @property
     def files(self) -> tuple[str, ...]:
+        """The data files, in global order."""
         return tuple(f.path for f in self._files)
 
     @property
@@ -290,7 +307,12 @@ class ArrowSource:
 
     def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
         """The records at these global indices, in the order given: each needed row group is
-        read once (LRU cache) and gathered with Arrow's `take` (see `colo_data.io.gather`)."""
+        read once (LRU cache) and gathered with Arrow's `take` (see `colo_data.io.gather`).
+
+        Raises:
+            RecordIndexError: an index is outside `[0, len(self))`.
+            CorruptFileError: a needed row group cannot be decoded.
+        """
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1:
             raise RecordIndexError(f"indices must be one-dimensional, got shape {idx.shape}")
@@ -316,9 +338,13 @@ class ArrowSource:
 
 
 class RecordSource:
-    """Adapts any random-access record collection (a `grain.MapDataset`, a Grain data source,
-    a list of dicts) to the `Source` protocol. It has no row groups: block shuffling treats
-    every `CHUNK` consecutive records as one."""
+    """Adapts any random-access record collection to the `Source` protocol. It has no row
+    groups: block shuffling treats every `CHUNK` consecutive records as one.
+
+    Args:
+        records: a `grain.MapDataset`, a Grain data source, a list of dicts: anything with
+            `len` and `[i]` that returns dict records.
+    """
 
     CHUNK = 1024
 
@@ -331,10 +357,17 @@ class RecordSource:
 
     @property
     def row_group_sizes(self) -> np.ndarray:
+        """`CHUNK` records a group, the last one shorter."""
         full, rest = divmod(self._len, self.CHUNK)
         return np.array([self.CHUNK] * full + ([rest] if rest else []), dtype=np.int64)
 
     def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
+        """The records at these indices, in the order given, as one table.
+
+        Raises:
+            RecordIndexError: an index is outside `[0, len(self))`.
+            SourceError: the collection's records are not dicts.
+        """
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self._len):
             bad = int(idx[(idx < 0) | (idx >= self._len)][0])
@@ -348,6 +381,7 @@ class RecordSource:
         return pa.Table.from_pylist(rows)
 
     def fingerprint(self) -> str:
+        """A hash of the collection's type name and length: its values are not read."""
         return hashlib.sha256(f"{type(self._records).__name__}:{self._len}".encode()).hexdigest()[:16]
 
 

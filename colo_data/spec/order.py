@@ -19,12 +19,15 @@ _INDEX_SHUFFLE_ROUNDS = 4
 
 @dataclass(frozen=True)
 class Order:
-    """How records are ordered in each epoch.
+    """How records are ordered in each epoch. Every mode is a bijection reseeded per epoch.
 
-    `none`: file order. `global`: an exact uniform permutation per epoch (Grain's
-    `index_shuffle`, O(1) memory). `block`: row groups permuted per epoch, records shuffled
-    inside windows of `window` row groups, so a batch reads at most `window` row groups
-    (plus the next window's at a boundary). Every mode is a bijection reseeded per epoch.
+    Args:
+        shuffle: `none`: file order. `global`: an exact uniform permutation per epoch
+            (Grain's `index_shuffle`, O(1) memory). `block`: row groups permuted per epoch,
+            records shuffled inside windows of `window` row groups, so a batch reads at most
+            `window` row groups (plus the next window's at a boundary).
+        seed: the seed of every epoch's permutation, an int in `[0, 2**63)`.
+        window: row groups per shuffle window in `block` mode.
     """
 
     shuffle: Shuffle = "none"
@@ -44,6 +47,7 @@ class Order:
         return f"block:{self.window}" if self.shuffle == "block" else self.shuffle
 
     def bind(self, row_group_sizes: np.ndarray) -> GlobalOrder:
+        """This order over a source whose row groups hold `row_group_sizes` records each."""
         return GlobalOrder(self, np.asarray(row_group_sizes, dtype=np.int64))
 
 
@@ -55,7 +59,12 @@ def _epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
 
 
 class GlobalOrder:
-    """`Order` bound to a source's row-group layout: maps (epoch, positions) to record indices."""
+    """`Order` bound to a source's row-group layout: maps (epoch, positions) to record indices.
+
+    Args:
+        order: the order to apply.
+        row_group_sizes: records in each of the source's row groups, in global order.
+    """
 
     _WINDOW_CACHE = 4
 
@@ -78,7 +87,12 @@ class GlobalOrder:
         return {"none": largest, "block": self.order.window * largest, "global": 0}[self.order.shuffle]
 
     def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Record index at each position (in `[0, len)`) of `epoch`."""
+        """Record index at each position of `epoch`.
+
+        Args:
+            epoch: the epoch; each has its own permutation.
+            positions: positions in the epoch, in `[0, len)`.
+        """
         positions = np.asarray(positions, dtype=np.int64)
         if self.order.shuffle == "none":
             return positions.copy()
@@ -128,7 +142,16 @@ class GlobalOrder:
 
 
 def host_rows(global_batch_size: int, host: int, hosts: int) -> tuple[int, int]:
-    """Row range `[start, stop)` of a global batch that host `host` of `hosts` serves."""
+    """Row range `[start, stop)` of a global batch that host `host` of `hosts` serves.
+
+    Args:
+        global_batch_size: rows of the global batch; a multiple of `hosts`.
+        host: this host's number, in `[0, hosts)`.
+        hosts: the number of hosts that share the batch.
+
+    Raises:
+        ConfigError: the host is out of range or the batch does not split evenly.
+    """
     if hosts < 1 or not 0 <= host < hosts:
         raise ConfigError(f"host {host} of {hosts}: need 0 <= host < hosts and hosts >= 1")
     if global_batch_size % hosts:

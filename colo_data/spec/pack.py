@@ -17,13 +17,20 @@ POSITIONS = "positions"
 
 @dataclass(frozen=True)
 class Pack:
-    """Pack the list column `column` into rows of `length` tokens, at most `max_segments`
-    records a row (1: one record a row, padded: filtering without packing). A record longer
-    than `length` keeps its first `length` tokens. `keep`, a function of the record columns
-    returning one bool per record, drops records (they are consumed, never placed). The
-    packed batch has `column`, `segment_ids` (1, 2, ... per row; 0 is padding),
-    `positions` (within each record) and, with the pipeline's `index_column`, that
-    column as `(rows, max_segments)` record indices (-1: no record)."""
+    """Pack a list column into fixed-length rows of several records each. The packed batch
+    has `column`, `segment_ids` (1, 2, ... per row; 0 is padding), `positions` (within each
+    record) and, with the pipeline's `index_column`, that column as `(rows, max_segments)`
+    record indices (-1: no record).
+
+    Args:
+        column: the list column to pack.
+        length: tokens a row; a record longer than this keeps its first `length` tokens.
+        max_segments: records a row at most (1: one record a row, padded: filtering
+            without packing).
+        keep: a function of the record columns returning one bool per record; records it
+            rejects are dropped (consumed, never placed).
+        pad_value: the token that fills the rest of a row.
+    """
 
     column: str
     length: int

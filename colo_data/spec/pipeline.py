@@ -16,12 +16,20 @@ from colo_data.spec.transforms import BatchTransform
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    """A dataset definition. `source` is an `ArrowSource`, a `grain.MapDataset` or any
-    random-access collection of dict records; `transforms` are batch transforms applied in
-    order; `epochs=None` repeats forever with a new order each epoch; `index_column`, when
-    set, adds each row's global record index (int64) before the transforms run. With
-    `pack` (`cd.Pack`), a global batch is `global_batch_size` rows of packed records (and
-    the transforms run on the packed batch)."""
+    """A dataset definition, validated when it is made.
+
+    Args:
+        source: an `ArrowSource`, a `grain.MapDataset` or any random-access collection of
+            dict records.
+        global_batch_size: rows of each global batch, over all hosts.
+        order: the order of records in each epoch.
+        transforms: batch transforms, applied in order.
+        epochs: epochs in the stream; None repeats forever with a new order each epoch.
+        index_column: when set, the name of a column that holds each row's global record
+            index (int64), added before the transforms run.
+        pack: a `cd.Pack`: a global batch is then `global_batch_size` rows of packed
+            records (and the transforms run on the packed batch).
+    """
 
     source: Source | Any
     global_batch_size: int
@@ -60,6 +68,7 @@ class Pipeline:
 
     @property
     def records_per_epoch(self) -> int:
+        """Records in one epoch: the source's length."""
         return len(self.source)
 
     @property
@@ -70,7 +79,11 @@ class Pipeline:
     def batches_from(self, position: int) -> int | None:
         """Full global batches left in the stream from a stream position (a trailing partial
         batch is dropped), or None when the stream repeats forever or is packed (its batches
-        take as many records as fit)."""
+        take as many records as fit).
+
+        Args:
+            position: records of the stream already delivered.
+        """
         total = self.total_records
         if total is None or self.pack is not None:
             return None

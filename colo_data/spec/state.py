@@ -26,13 +26,27 @@ def _identity(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def make_state(pipeline: Pipeline, stream_position: int) -> dict[str, Any]:
-    """The state after `stream_position` records of the stream have been delivered."""
+    """The state after `stream_position` records of the stream have been delivered.
+
+    Args:
+        pipeline: the pipeline the stream comes from; its identity is saved for the check.
+        stream_position: records of the stream delivered so far, over all epochs.
+    """
     epoch, position = divmod(stream_position, pipeline.records_per_epoch)
     return {"format": FORMAT, "epoch": epoch, "position": position, **_identity(pipeline)}
 
 
 def restore_position(pipeline: Pipeline, state: dict[str, Any]) -> int:
-    """The stream position a state points at, after checking that it belongs to `pipeline`."""
+    """The stream position a state points at, after checking that it belongs to `pipeline`.
+
+    Args:
+        pipeline: the pipeline to continue.
+        state: a dict that `make_state` returned (through JSON or a checkpoint).
+
+    Raises:
+        StateError: the state has another format, another pipeline saved it, or its
+            position is not one of this pipeline's.
+    """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise StateError(

@@ -42,7 +42,13 @@ def _padded(column: Column, length: int, pad_value: int | float, name: str) -> n
 @dataclass(frozen=True)
 class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate("tokens", 1024)
     """Make a variable-length list column a `(rows, length)` array: longer lists are cut,
-    shorter ones padded with `pad_value`. Vectorised over the whole batch."""
+    shorter ones padded. Vectorised over the whole batch.
+
+    Args:
+        column: the list column (or a 2-D numpy column) to reshape.
+        length: items in each row of the result.
+        pad_value: the value that fills short lists.
+    """
 
     column: str
     length: int
@@ -53,6 +59,7 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
             raise TransformError(f"pad_or_truncate({self.column!r}, length={self.length!r}): length must be >= 1")
 
     def __call__(self, batch: Columns) -> Columns:
+        """The batch with `column` padded or cut to `length`."""
         if self.column not in batch:
             raise TransformError(f"pad_or_truncate: no column {self.column!r} in the batch; it has {sorted(batch)}")
         return {**batch, self.column: _padded(batch[self.column], self.length, self.pad_value, self.column)}
@@ -60,8 +67,12 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
 
 @dataclass(frozen=True)
 class per_record:  # noqa: N801 - used like a function: cd.per_record(fn)
-    """Apply a per-record function (dict -> dict) or a Grain `MapTransform` to every record
-    of the batch. The slow path: Python runs once per record."""
+    """Apply a per-record function to every record of the batch. The slow path: Python runs
+    once per record.
+
+    Args:
+        fn: a function from a record dict to a record dict, or a Grain `MapTransform`.
+    """
 
     fn: Callable[[dict[str, Any]], dict[str, Any]] | Any
 
@@ -70,5 +81,6 @@ class per_record:  # noqa: N801 - used like a function: cd.per_record(fn)
             raise TransformError(f"per_record({self.fn!r}): give a callable or a grain.transforms.Map")
 
     def __call__(self, batch: Columns) -> Columns:
+        """The batch with `fn` applied to each of its records."""
         apply = self.fn.map if isinstance(self.fn, grain.transforms.Map) else self.fn
         return from_records([apply(record) for record in to_records(batch)])

@@ -22,7 +22,7 @@ from colo_data.runtime.prefetch import close_iterator
 T = TypeVar("T")
 
 STAGES = ("order", "read", "transform", "batch", "shm_write", "handoff")
-STAGE_LABELS = dict(zip(STAGES, ("order", "read", "transform", "batch", "shared-memory write", "hand-off")))
+STAGE_LABELS = dict(zip(STAGES, ("order", "read", "transform", "batch", "shared-memory write", "hand-off"), strict=True))
 ORDER, READ, TRANSFORM, BATCH, SHM_WRITE, HANDOFF = range(len(STAGES))
 WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker processes share out
 HISTORY = 2**20  # steps kept for percentiles and plots (24 bytes each); totals count every step
@@ -31,7 +31,11 @@ CPU_EVERY_S = 0.5
 
 class StageTimes:
     """Cumulative seconds, items and bytes of each stage in `STAGES`, as one flat list of
-    floats (3 per stage): cheap to add to, to copy, to pickle and to send."""
+    floats (3 per stage): cheap to add to, to copy, to pickle and to send.
+
+    Args:
+        values: counters to start from (another `StageTimes.values`); None starts at zero.
+    """
 
     __slots__ = ("values",)
 
@@ -39,6 +43,14 @@ class StageTimes:
         self.values = [0.0] * (3 * len(STAGES)) if values is None else [float(v) for v in values]
 
     def add(self, stage: int, seconds: float, items: int, nbytes: int) -> None:
+        """Count one pass through a stage.
+
+        Args:
+            stage: the stage's index in `STAGES` (`READ`, `TRANSFORM`, ...).
+            seconds: the time it took.
+            items: records it handled.
+            nbytes: bytes it produced.
+        """
         v, j = self.values, 3 * stage
         v[j] += seconds
         v[j + 1] += items
@@ -52,9 +64,13 @@ class StageTimes:
 
 
 def cpu_of_children(seen: dict[int, float], skip: set[int]) -> float:
-    """CPU seconds (user + system) of this process's descendants, the exited ones included
-    (`seen` remembers each pid's last reading; `skip` the helpers that are not workers,
-    e.g. multiprocessing's resource tracker)."""
+    """CPU seconds (user + system) of this process's descendants, the exited ones included.
+
+    Args:
+        seen: each pid's last reading, kept between calls (updated here).
+        skip: pids of helpers that are not workers, e.g. multiprocessing's resource tracker
+            (found and added here).
+    """
     for child in psutil.Process().children(recursive=True):
         if child.pid in skip:
             continue
@@ -70,10 +86,14 @@ def cpu_of_children(seen: dict[int, float], skip: set[int]) -> float:
 
 
 class CpuMeter:
-    """The workers' CPU seconds, sampled at most every `CPU_EVERY_S`: `thread` reads the
-    calling thread's CPU time (the pipeline runs on the thread that samples), `children`
-    sums this process's worker processes. `sample` is `(seconds since the first sample,
-    CPU seconds since then)`, replaced whole so that another thread reads a consistent pair."""
+    """The workers' CPU seconds, sampled at most every `CPU_EVERY_S`. `sample` is `(seconds
+    since the first sample, CPU seconds since then)`, replaced whole so that another thread
+    reads a consistent pair.
+
+    Args:
+        kind: `thread` reads the calling thread's CPU time (the pipeline runs on the thread
+            that samples); `children` sums this process's worker processes.
+    """
 
     def __init__(self, kind: Literal["thread", "children"]) -> None:
         self.kind = kind
@@ -84,10 +104,12 @@ class CpuMeter:
         self.sample: tuple[float, float] = (0.0, 0.0)
 
     def maybe_sample(self, now: float) -> None:
+        """Take a sample if `CPU_EVERY_S` has passed since the last one (`now`: `perf_counter()`)."""
         if now >= self._next:
             self.take(now)
 
     def take(self, now: float | None = None) -> None:
+        """Take a sample now (`now`: `perf_counter()`, read here when None)."""
         now = time.perf_counter() if now is None else now
         cpu = time.thread_time() if self.kind == "thread" else cpu_of_children(self._seen, self._skip)
         if self._origin is None:
@@ -100,7 +122,11 @@ class StepClock:
     """The trainer's per-step record: when each `next()` was called, how long it blocked,
     and how many records it delivered. The last `HISTORY` steps are kept (for percentiles
     and plots) in arrays that grow by doubling, the warm-up steps apart; the steady-state
-    totals cover every step."""
+    totals cover every step.
+
+    Args:
+        warmup: the first steps, kept apart from the steady state.
+    """
 
     def __init__(self, warmup: int) -> None:
         self.created = time.perf_counter()
@@ -119,8 +145,14 @@ class StepClock:
         self.batch_bytes = 0
 
     def record(self, start: float, end: float, records: int, depth: int = 0) -> None:
-        """One step: `next()` was called at `start` and returned at `end`; `depth` is the
-        prefetch queue's fill when it was called."""
+        """Record one step.
+
+        Args:
+            start: when `next()` was called (`perf_counter()`).
+            end: when it returned.
+            records: records in the batch it returned.
+            depth: the prefetch queue's fill when it was called.
+        """
         n = self.count
         size = len(self._start)
         if n == size and size < HISTORY:

@@ -93,6 +93,7 @@ class Telemetry:
     verdict: str
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field as plain, JSON-ready values (nested dataclasses become dicts)."""
         return dataclasses.asdict(self)
 
     @property
@@ -131,13 +132,15 @@ class HostInfo:
     shm_bytes: int
 
 
-def _stages(values: Sequence[float]) -> tuple[Stage, ...]:
+def _stages(values: Sequence[float] | np.ndarray) -> tuple[Stage, ...]:
     return tuple(
         Stage(name, float(values[3 * i]), int(values[3 * i + 1]), int(values[3 * i + 2])) for i, name in enumerate(STAGES)
     )
 
 
-def _phase(steps: int, seconds: float, wait_s: float, records: int, batch_bytes: int, start: np.ndarray, wait: np.ndarray) -> Phase:
+def _phase(
+    steps: int, seconds: float, wait_s: float, records: int, batch_bytes: int, start: np.ndarray, wait: np.ndarray
+) -> Phase:
     """A phase of `steps` steps lasting `seconds`; `start` and `wait` are its kept steps."""
     between = start[1:] - (start[:-1] + wait[:-1])
     q = np.percentile(wait, [50, 90, 99]) if len(wait) else np.zeros(3)
@@ -186,8 +189,23 @@ def _critical_seconds(hosts: Sequence[HostSide], handoff: Stage, shared_thread: 
     return out
 
 
-def verdict(steady: Phase, warmup: Phase, warmup_steps: int, hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tuple[bool, str | None, str]:
-    """(input-bound?, bottleneck stage, one line)."""
+def verdict(
+    steady: Phase, warmup: Phase, warmup_steps: int, hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool
+) -> tuple[bool, str | None, str]:
+    """Whether the trainer waits for input and, if so, which stage holds it up.
+
+    Args:
+        steady: the steady state's numbers.
+        warmup: the warm-up's numbers (reported while there is no steady state yet).
+        warmup_steps: steps the warm-up lasts.
+        hosts: each host pipeline's stages, workers and CPU budget.
+        handoff: the trainer's hand-off stage.
+        shared_thread: whether the hosts run on the trainer's one thread (their times add up)
+            rather than side by side.
+
+    Returns:
+        (input-bound?, bottleneck stage or None, the one-line verdict).
+    """
     if steady.steps == 0:
         return False, None, f"warming up: {warmup.steps} of {warmup_steps} warm-up steps done, no steady-state steps yet"
     share = steady.input_wait_share
@@ -225,16 +243,31 @@ def summarize(
     at_warmup_hosts: Sequence[HostCounters] | None,
     shared_thread: bool,
 ) -> Telemetry:
-    """Build the `Telemetry` from the step clock and the counters (now, and at the end of
-    the warm-up once it is over): `handoff` and `handoff_at_warmup` are the trainer's
-    hand-off stage values, `now`/`at_warmup_hosts` each host's counters."""
+    """Build the `Telemetry` from the step clock and the counters, now and at the end of the
+    warm-up once it is over (the difference is the steady state).
+
+    Args:
+        backend: the backend's name, as reported.
+        clock: the trainer's step clock.
+        prefetch: batches the loader prefetches.
+        queue_depth_known: whether the steps recorded the prefetch queue's depth.
+        handoff: the trainer's hand-off stage values now.
+        infos: each host's fixed facts, in host order.
+        now: each host's counters now.
+        handoff_at_warmup: the hand-off stage values at the end of the warm-up, or None.
+        at_warmup_hosts: each host's counters at the end of the warm-up, or None.
+        shared_thread: whether the hosts run on the trainer's one thread.
+    """
     warm = np.asarray(clock.warm, dtype=float).reshape(-1, 3)
     warm_seconds = float(warm[-1, 0] + warm[-1, 1] - warm[0, 0]) if len(warm) else 0.0
-    warmup = _phase(len(warm), warm_seconds, float(warm[:, 1].sum()), int(warm[:, 2].sum()), clock.batch_bytes, warm[:, 0], warm[:, 1])
+    warm_wait, warm_records = float(warm[:, 1].sum()), int(warm[:, 2].sum())
+    warmup = _phase(len(warm), warm_seconds, warm_wait, warm_records, clock.batch_bytes, warm[:, 0], warm[:, 1])
     first, start, wait, _ = clock.series()
     cut = max(0, clock.warmup - first)
     steady_steps = max(0, clock.count - clock.warmup)
-    steady_seconds = clock.last_return - clock.steady_from if steady_steps and clock.steady_from is not None else 0.0
+    steady_seconds = 0.0
+    if steady_steps and clock.steady_from is not None and clock.last_return is not None:
+        steady_seconds = clock.last_return - clock.steady_from
     steady = _phase(
         steady_steps, steady_seconds, clock.steady_wait, clock.steady_records, clock.batch_bytes, start[cut:], wait[cut:]
     )
@@ -301,5 +334,6 @@ class StepTrace:
 
     @classmethod
     def of(cls, clock: StepClock) -> StepTrace:
+        """The steps that `clock` keeps."""
         first, start, wait, records = clock.series()
         return cls(np.arange(first, first + len(start)), start - clock.created, wait, records, clock.warmup)
