@@ -26,7 +26,7 @@ def imported_modules(*args: str, cwd: Path) -> set[str]:
     (stderr: `import time: self | cumulative | <indent>module`)."""
     run = subprocess.run(
         [sys.executable, "-X", "importtime", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        check=False, capture_output=True, text=True, timeout=120, cwd=cwd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
     modules = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
@@ -60,7 +60,8 @@ def test_every_public_name_resolves() -> None:
     from colo_data.ops import verify
     from colo_data.spec.pipeline import Pipeline
 
-    assert (colo_data.Loader, colo_data.Pipeline, colo_data.checkpoint, colo_data.verify) == (Loader, Pipeline, checkpoint, verify)
+    resolved = (colo_data.Loader, colo_data.Pipeline, colo_data.checkpoint, colo_data.verify)
+    assert resolved == (Loader, Pipeline, checkpoint, verify)
     assert callable(colo_data.checkpoint.save_args) and callable(colo_data.elastic.rebuild)
     for name in colo_data.__all__:
         assert getattr(colo_data, name) is not None, name

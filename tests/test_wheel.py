@@ -27,7 +27,9 @@ SLICE = ("--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch
 def run(command: list[str], cwd: Path, timeout: float = 120) -> str:
     """Run `command` in `cwd` with no PYTHONPATH (nothing may point back at the checkout)."""
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    result = subprocess.run(command, cwd=cwd, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        command, check=False, cwd=cwd, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, f"{command} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result.stdout
 
@@ -46,7 +48,8 @@ def build_wheel(tmp_path: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     wheels = tmp_path / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(source)], tmp_path)
+    build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(source)]
+    run([sys.executable, "-m", "pip", *build], tmp_path)
     (wheel,) = wheels.glob("colo_data-*.whl")
     return wheel
 

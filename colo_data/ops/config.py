@@ -34,7 +34,8 @@ class Config:
 
     def build(self) -> Pipeline:
         """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
-        from colo_data.spec.pipeline import Pipeline  # the pipeline machinery, only when one is built
+        # the pipeline machinery, imported only when a pipeline is built
+        from colo_data.spec.pipeline import Pipeline
 
         module_name, _, function_name = self.pipeline.partition(":")
         if os.getcwd() not in sys.path:
