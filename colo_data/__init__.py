@@ -3,7 +3,16 @@
 Define a `Pipeline` (an `ArrowSource`, an `Order`, batch transforms, a global batch size);
 a `Loader` runs each host's share of it and yields global `jax.Array` batches with a
 small, host-count-independent checkpoint state.
+
+This module is a thin façade: the exceptions are imported here, every other public name
+on first use (PEP 562), so that `import colo_data` and the `colo-data` command start
+without JAX, Grain, orbax or prometheus-client.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from colo_data.errors import (
     ColoDataError,
@@ -18,19 +27,50 @@ from colo_data.errors import (
     StateError,
     TransformError,
 )
-from colo_data.host.pipeline import HostPipeline
-from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
-from colo_data.io.columns import Column, Columns
-from colo_data.io.sources import ArrowSource, RecordSource, Source
-from colo_data.loader import checkpoint, elastic
-from colo_data.loader.loader import Loader
-from colo_data.ops import verify
-from colo_data.spec.order import GlobalOrder, Order, host_rows
-from colo_data.spec.pack import Pack
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.transforms import pad_or_truncate, per_record
-from colo_data.telemetry.export import TelemetryExport
-from colo_data.telemetry.report import Telemetry
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from colo_data.host.pipeline import HostPipeline
+    from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
+    from colo_data.io.columns import Column, Columns
+    from colo_data.io.sources import ArrowSource, RecordSource, Source
+    from colo_data.loader import checkpoint, elastic
+    from colo_data.loader.loader import Loader
+    from colo_data.ops import verify
+    from colo_data.spec.order import GlobalOrder, Order, host_rows
+    from colo_data.spec.pack import Pack
+    from colo_data.spec.pipeline import Pipeline
+    from colo_data.spec.transforms import pad_or_truncate, per_record
+    from colo_data.telemetry.export import TelemetryExport
+    from colo_data.telemetry.report import Telemetry
+
+# public name -> the module that defines it, imported on first use
+_NAMES = {
+    "ArrowSource": "colo_data.io.sources",
+    "Column": "colo_data.io.columns",
+    "Columns": "colo_data.io.columns",
+    "CpuBudget": "colo_data.host.resources",
+    "GlobalOrder": "colo_data.spec.order",
+    "HostPipeline": "colo_data.host.pipeline",
+    "Loader": "colo_data.loader.loader",
+    "Order": "colo_data.spec.order",
+    "Pack": "colo_data.spec.pack",
+    "Pipeline": "colo_data.spec.pipeline",
+    "RecordSource": "colo_data.io.sources",
+    "Source": "colo_data.io.sources",
+    "Telemetry": "colo_data.telemetry.report",
+    "TelemetryExport": "colo_data.telemetry.export",
+    "cpu_budget": "colo_data.host.resources",
+    "host_rows": "colo_data.spec.order",
+    "memory_limit": "colo_data.host.resources",
+    "pad_or_truncate": "colo_data.spec.transforms",
+    "per_record": "colo_data.spec.transforms",
+}
+# public name -> the module it stands for (`cd.checkpoint.save_args`), imported on first use
+_MODULES = {
+    "checkpoint": "colo_data.loader.checkpoint",
+    "elastic": "colo_data.loader.elastic",
+    "verify": "colo_data.ops.verify",
+}
 
 __all__ = [
     "ArrowSource",
@@ -67,3 +107,19 @@ __all__ = [
     "per_record",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use and keep the value here."""
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'colo_data' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

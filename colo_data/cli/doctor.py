@@ -13,7 +13,6 @@ import platform
 from typing import Any
 
 import click
-import jax
 
 from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
@@ -82,12 +81,20 @@ def _report(shm_dir: str = SHM_DIR) -> dict[str, Any]:
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),
         "shm": {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)},
-        "jax": {
-            "backend": jax.default_backend(),
-            "devices": [str(device) for device in jax.devices()],
-            "pathways": _pathways_used(),
-        },
+        "jax": _jax(),
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
+    }
+
+
+def _jax() -> dict[str, Any]:
+    """What JAX sees: its backend, devices and whether they are Pathways'. JAX is imported
+    here, not with the module, so that the rest of the command line starts without it."""
+    import jax
+
+    return {
+        "backend": jax.default_backend(),
+        "devices": [str(device) for device in jax.devices()],
+        "pathways": _pathways_used(),
     }
 
 

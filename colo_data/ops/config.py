@@ -11,10 +11,12 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colo_data.errors import ConfigError
-from colo_data.spec.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from colo_data.spec.pipeline import Pipeline
 
 _TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
 _SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
@@ -32,6 +34,9 @@ class Config:
 
     def build(self) -> Pipeline:
         """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
+        # the pipeline machinery, imported only when a pipeline is built
+        from colo_data.spec.pipeline import Pipeline
+
         module_name, _, function_name = self.pipeline.partition(":")
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())

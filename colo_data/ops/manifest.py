@@ -1,7 +1,8 @@
 """Kubernetes manifests for a colo-data deployment, rendered from the YAML templates in
-`configs/manifests/` and a config's `[sidecar]` and `[deploy]` tables: a Pathways JobSet
-whose TPU hosts run colo-data in the colocated-Python sidecar, or an Indexed Job of
-multi-controller JAX pods with a colo-data sidecar next to each trainer.
+`colo_data/ops/templates/` (package data) and a config's `[sidecar]` and `[deploy]`
+tables: a Pathways JobSet whose TPU hosts run colo-data in the colocated-Python sidecar,
+or an Indexed Job of multi-controller JAX pods with a colo-data sidecar next to each
+trainer.
 
 A template is plain YAML. A string that is exactly `${key}` becomes the key's value, of
 any type (a key whose value is None is left out); `${key}` inside a longer string is
@@ -19,14 +20,16 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from colo_data.errors import ColoDataError, ConfigError
 from colo_data.ops import versions
 from colo_data.ops.config import Config
-from colo_data.spec.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from colo_data.spec.pipeline import Pipeline
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data
 TEMPLATE_FILES = {"pathways": "pathways-jobset.yaml", "multi-controller": "multi-controller.yaml"}
@@ -238,8 +241,8 @@ def render(config: Config, target: str, overrides: Mapping[str, Any] | None = No
     path = TEMPLATES / TEMPLATE_FILES[target]
     if not path.is_file():
         raise ConfigError(
-            f"no manifest template at {path}: the templates are part of colo-data's source tree (configs/manifests/); "
-            "run `colo-data manifest` from a checkout of it (pip install -e .)"
+            f"no manifest template at {path}: the templates ship inside the colo-data package (colo_data/ops/templates/, "
+            "package data); this installation lacks them, so reinstall colo-data (pip install --force-reinstall colo-data)"
         )
     template = path.read_text()
     return [_fill(document, values) for document in yaml.safe_load_all(template)]
