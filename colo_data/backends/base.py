@@ -43,7 +43,7 @@ class Backend(Protocol):
     stream ends or restarts. The counters are cumulative over the loader's runs."""
 
     name: str
-    local_hosts: Sequence[int]
+    local_hosts: list[int]
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]: ...
 
@@ -65,12 +65,12 @@ def assembled(
     rows = placement.global_batch_size * len(local) // placement.hosts
     nbytes = 0
     try:
-        for pieces in zip(*streams):
+        for pieces in zip(*streams, strict=True):  # the hosts' streams end together
             start = perf_counter()
             ends = {p.end for p in pieces if p.end is not None}
             if len(ends) > 1:
                 raise TransformError(f"the hosts {local} planned different packed batches (ending at {sorted(ends)})")
-            arrays = placement.assemble({h: p.columns for h, p in zip(local, pieces)})
+            arrays = placement.assemble({h: p.columns for h, p in zip(local, pieces, strict=True)})
             if wait_for_devices:
                 jax.block_until_ready(arrays)
             nbytes = nbytes or sum(a.nbytes for p in pieces for a in p.columns.values())  # the same for every batch
@@ -81,6 +81,6 @@ def assembled(
             close_iterator(stream)
 
 
-def plus(a: tuple[float, ...] | None, b: tuple[float, ...]) -> tuple[float, ...]:
-    """Two cumulative counter tuples added (a may be missing)."""
-    return b if a is None else tuple(x + y for x, y in zip(a, b, strict=True))
+def plus(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:
+    """Two cumulative counter pairs added (a may be missing)."""
+    return b if a is None else (a[0] + b[0], a[1] + b[1])

@@ -36,7 +36,7 @@ class InProcessBackend:
         self._hosts = [HostPipeline(pipeline, h, placement.hosts, workers, ahead) for h in self.local_hosts]
         self.handoff = StageTimes()
         self._cpu: CpuMeter | None = None  # the worker processes', all hosts together
-        self._base_cpu: list[tuple[float, ...] | None] = [None] * len(self._hosts)
+        self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
         self._budget: CpuBudget | None = None
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:

@@ -56,7 +56,7 @@ def _check_batch(columns: Columns, rows: int) -> HostBatch:
                 f"column {name!r} has {len(col)} rows after the transforms, but {rows} records went in: "
                 "transforms must keep one row per record"
             )
-    return columns  # type: ignore[return-value]
+    return columns
 
 
 class HostPipeline:
@@ -190,7 +190,7 @@ class HostPipeline:
             return map(chunk_at, range(chunk_count))
         import grain  # only worker processes need Grain's multiprocessing
         from absl import flags
-        
+
         chunk_at.in_worker = True
         if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
             flags.FLAGS.mark_as_parsed()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter
 from typing import Any, Literal
 
@@ -51,6 +51,11 @@ def resolve_backend(backend: BackendName, sidecar: str | Sequence[str] | None) -
     return "sidecar" if sidecar or os.environ.get(SIDECAR_ENV) else "inprocess"
 
 
+def _closer(part: Any) -> Callable[[float], None]:
+    """A lifecycle stop for a part whose `close()` takes no timeout (it stops at once)."""
+    return lambda timeout: part.close()
+
+
 class _Runner:
     """The loader's state, apart from the `Loader` object so that nothing it starts (the
     prefetch thread, exporters) keeps the `Loader` reachable: when the user drops the
@@ -73,7 +78,7 @@ class _Runner:
         if self.export is not None and not self.exporters:
             self.exporters = start_exporters(self.export, self.meters.telemetry)
             for exporter in self.exporters:
-                self.owner.add(f"telemetry exporter {type(exporter).__name__}", lambda timeout, e=exporter: e.close())
+                self.owner.add(f"telemetry exporter {type(exporter).__name__}", _closer(exporter))
         self.meters.start()
         self.run = self.owner.child("run")
         stream = self.backend.open(self.position, self.run)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Literal
 
 State = Literal["new", "running", "closed"]
-Stop = Callable[[float], None]
+Stop = Callable[[float], object]
 DEFAULT_TIMEOUT_S = 10.0
 
 _live: dict[int, Lifecycle] = {}

@@ -22,16 +22,17 @@ class _End:
 
 
 def close_iterator(iterator: object) -> None:
-    """Close a generator or any iterator that has `close()`; others need nothing."""
+    """Close a generator or any iterator that has `close()` (others need nothing)."""
     close = getattr(iterator, "close", None)
     if close is not None:
         close()
 
 
 class Prefetcher(Generic[T]):
-    """Up to `depth` items of `source`, produced on a daemon thread. (Grain's
-    ThreadPrefetchIterDataset does the same with per-element instrumentation that cost
-    more CPU than it saved on the demo pipeline.)
+    """Up to `depth` items of `source`, produced on a daemon thread.
+
+    Grain's ThreadPrefetchIterDataset does the same with per-element instrumentation that
+    cost more CPU than it saved on the demo pipeline.
 
     Args:
         source: the iterator to run ahead; closed on the thread when it stops.

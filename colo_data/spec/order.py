@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from grain.experimental import index_shuffle
 
 from colo_data.errors import ConfigError
+from colo_data.spec.index_shuffle import index_shuffle
 
 Shuffle = Literal["none", "global", "block"]
 _SHUFFLES = ("none", "global", "block")
@@ -99,8 +99,9 @@ class GlobalOrder:
         if self.order.shuffle == "global":
             seed = int(_epoch_seed(self.order.seed, epoch).generate_state(1)[0])
             top = self._len - 1
+            shuffle = index_shuffle()
             return np.fromiter(
-                (index_shuffle(int(p), max_index=top, seed=seed, rounds=_INDEX_SHUFFLE_ROUNDS) for p in positions),
+                (shuffle(int(p), max_index=top, seed=seed, rounds=_INDEX_SHUFFLE_ROUNDS) for p in positions),
                 dtype=np.int64,
                 count=len(positions),
             )

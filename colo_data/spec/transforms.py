@@ -4,11 +4,11 @@ Arrow compute) are the fast path; `per_record` lifts a per-record function or a 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grain
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +17,13 @@ from colo_data.errors import TransformError
 from colo_data.io.columns import Column, Columns, from_records, to_records
 
 BatchTransform = Callable[[Columns], Columns]
+
+
+def _grain_map(fn: object) -> bool:
+    """Whether `fn` is a Grain `MapTransform` (there is none unless Grain was imported, so
+    this never imports it)."""
+    grain = sys.modules.get("grain")
+    return grain is not None and isinstance(fn, grain.transforms.Map)
 
 
 def _padded(column: Column, length: int, pad_value: int | float, name: str) -> np.ndarray:
@@ -77,10 +84,11 @@ class per_record:  # noqa: N801 - used like a function: cd.per_record(fn)
     fn: Callable[[dict[str, Any]], dict[str, Any]] | Any
 
     def __post_init__(self) -> None:
-        if not callable(self.fn) and not isinstance(self.fn, grain.transforms.Map):
+        if not callable(self.fn) and not _grain_map(self.fn):
             raise TransformError(f"per_record({self.fn!r}): give a callable or a grain.transforms.Map")
 
     def __call__(self, batch: Columns) -> Columns:
         """The batch with `fn` applied to each of its records."""
-        apply = self.fn.map if isinstance(self.fn, grain.transforms.Map) else self.fn
+        fn: Any = self.fn
+        apply = fn.map if _grain_map(fn) else fn
         return from_records([apply(record) for record in to_records(batch)])

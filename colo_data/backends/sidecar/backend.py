@@ -64,7 +64,9 @@ class SidecarBackend:
             run.add(f"sidecar session at {address}", client.close)
             self._clients.append(client)
         hosts = self.placement.hosts
-        streams = [c.batches(self.pipeline, h, hosts, position, self.copy) for h, c in zip(self.local_hosts, self._clients)]
+        streams = [
+            c.batches(self.pipeline, h, hosts, position, self.copy) for h, c in zip(self.local_hosts, self._clients, strict=True)
+        ]
         return assembled(streams, self.placement, self.handoff, wait_for_devices=not self.copy)
 
     def counters(self) -> tuple[list[float], list[HostCounters]]:
@@ -78,7 +80,8 @@ class SidecarBackend:
                 handoff.merge(client.handoff.values)
                 if client.stats is not None:
                     stages.merge(client.stats["stages"])
-                    cpu, ring = plus(cpu, tuple(client.stats["cpu"])), plus(ring, tuple(client.stats["ring"]))
+                    (t, c), (s, k) = client.stats["cpu"], client.stats["ring"]
+                    cpu, ring = plus(cpu, (t, c)), plus(ring, (s, k))
             out.append(HostCounters(tuple(stages.values), cpu, ring))
         return list(handoff.values), out
 
@@ -96,6 +99,9 @@ class SidecarBackend:
             workers, budget = info.get("workers", 1), info.get("budget", {})
             shm = info.get("slots", 0) * info.get("slot_bytes", 0)
             infos.append(
-                HostInfo(h, f"sidecar {address}", max(1, workers), workers > 1, budget.get("cpus"), budget.get("source"), info.get("slots"), shm)
+                HostInfo(
+                    h, f"sidecar {address}", max(1, workers), workers > 1, budget.get("cpus"), budget.get("source"),
+                    info.get("slots"), shm,
+                )
             )
         return infos

@@ -80,7 +80,9 @@ class SidecarClient:
                 if not self._alive():
                     raise EOFError
                 if deadline is not None and time.monotonic() > deadline:
-                    raise SidecarError(f"the sidecar at {self.address} did not answer in time while the trainer waited for {waiting_for}")
+                    raise SidecarError(
+                        f"the sidecar at {self.address} did not answer in time while the trainer waited for {waiting_for}"
+                    )
             return self._conn.recv()
         except (EOFError, OSError) as e:
             raise self._died(f"waited for {waiting_for}") from e
