@@ -45,9 +45,9 @@ if __name__ == "__main__":
 
 
 def ours_in_shm(directory: str = "/dev/shm") -> set[str]:
-    """Shared-memory files a loader could leave: our ring segments, and Grain's and
-    multiprocessing's segments and semaphores (worker processes use them)."""
-    return {n for n in os.listdir(directory) if n.startswith(("colo-data-", "psm_", "sem.mp-", "wnsm_"))}
+    """Shared-memory files a loader could leave: its sidecars' ring segments (worker
+    processes send their chunks through pipes and make none)."""
+    return {n for n in os.listdir(directory) if n.startswith("colo-data-")}
 
 
 def children() -> list[psutil.Process]:
@@ -110,8 +110,7 @@ def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
 @pytest.mark.parametrize("backend, workers", [("inprocess", 0), ("inprocess", 1), ("sidecar", 0)])
 def test_a_dropped_loader_stops_everything_it_started(token_corpus: Path, backend: str, workers: int) -> None:
     pipeline = make_pipeline(token_corpus, "global", epochs=None)
-    # Process-wide helpers made on first use stay in the baseline: JAX's, and with worker
-    # processes Grain's shared-memory release pool (4 threads, one per process, kept by design).
+    # Process-wide helpers made on first use stay in the baseline (JAX's).
     with cd.Loader(pipeline, backend=backend, workers=workers) as warm:
         next(warm)
     threads, shm = threading.active_count(), ours_in_shm()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -124,7 +124,8 @@ class _HostSide:
 
 def _batch_sharding(request: jax.Array) -> NamedSharding:
     """Leading dimension over the hosts' CPU devices, as the request's."""
-    return NamedSharding(request.sharding.mesh, PartitionSpec(_AXIS))
+    mesh = cast(NamedSharding, request.sharding).mesh  # `ColocatedHosts._request` makes it a NamedSharding
+    return NamedSharding(mesh, PartitionSpec(_AXIS))
 
 
 def _close(stream: tuple[int, Iterator[HostChunk], Lifecycle]) -> None:
@@ -209,7 +210,8 @@ class ColocatedHosts:
         # The first call creates the objects. It must succeed: a colocated object lives only
         # as long as a compiled method holds it, and a first call that fails holds nothing
         # (every later call would find no object), so this one cannot fail on the data.
-        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers)
+        # jax types the wrapper `type[object]`, though it takes `_HostSide`'s arguments
+        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers)  # type: ignore[call-arg]
         try:
             seen = np.asarray(self._call("open", self._request(0, 1)))
         except BaseException:

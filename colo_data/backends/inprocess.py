@@ -10,6 +10,7 @@ from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
 from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import CpuBudget, cpu_budget
+from colo_data.host.workers import WorkerPool
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
@@ -25,15 +26,18 @@ class InProcessBackend:
         placement: the mesh placement; its local hosts are computed here.
         workers: worker processes per host (0: none).
         ahead: compute each host's next chunk on a thread while this one is handed out.
+        owner: stops the worker processes when it closes.
     """
 
     name = "inprocess"
 
-    def __init__(self, pipeline: Pipeline, placement: Placement, workers: int, ahead: bool) -> None:
+    def __init__(self, pipeline: Pipeline, placement: Placement, workers: int, ahead: bool, owner: Lifecycle) -> None:
         self.placement = placement
         self.local_hosts = placement.local_hosts
         self.workers = workers
         self._hosts = [HostPipeline(pipeline, h, placement.hosts, workers, ahead) for h in self.local_hosts]
+        for host in self._hosts if workers else ():  # started now, while the trainer compiles; kept across runs
+            host.pool = WorkerPool(workers, owner)
         self.handoff = StageTimes()
         self._cpu: CpuMeter | None = None  # the worker processes', all hosts together
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)

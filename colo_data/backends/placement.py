@@ -53,7 +53,8 @@ class Placement:
         self._shardings: dict[int, NamedSharding] = {}
         needed: set[int] = set()
         for index in self.sharding(1).addressable_devices_indices_map((global_batch_size,)).values():
-            start, stop, _ = index[0].indices(global_batch_size)
+            # jax types the values `Index | None`, but they come from `devices_indices_map`: never None
+            start, stop, _ = index[0].indices(global_batch_size)  # type: ignore[index]
             needed.update(range(start // self.per_host, -(-stop // self.per_host)))
         self.local_hosts = sorted(needed)
         if not self.local_hosts:
@@ -83,17 +84,19 @@ class Placement:
 
     def assemble(self, pieces: Mapping[int, HostBatch]) -> dict[str, jax.Array]:
         """The global batch from the pieces of the local hosts (host -> its rows)."""
-        out = {}
+        out: dict[str, jax.Array] = {}
         reference_host = self.local_hosts[0]
         for name, first in pieces[reference_host].items():
-            parts = {h: pieces[h].get(name) for h in self.local_hosts}
-            for h, part in parts.items():
+            parts: dict[int, np.ndarray] = {}
+            for h in self.local_hosts:
+                part = pieces[h].get(name)
                 if part is None or part.shape[1:] != first.shape[1:] or part.dtype != first.dtype:
                     got = "no such column" if part is None else f"{part.dtype}{list(part.shape)}"
                     raise TransformError(
                         f"column {name!r}: host {reference_host} made {first.dtype}{list(first.shape)}, host {h} made "
                         f"{got}; transforms must give every host the same columns, dtypes and trailing shapes"
                     )
+                parts[h] = part
             shape = (self.global_batch_size, *first.shape[1:])
             out[name] = jax.make_array_from_callback(shape, self.sharding(len(shape)), functools.partial(self._rows, parts))
         return out

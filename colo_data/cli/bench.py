@@ -39,9 +39,16 @@ def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> 
 
 @click.command()
 @click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Global batches to read [one pass over the pipeline's epochs].")
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="First steps kept apart from the steady state.")
-@click.option("--step-time", "step_ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Simulated training step per batch, in ms.")
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=None, help="Global batches to read [one pass over the pipeline's epochs]."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="First steps kept apart from the steady state."
+)
+@click.option(
+    "--step-time", "step_ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    help="Simulated training step per batch, in ms.",
+)
 @click.option(
     "--backend", type=click.Choice(["inprocess", "sidecar", "colocated", "auto"]), default="auto", show_default=True,
     help="Where the host pipelines run (auto: sidecar if COLO_DATA_SIDECAR is set, colocated on Pathways, else inprocess).",
@@ -50,10 +57,19 @@ def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> 
     "--hosts", type=click.IntRange(min=1), default=None,
     help="Host pipelines, simulated in one process [the JAX process count; colocated: one per CPU device].",
 )
-@click.option("--workers", default=None, help="Workers per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].")
-@click.option("--compare", type=click.Choice(["grain"]), default=None, help="Also run the same pipeline with Grain alone and print the ratio.")
+@click.option(
+    "--workers", default=None,
+    help="Workers per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].",
+)
+@click.option(
+    "--compare", type=click.Choice(["grain"]), default=None,
+    help="Also run the same pipeline with Grain alone and print the ratio.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report as JSON here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG: input wait per step, throughput over time.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+    help="Write a PNG: input wait per step, throughput over time.",
+)
 def bench(
     config: str | None,
     steps: int | None,

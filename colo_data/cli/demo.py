@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import click
 
@@ -14,7 +15,9 @@ import click
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--shuffle", type=click.Choice(["none", "global", "block"]), default="block", show_default=True)
-def demo(steps: int | None, hosts: int, workers: int, batch_size: int, seq_len: int, shuffle: str) -> None:
+def demo(
+    steps: int | None, hosts: int, workers: int, batch_size: int, seq_len: int, shuffle: Literal["none", "global", "block"]
+) -> None:
     """Read the demo corpus (written on first use) through cd.Loader and report throughput."""
     from absl import flags
 
@@ -37,6 +40,7 @@ def demo(steps: int | None, hosts: int, workers: int, batch_size: int, seq_len: 
             if steps is not None and step + 1 >= steps:
                 break
         elapsed = time.perf_counter() - start
+    assert first is not None  # the demo corpus gives at least one batch
     click.echo(
         f"{records} records in {elapsed:.2f} s: {records / elapsed:,.0f} records/s "
         f"(first batch {first * 1000:.0f} ms; shuffle={shuffle}, hosts={hosts}, workers={workers}, "

@@ -28,9 +28,12 @@ PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "
 @click.option(
     "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="The sidecar's shared-memory directory [config, else /dev/shm]."
 )
-@click.option("--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Slots of the ring [config, else 4].")
 @click.option(
-    "--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS", help="The trainer's host count [1: the largest ring]."
+    "--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Slots of the ring [config, else 4]."
+)
+@click.option(
+    "--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS",
+    help="The trainer's host count [1: the largest ring].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of aligned text.")
 def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: int, as_json: bool) -> None:

@@ -31,10 +31,15 @@ def sidecar() -> None:
     "--socket", "socket_path", required=True, envvar="COLO_DATA_SOCKET", help="Unix socket path to listen on (unix:// optional)."
 )
 @click.option(
-    "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="Memory-backed directory for the batch ring [config, else /dev/shm]."
+    "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR",
+    help="Memory-backed directory for the batch ring [config, else /dev/shm].",
 )
-@click.option("--workers", default=None, envvar="COLO_DATA_WORKERS", help="Worker processes: a number or 'auto' (from the CPU budget).")
-@click.option("--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Batches in the shared-memory ring [4].")
+@click.option(
+    "--workers", default=None, envvar="COLO_DATA_WORKERS", help="Worker processes: a number or 'auto' (from the CPU budget)."
+)
+@click.option(
+    "--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Batches in the shared-memory ring [4]."
+)
 @click.option(
     "--hosts",
     type=click.IntRange(min=1),

@@ -143,7 +143,13 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
 
 
 def _host_rows(
-    window: _Window, pack: Pack, row_of: np.ndarray, offset_of: np.ndarray, first_row: int, stop_row: int, index_column: str | None
+    window: _Window,
+    pack: Pack,
+    row_of: np.ndarray,
+    offset_of: np.ndarray,
+    first_row: int,
+    stop_row: int,
+    index_column: str | None,
 ) -> Columns:
     """Rows `[first_row, stop_row)` of the plan, built from the window's values."""
     height, length = stop_row - first_row, pack.length
@@ -160,7 +166,8 @@ def _host_rows(
     segment = np.arange(len(rows)) - np.repeat(starts_at, np.diff(np.r_[starts_at, len(rows)])) + 1
     ramp = np.arange(length, dtype=np.int32)
     starts, values = window.offsets[mine], window.values
-    for row, offset, start, size, seg in zip(rows.tolist(), offset_of[mine].tolist(), starts.tolist(), sizes.tolist(), segment.tolist()):
+    placed = zip(rows.tolist(), offset_of[mine].tolist(), starts.tolist(), sizes.tolist(), segment.tolist(), strict=True)
+    for row, offset, start, size, seg in placed:
         # one slice copy per record: a few dozen a batch, cheaper than a gather per token
         tokens[row, offset : offset + size] = values[start : start + size]
         segment_ids[row, offset : offset + size] = seg

@@ -9,7 +9,9 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 from time import perf_counter
+from typing import TYPE_CHECKING
 
+import cloudpickle
 import numpy as np
 
 from colo_data.errors import ColoDataError, ConfigError, TransformError
@@ -31,6 +33,9 @@ from colo_data.telemetry.counters import (
     StageTimes,
     metered,
 )
+
+if TYPE_CHECKING:
+    from colo_data.host.workers import WorkerPool
 
 _FOREVER = 2**62
 CHUNK_RECORDS = 512
@@ -76,6 +81,7 @@ class HostPipeline:
         self._order: GlobalOrder | None = None
         self.stages = StageTimes()
         self.cpu: CpuMeter | None = None
+        self.pool: WorkerPool | None = None  # given by whoever keeps workers across streams
 
     @property
     def order(self) -> GlobalOrder:
@@ -175,9 +181,10 @@ class HostPipeline:
     def chunks(self, start_position: int, owner: Lifecycle | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, `chunk` batches at a time
         (one after the other along the rows; the last chunk may hold fewer): computed here
-        when `workers` is 0, else by Grain's multiprocessing; `owner` stops the processes and
-        the source's read-ahead thread when it closes. Packed batches are planned in stream order, one at a time, here
-        (`workers` is not used for them)."""
+        when `workers` is 0, else by the worker processes of `pool` (started now, owned by
+        `owner`, when no pool was given). `owner` also stops the source's read-ahead thread.
+        Packed batches are planned in stream order, one at a time, here (`workers` is not
+        used for them)."""
         source = self.pipeline.source
         if owner is not None and isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
@@ -185,22 +192,17 @@ class HostPipeline:
             return self._packed(self.pipeline.pack, start_position)
         total = self.pipeline.batches_from(start_position)
         chunk_count = _FOREVER if total is None else -(-total // self.chunk)
-        chunk_at = _ChunkAt(self, start_position, total)
         if not self.workers:
-            return map(chunk_at, range(chunk_count))
-        import grain  # only worker processes need Grain's multiprocessing
-        from absl import flags
+            return map(ChunkAt(self, start_position, total), range(chunk_count))
+        if self.pool is None:
+            from colo_data.host.workers import WorkerPool
 
-        chunk_at.in_worker = True
-        if not flags.FLAGS.is_parsed():  # Grain's multiprocessing reads absl flags
-            flags.FLAGS.mark_as_parsed()
-        ds = (
-            grain.MapDataset.range(0, chunk_count)
-            .map(chunk_at)
-            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-            .mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
-        )
-        return _merge_stages(iter(ds), self.stages, owner)
+            self.pool = WorkerPool(self.workers, owner or Lifecycle(f"host {self.host} workers"))
+        payload = cloudpickle.dumps(self.pipeline)
+        rest = self.pool.chunks(payload, self.host, self.hosts, start_position, total, range(1, chunk_count))
+        # The first chunk is computed here while the workers start up and take the next ones:
+        # the first batch does not wait for a worker process to import and open the files.
+        return _merge_stages(_head_start(ChunkAt(self, start_position, total), rest), self.stages)
 
     def pieces(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, one at a time, with their
@@ -227,10 +229,19 @@ class HostPipeline:
             owner.close()
 
 
-def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes, owner: Lifecycle | None) -> Iterator[HostChunk]:
-    """Worker processes' chunks, whose stage counters are added to `stages`; the processes
-    stop when the stream is done or closed, or when `owner` closes."""
-    key = None if owner is None else owner.add("worker processes", lambda timeout: close_iterator(chunks))
+def _head_start(first: ChunkAt, rest: Iterator[HostChunk]) -> Iterator[HostChunk]:
+    """Chunk 0 computed on this thread, then the workers' chunks; closes `rest` when done or
+    closed."""
+    try:
+        yield first(0)
+        yield from rest
+    finally:
+        close_iterator(rest)
+
+
+def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes) -> Iterator[HostChunk]:
+    """Worker processes' chunks, whose stage counters are added to `stages`; closes `chunks`
+    when done or closed."""
     try:
         for chunk in chunks:
             if chunk.stages is not None:
@@ -238,18 +249,17 @@ def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes, owner: Lifecy
                 chunk.stages = None
             yield chunk
     finally:
-        if owner is not None and key is not None:
-            owner.discard(key)
         close_iterator(chunks)
 
 
-class _ChunkAt:
-    """Picklable map function: chunk i of the host's batches after a start position. In a
-    worker process (`in_worker`) the chunk carries its stage counters back with it."""
+class ChunkAt:
+    """Chunk i of the host's batches after stream position `start` (`total` batches in the
+    stream from there, None: endless). In a worker process (`in_worker`) the chunk carries
+    its stage counters back with it."""
 
-    def __init__(self, host: HostPipeline, start: int, total: int | None) -> None:
+    def __init__(self, host: HostPipeline, start: int, total: int | None, in_worker: bool = False) -> None:
         self.host, self.start, self.total = host, start, total
-        self.in_worker = False
+        self.in_worker = in_worker
 
     def __call__(self, i: int) -> HostChunk:
         chunk, size = self.host.chunk, self.host.pipeline.global_batch_size

@@ -41,9 +41,9 @@ class LoaderStateHandler(ocp.handlers.JsonCheckpointHandler):
         self,
         filename: str = STATE_FILE,
         *,
-        multiprocessing_options: ocp.options.MultiprocessingOptions = ocp.options.MultiprocessingOptions(),
+        multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
     ) -> None:
-        super().__init__(filename, multiprocessing_options=multiprocessing_options)
+        super().__init__(filename, multiprocessing_options=multiprocessing_options or ocp.options.MultiprocessingOptions())
 
     def restore(
         self, directory: epath.Path, item: Any = None, args: LoaderStateRestore | None = None
@@ -65,9 +65,9 @@ class LoaderStateHandler(ocp.handlers.JsonCheckpointHandler):
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StateError(f"{path} is not JSON ({e}): it was not written by cd.checkpoint.save_args") from e
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            kind = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise StateError(
-                f"checkpoint item {directory}: {path.name} has format {found!r}, not a colo-data loader state "
+                f"checkpoint item {directory}: {path.name} has format {kind!r}, not a colo-data loader state "
                 f"({FORMAT!r}). Restore this item with the args it was saved with, and save loader states with "
                 "cd.checkpoint.save_args(loader)."
             )

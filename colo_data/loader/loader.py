@@ -260,7 +260,7 @@ class Loader:
             return SidecarBackend(pipeline, self.placement, addresses, shm_dir, workers, slots, copy, owner)
         from colo_data.backends.inprocess import InProcessBackend
 
-        return InProcessBackend(pipeline, self.placement, workers or 0, ahead=prefetch > 0)
+        return InProcessBackend(pipeline, self.placement, workers or 0, prefetch > 0, owner)
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
         return self

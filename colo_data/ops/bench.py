@@ -159,7 +159,11 @@ def grain_loader(pipeline: Pipeline) -> tuple[grain.DataLoader, list[str]]:
         sampler=grain.samplers.IndexSampler(
             num_records=len(pipeline.source), shuffle=order.shuffle != "none", seed=order.seed, num_epochs=pipeline.epochs
         ),
-        operations=[grain.transforms.Batch(pipeline.global_batch_size, drop_remainder=True, batch_fn=_TransformedBatch(pipeline.transforms))],
+        operations=[
+            grain.transforms.Batch(
+                pipeline.global_batch_size, drop_remainder=True, batch_fn=_TransformedBatch(pipeline.transforms)
+            )
+        ],
         worker_count=GRAIN_DEFAULT_WORKERS,
     )
     notes.insert(0, f"DataLoader(worker_count=None): {loader.multiprocessing_options.num_workers} worker processes")
@@ -263,7 +267,10 @@ def report(runs: Sequence[Run]) -> str:
     row("first batch (s)", [f"{r.telemetry.first_batch_s:.2f}" if r.telemetry.first_batch_s is not None else "-" for r in runs])
     row(
         "warm-up: steps, s, wait share",
-        [f"{r.telemetry.warmup.steps}, {r.telemetry.warmup.seconds:.2f}, {r.telemetry.warmup.input_wait_share:.0%}" for r in runs],
+        [
+            f"{r.telemetry.warmup.steps}, {r.telemetry.warmup.seconds:.2f}, {r.telemetry.warmup.input_wait_share:.0%}"
+            for r in runs
+        ],
     )
     lines += _table(rows, [False, *([True] * (len(rows[0]) - 1))])
     colo = runs[0].telemetry
@@ -290,7 +297,11 @@ def report(runs: Sequence[Run]) -> str:
             if host.ring_slots_in_use is not None
             else ""
         )
-        budget = f"CPU budget {cpus_text(host.cpu_budget)} ({host.cpu_budget_source})" if host.cpu_budget is not None else "CPU budget unknown"
+        budget = (
+            f"CPU budget {cpus_text(host.cpu_budget)} ({host.cpu_budget_source})"
+            if host.cpu_budget is not None
+            else "CPU budget unknown"
+        )
         lines.append(f"host {host.host}: {host.runs_in}; {host.workers} {kind}{cpu}; {budget}{ring}")
     if colo.queue_depth is not None:
         lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
@@ -301,6 +312,8 @@ def report(runs: Sequence[Run]) -> str:
 
 
 def as_json(runs: Sequence[Run], settings: dict[str, Any]) -> dict[str, Any]:
+    """The report as one JSON object: the settings, each run's telemetry and notes, and the
+    records/s ratio of colo-data to Grain when both ran to a steady state."""
     out: dict[str, Any] = {"settings": settings, "interrupted": any(r.interrupted for r in runs)}
     for run in runs:
         out[run.name.lower()] = {**run.telemetry.as_dict(), "notes": run.notes}

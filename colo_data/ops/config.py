@@ -49,7 +49,9 @@ class Config:
             ) from e
         function = getattr(module, function_name, None)
         if not callable(function):
-            raise ConfigError(f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} has no function {function_name!r}")
+            raise ConfigError(
+                f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} has no function {function_name!r}"
+            )
         try:
             pipeline = function(**self.args)
         except TypeError as e:

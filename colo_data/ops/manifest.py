@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import yaml
 
@@ -135,7 +135,7 @@ class Deploy:
         return cls(**values)
 
 
-def _bad(key: str, value: Any, allowed: str) -> None:
+def _bad(key: str, value: Any, allowed: str) -> NoReturn:
     raise ConfigError(f"[deploy] {key} = {value!r}: give {allowed}")
 
 
@@ -164,7 +164,7 @@ def budget_workers(cpus: float) -> int:
     return max(1, math.ceil(cpus) - 1)
 
 
-def sidecar_cpus(deploy: Deploy, workers: int | str) -> float:
+def sidecar_cpus(deploy: Deploy, workers: int | Literal["auto"]) -> float:
     """The sidecar's CPU limit: `[deploy] sidecar_cpus`, else enough for `[sidecar] workers`
     plus the main loop, else `DEFAULT_SIDECAR_CPUS`. A limit whose budget would give a
     different worker count than `[sidecar] workers` asks for is an error."""
@@ -296,6 +296,7 @@ def _pathways(config: Config, deploy: Deploy) -> dict[str, Any]:
     for key in ("tpu_type", "gcs_scratch"):
         if getattr(deploy, key) is None:
             raise ConfigError(f"[deploy] {key} is needed for --target pathways")
+    assert deploy.tpu_type is not None and deploy.topology is not None  # Deploy gives both or neither
     if deploy.hosts is not None:
         raise ConfigError("[deploy] hosts: under Pathways the hosts are the TPU VMs of tpu_type, topology and slices")
     per_slice, chips = _slice_shape(deploy.topology)
@@ -325,6 +326,7 @@ def _multi_controller(config: Config, deploy: Deploy) -> dict[str, Any]:
     hosts = deploy.hosts or 1
     node_selector = resources = None
     if deploy.tpu_type is not None:
+        assert deploy.topology is not None  # Deploy gives tpu_type and topology together
         per_slice, chips = _slice_shape(deploy.topology)
         if deploy.hosts is not None and deploy.hosts != per_slice:
             raise ConfigError(f"[deploy] hosts = {deploy.hosts}, but topology {deploy.topology!r} has {per_slice} TPU host(s)")

@@ -167,10 +167,10 @@ class _Stream:
 
     def next(self) -> Batch | None:
         """The next global batch, or None at the end of the stream."""
-        batch = next(self.loader, None)
-        if batch is None:
+        arrays = next(self.loader, None)
+        if arrays is None:
             return None
-        batch = to_numpy(batch)
+        batch = to_numpy(arrays)
         self.run.records.append(_index_column(self.pipeline, batch))
         self.run.states.append(self._state())
         return batch
@@ -209,7 +209,7 @@ def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> t
         while steps is None or len(reference.run) < steps:
             step = len(reference.run)
             want = reference.next()
-            for stream, label in zip(streams[1:], labels[1:]):
+            for stream, label in zip(streams[1:], labels[1:], strict=True):
                 got = stream.next() if len(stream.run) == step else None  # None: it ended before
                 difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
             if want is None or (steps is None and reference.run.end >= pipeline.records_per_epoch):
@@ -237,6 +237,7 @@ def _batch_difference(
     row = int(min(first.values()))
     columns = ", ".join(repr(name) for name, r in first.items() if r == row)
     index = pipeline.index_column
+    assert index is not None  # verify refuses a pipeline without one
     return (
         f"batch {step} row {row} differs in {columns}: {_records(want[index][row])} {labels[0]}, "
         f"{_records(got[index][row])} {labels[1]}"

@@ -47,7 +47,9 @@ class JsonlWriter:
         try:
             open(path, "a").close()
         except OSError as e:
-            raise ConfigError(f"TelemetryExport(jsonl={path!r}): cannot write there ({e.strerror}); give a writable file path") from e
+            raise ConfigError(
+                f"TelemetryExport(jsonl={path!r}): cannot write there ({e.strerror}); give a writable file path"
+            ) from e
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="colo-data-telemetry-jsonl", daemon=True)

@@ -45,8 +45,12 @@ def _metrics(t: Telemetry) -> Iterator[Metric]:
     yield gauge("bytes_per_second", "Steady state: batch bytes delivered per second.", steady.bytes_per_s)
     yield gauge("queue_depth", "Steady state: mean prefetch queue fill at next().", t.queue_depth)
     yield gauge("input_bound", "1 when the trainer waits for input (see colo_data_verdict_info).", float(t.input_bound))
-    yield InfoMetricFamily("colo_data_verdict", "The bottleneck in one line.", value={"verdict": t.verdict, "bottleneck": t.bottleneck or ""})
-    seconds = CounterMetricFamily("colo_data_stage_seconds", "Steady state: seconds per stage and host.", labels=["stage", "host"])
+    yield InfoMetricFamily(
+        "colo_data_verdict", "The bottleneck in one line.", value={"verdict": t.verdict, "bottleneck": t.bottleneck or ""}
+    )
+    seconds = CounterMetricFamily(
+        "colo_data_stage_seconds", "Steady state: seconds per stage and host.", labels=["stage", "host"]
+    )
     items = CounterMetricFamily("colo_data_stage_items", "Steady state: records through each stage.", labels=["stage", "host"])
     nbytes = CounterMetricFamily("colo_data_stage_bytes", "Steady state: bytes out of each stage.", labels=["stage", "host"])
     cpu = GaugeMetricFamily("colo_data_worker_cpu", "Mean CPU use per worker (1 = one core).", labels=["host"])

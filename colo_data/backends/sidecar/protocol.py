@@ -37,6 +37,7 @@ def socket_path(address: str) -> str:
 
 
 def error_reply(e: BaseException) -> dict[str, Any]:
+    """The reply that carries `e` back to the client, for `raise_remote` to re-raise there."""
     return {"error": str(e), "type": type(e).__name__, "traceback": "".join(traceback.format_exception(e))}
 
 

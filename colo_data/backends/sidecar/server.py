@@ -24,6 +24,7 @@ from colo_data.errors import ConfigError
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import CpuBudget, cpu_budget
+from colo_data.host.workers import WorkerPool
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
@@ -52,10 +53,12 @@ class _Session:
         shm_dir: str,
         slots: int,
         copy_threads: int,
+        pool: WorkerPool | None,
     ) -> None:
         # One worker runs here, on the producer thread: the sidecar already is a process of
         # its own, and a single worker process would only add a hop (measured: half the rate).
         host_pipeline = HostPipeline(pipeline, host, hosts, workers if workers > 1 else 0)
+        host_pipeline.pool = pool
         self.stages = host_pipeline.stages
         self.cpu = CpuMeter("children" if host_pipeline.workers else "thread")  # sampled on the producer thread
         self.slots = slots
@@ -156,6 +159,9 @@ class SidecarServer:
         self.workers = self.budget.workers if workers is None else workers
         self.slots = slots
         self._session: _Session | None = None
+        self._owner = Lifecycle("sidecar server")
+        # started once, before any trainer connects, and reused by every session
+        self._pool = WorkerPool(self.workers, self._owner) if self.workers > 1 else None
         if exit_with is not None:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
 
@@ -183,6 +189,7 @@ class SidecarServer:
             self.shm_dir,
             self.slots,
             copy_threads(self.budget),
+            self._pool,
         )
         ring = self._session.ring
         return {
@@ -223,6 +230,7 @@ class SidecarServer:
                     if op != "open":
                         raise ConfigError(f"unknown sidecar request {op!r}")
                     send(self._open(request))
+                    assert self._session is not None  # `_open` made it
                     self._session.start(send)
                 except Exception as e:
                     send(error_reply(e))

@@ -181,7 +181,7 @@ class ShmRing:
         except BaseException:
             for segment in maps:
                 _unmap(segment)
-            for path, fd in zip(paths, fds):
+            for path, fd in zip(paths, fds, strict=False):  # fds stops at the slot that failed
                 os.unlink(path)
                 os.close(fd)
             raise
@@ -211,7 +211,7 @@ class ShmRing:
             np.copyto(dst, src)
             return
         bounds = [len(src) * i // pieces for i in range(pieces + 1)]
-        others = [self._pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
+        others = [self._pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds[1:-1], bounds[2:], strict=True)]
         np.copyto(dst[: bounds[1]], src[: bounds[1]])
         for piece in others:
             piece.result()
