@@ -21,6 +21,7 @@ test: $(STAMP)
 benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/core.py
 	$(VENV)/bin/python benchmarks/sidecar.py
+	$(VENV)/bin/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,84 @@
+"""The timed process of benchmarks/startup.py: a fresh interpreter that builds a `cd.Loader`,
+takes its first batch, a warm-up and then the steady-state batches, and prints its clock readings as one JSON
+line. It also holds the CPU-bound per-record transform, which worker processes and sidecars
+import by name (startup.py puts this folder on their PYTHONPATH). It runs against the layout
+of any colo-data commit, so that one run can compare commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import psutil
+from absl import flags
+
+import colo_data as cd
+
+try:
+    from colo_data.ops import demo
+except ImportError:  # the layout before the subpackages (commit b709df7 and earlier)
+    from colo_data import demo  # type: ignore[attr-defined, no-redef]
+
+VOCAB = 32_000
+PASSES = 3  # about 0.25 ms of Python per record here: the transform, not the hand-off, is the cost
+
+
+def token_passes(record: dict[str, Any]) -> dict[str, Any]:
+    """CPU-bound per-record work, as a pure-Python tokenizer's is: `PASSES` passes of one
+    Python step per token (a rolling hash into the vocabulary)."""
+    tokens = np.asarray(record["tokens"]).tolist()
+    for _ in range(PASSES):
+        h = 0
+        for i, t in enumerate(tokens):
+            h = (h * 31 + t) % VOCAB
+            tokens[i] = h
+    return {**record, "tokens": np.asarray(tokens, dtype=np.int32)}
+
+
+def pipeline(kind: str, seq_len: int, batch: int) -> cd.Pipeline:
+    """`light`: the demo pipeline; `cpu`: the same with `token_passes` before the pad."""
+    light = demo.pipeline(seq_len=seq_len, global_batch_size=batch)
+    if kind == "light":
+        return light
+    return dataclasses.replace(light, transforms=[cd.per_record(token_passes), *light.transforms])
+
+
+def worker_processes() -> int:
+    """Spawned worker processes among this process's descendants (those of its sidecar too)."""
+    found = 0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            found += "spawn_main" in " ".join(proc.cmdline())
+        except psutil.Error:
+            pass
+    return found
+
+
+def main(spec: dict[str, Any]) -> None:
+    """Run `spec` (pipeline, backend, workers, seq_len, batch, warmup, batches) and print
+    time.monotonic() readings (the system-wide clock that the parent reads too)."""
+    flags.FLAGS.mark_as_parsed()  # Grain's worker processes need parsed absl flags
+    p = pipeline(spec["pipeline"], spec["seq_len"], spec["batch"])
+    made = time.monotonic()
+    loader = cd.Loader(p, backend=spec["backend"], workers=spec["workers"])
+    try:
+        batches = iter(loader)
+        jax.block_until_ready(next(batches))
+        first = time.monotonic()
+        for batch in itertools.islice(batches, spec["warmup"]):
+            jax.block_until_ready(batch)
+        steady = time.monotonic()
+        for batch in itertools.islice(batches, spec["batches"]):
+            jax.block_until_ready(batch)
+        end = time.monotonic()
+        seen = worker_processes()
+    finally:
+        loader.close()
+    readings = {"loader_at": made, "first_at": first, "steady_at": steady, "end_at": end, "closed_at": time.monotonic()}
+    print(json.dumps({**readings, "worker_processes": seen}), flush=True)
