@@ -47,15 +47,15 @@ import numpy as np
 import psutil
 import pyarrow as pa
 from absl import flags
+from core import BATCH, SEQ_LEN, PadRecord  # the core benchmark's pipeline and Grain per-record pad
 
 import colo_data as cd
-from colo_data.ops import demo
-from colo_data.host.pipeline import CHUNK_RECORDS
-from colo_data.backends.sidecar.shm import ShmRing
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.backends.sidecar.server import copy_threads
-from core import BATCH, SEQ_LEN, PadRecord  # the core benchmark's pipeline and Grain per-record pad
+from colo_data.backends.sidecar.shm import ShmRing
+from colo_data.defaults import CHUNK_RECORDS
+from colo_data.ops import demo
 
 MIB = 2**20
 HANDOFF_MIB = (8, 32, 64)

@@ -18,12 +18,11 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pytest
+from pipelines import BATCH, make_pipeline
 
 import colo_data as cd
-from colo_data.host import pipeline as host_module
+from colo_data import defaults
 from colo_data.telemetry import counters, report
-
-from pipelines import BATCH, make_pipeline
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
 
@@ -66,7 +65,7 @@ class SlowSource:
 def one_batch_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Host pipelines (in this process) work one batch at a time, so a per-call delay is a
     per-batch delay."""
-    monkeypatch.setattr(host_module, "CHUNK_RECORDS", BATCH)
+    monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
 
 
 def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.Telemetry, float]:

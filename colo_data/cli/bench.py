@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from colo_data import defaults
+
 BUILTIN = "configs/demo.toml (built in)"
 
 
@@ -103,7 +105,10 @@ def bench(
             raise ConfigError(message if message.startswith(settings.path) else f"{settings.path}: {message}") from error
         options: dict[str, Any] = {"backend": backend, "hosts": hosts, "workers": count}
         if chosen == "sidecar":
-            options |= {"slots": int(settings.sidecar.get("slots", 4)), "shm_dir": settings.sidecar.get("shm_dir", "/dev/shm")}
+            options |= {
+                "slots": int(settings.sidecar.get("slots", defaults.SLOTS)),
+                "shm_dir": settings.sidecar.get("shm_dir", defaults.SHM_DIR),
+            }
         header = (
             f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen}, hosts {hosts or 'default'}, "
             f"workers {'auto' if count is None else count}, warm-up {warmup} steps, simulated step {step_ms:g} ms"

@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 
+from colo_data import defaults
 from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
 from colo_data.ops.config import Config, load_config
 
-SHM_DIR = "/dev/shm"
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 
 
@@ -42,10 +42,10 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
     try:
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}
-        directory = shm_dir or options.get("shm_dir", SHM_DIR)
+        directory = shm_dir or options.get("shm_dir", defaults.SHM_DIR)
         report = _report(directory)
         if settings is not None:
-            report["ring"] = _ring(settings, directory, slots or int(options.get("slots", 4)), hosts)
+            report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
     except ColoDataError as error:
         raise click.ClickException(str(error)) from error
     click.echo(json.dumps(report, indent=2) if as_json else _text(report))
@@ -79,7 +79,7 @@ def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, A
     }
 
 
-def _report(shm_dir: str = SHM_DIR) -> dict[str, Any]:
+def _report(shm_dir: str = defaults.SHM_DIR) -> dict[str, Any]:
     return {
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),

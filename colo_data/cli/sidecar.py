@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from colo_data import defaults
+
 if TYPE_CHECKING:
     from colo_data.backends.sidecar.ring_plan import RingPlan
     from colo_data.ops.config import Config
@@ -79,9 +81,9 @@ def serve(
         server = SidecarServer(
             path_of(socket_path),
             pipeline=settings.build() if settings else None,
-            shm_dir=shm_dir or options.get("shm_dir", "/dev/shm"),
+            shm_dir=shm_dir or options.get("shm_dir", defaults.SHM_DIR),
             workers=None if chosen == "auto" else int(chosen),
-            slots=slots or int(options.get("slots", 4)),
+            slots=slots or int(options.get("slots", defaults.SLOTS)),
             exit_with=exit_with,
         )
         if settings is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import cloudpickle
 import numpy as np
 
+from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, split_rows
 from colo_data.host.packing import packed_batches
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from colo_data.host.workers import WorkerPool
 
 _FOREVER = 2**62
-CHUNK_RECORDS = 512
 
 
 def _check_batch(columns: Columns, rows: int) -> HostBatch:
@@ -92,11 +92,11 @@ class HostPipeline:
     @property
     def chunk(self) -> int:
         """Global batches computed per call: enough that a call handles about
-        `CHUNK_RECORDS` of this host's records, so per-call costs are shared (packed
+        `defaults.CHUNK_RECORDS` of this host's records, so per-call costs are shared (packed
         batches: one)."""
         if self.pipeline.pack is not None:
             return 1
-        return max(1, CHUNK_RECORDS // (self.rows[1] - self.rows[0]))
+        return max(1, defaults.CHUNK_RECORDS // (self.rows[1] - self.rows[0]))
 
     def record_indices(self, batch_position: int, count: int = 1) -> np.ndarray:
         """Global record indices of this host's rows of `count` consecutive global batches,

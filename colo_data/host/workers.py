@@ -28,6 +28,7 @@ import cloudpickle
 from colo_data import errors
 from colo_data.errors import ColoDataError, TransformError
 from colo_data.host.chunk import HostChunk
+from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 
 AHEAD = 2  # chunks in flight per worker
@@ -77,7 +78,7 @@ class WorkerPool:
             for _ in range(count):
                 ours, theirs = socket.socketpair()
                 command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
-                process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=child_env())
                 theirs.close()
                 self._conns.append(Connection(ours.detach()))
                 self._processes.append(process)

@@ -25,7 +25,7 @@ from etils import epath
 from colo_data.errors import ConfigError, StateError
 from colo_data.loader.loader import Loader
 from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import FORMAT, restore_position
+from colo_data.spec.state import format_of, restore_position
 
 STATE_FILE = "loader_state.json"
 _ORBAX_JSON_FILE = "metadata"  # where a plain ocp.args.JsonSave item keeps its dict
@@ -64,12 +64,11 @@ class LoaderStateHandler(ocp.handlers.JsonCheckpointHandler):
             state = json.loads(path.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StateError(f"{path} is not JSON ({e}): it was not written by cd.checkpoint.save_args") from e
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            kind = state.get("format") if isinstance(state, dict) else type(state).__name__
+        problem = format_of(state)
+        if problem is not None:
             raise StateError(
-                f"checkpoint item {directory}: {path.name} has format {kind!r}, not a colo-data loader state "
-                f"({FORMAT!r}). Restore this item with the args it was saved with, and save loader states with "
-                "cd.checkpoint.save_args(loader)."
+                f"checkpoint item {directory}: {path.name} is {problem}: not a colo-data loader state. Restore this "
+                "item with the args it was saved with, and save loader states with cd.checkpoint.save_args(loader)."
             )
         pipeline = args.pipeline if args is not None else None
         if pipeline is not None:
@@ -102,7 +101,7 @@ def save_args(loader: Loader | dict[str, Any]) -> LoaderStateSave:
     to put in an `ocp.args.Composite` beside the train state. The state is taken at this
     call, so the loader may run on while an async save is written."""
     state = loader.get_state() if isinstance(loader, Loader) else loader
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if format_of(state) is not None:
         raise StateError(
             f"cd.checkpoint.save_args got {type(state).__name__} {state!r:.80}, not a colo-data loader state: "
             "pass the Loader, or the dict its get_state() returned"

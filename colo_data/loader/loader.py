@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.placement import Placement
 from colo_data.errors import ConfigError, LoaderClosedError
@@ -163,8 +164,8 @@ class Loader:
         hosts: int | None = None,
         workers: int | None = None,
         sidecar: str | Sequence[str] | None = None,
-        shm_dir: str = "/dev/shm",
-        slots: int = 4,
+        shm_dir: str = defaults.SHM_DIR,
+        slots: int = defaults.SLOTS,
         mesh: Mesh | None = None,
         partition_spec: PartitionSpec | None = None,
         state: dict[str, Any] | None = None,

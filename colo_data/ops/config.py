@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colo_data import defaults
 from colo_data.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     unknown = set(sidecar) - _SIDECAR_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
-    workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", 4)
+    workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", defaults.SLOTS)
     if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigError(f'{path}: [sidecar] workers = {workers!r}: give "auto" or an int >= 0')
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2:

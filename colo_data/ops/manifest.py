@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import yaml
 
+from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
 from colo_data.ops import versions
 from colo_data.ops.config import Config
@@ -258,7 +259,7 @@ def to_yaml(objects: list[dict[str, Any]], header: str) -> str:
 def _sidecar_values(config: Config, deploy: Deploy, target: str, hosts: int) -> dict[str, Any]:
     """Placeholders both templates share: images, command, sidecar limits, shared memory."""
     workers = config.sidecar.get("workers", "auto")
-    slots = config.sidecar.get("slots", 4)
+    slots = config.sidecar.get("slots", defaults.SLOTS)
     cpus = sidecar_cpus(deploy, workers)
     shm = quantity_bytes("shm_size", deploy.shm_size) if deploy.shm_size else shm_bytes(config, hosts, slots)
     if deploy.sidecar_memory is None:

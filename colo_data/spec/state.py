@@ -36,6 +36,16 @@ def make_state(pipeline: Pipeline, stream_position: int) -> dict[str, Any]:
     return {"format": FORMAT, "epoch": epoch, "position": position, **_identity(pipeline)}
 
 
+def format_of(state: object) -> str | None:
+    """The problem with `state` as a loader state of this colo-data's format, or None when
+    it is one: the one place the format is checked."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a dict of format {FORMAT!r}"
+    if state.get("format") != FORMAT:
+        return f"format {state.get('format')!r}; this colo-data reads {FORMAT!r}"
+    return None
+
+
 def restore_position(pipeline: Pipeline, state: dict[str, Any]) -> int:
     """The stream position a state points at, after checking that it belongs to `pipeline`.
 
@@ -47,12 +57,9 @@ def restore_position(pipeline: Pipeline, state: dict[str, Any]) -> int:
         StateError: the state has another format, another pipeline saved it, or its
             position is not one of this pipeline's.
     """
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise StateError(
-            f"loader state has format {found!r}; this colo-data reads {FORMAT!r}. "
-            "Pass the dict that Loader.get_state() returned."
-        )
+    problem = format_of(state)
+    if problem is not None:
+        raise StateError(f"the loader state is {problem}. Pass the dict that Loader.get_state() returned.")
     ours = _identity(pipeline)
     differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
     if differences:

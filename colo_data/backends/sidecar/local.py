@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 
+from colo_data.runtime.child_env import child_env
+
 _STOP_S = 10.0
 _KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remove its ring
 
@@ -22,7 +24,7 @@ class LocalSidecar:
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
         command += ["--workers", "auto" if workers is None else str(workers)]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=child_env())
 
     def stop(self, timeout: float = _STOP_S) -> None:
         """Terminate the sidecar (it removes its ring), killing it if it has not exited

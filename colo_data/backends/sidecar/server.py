@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 import psutil
 
+from colo_data import defaults
 from colo_data.backends.sidecar.protocol import FAMILY, error_reply
 from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
 from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
@@ -145,9 +146,9 @@ class SidecarServer:
         socket_path: str,
         *,
         pipeline: Pipeline | None = None,
-        shm_dir: str = "/dev/shm",
+        shm_dir: str = defaults.SHM_DIR,
         workers: int | None = None,
-        slots: int = 4,
+        slots: int = defaults.SLOTS,
         exit_with: int | None = None,
     ) -> None:
         if slots < 2:
