@@ -90,13 +90,14 @@ def stop_session(sid: int, grace: float) -> list[str]:
     return said
 
 
-def run(command: list[str], env: dict[str, str]) -> tuple[float, float, str, str, list[str]]:
-    """Run `command` in a session of its own; returns the time.monotonic() readings at its
-    start and end, its stdout and stderr, and the processes it left behind. Raises
-    RuntimeError when it fails."""
+def run(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str, str, list[str]]:
+    """Run `command` in `cwd` (the tree: `python -c` imports from the working directory
+    first), in a session of its own; returns the time.monotonic() readings at its start and
+    end, its stdout and stderr, and the processes it left behind. Raises RuntimeError when it
+    fails."""
     started = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)
+                             start_new_session=True, cwd=cwd)
     try:
         out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -130,12 +131,12 @@ class Tree:
 
     def imports(self) -> dict[str, Any]:
         """`import colo_data` (statement and process), its -X importtime figure, `colo-data --help`."""
-        start, end, out, _, _ = run([str(self.python), "-c", IMPORT], self.env)
+        start, end, out, _, _ = run([str(self.python), "-c", IMPORT], self.env, self.path)
         result: dict[str, Any] = {"import_s": float(out.strip()), "import_process_s": end - start}
-        _, _, _, err, _ = run([str(self.python), "-X", "importtime", "-c", "import colo_data"], self.env)
+        _, _, _, err, _ = run([str(self.python), "-X", "importtime", "-c", "import colo_data"], self.env, self.path)
         rows = [line.split("|") for line in err.splitlines() if line.startswith("import time:")]
         result["importtime_s"] = next(int(r[1]) for r in rows if r[2].strip() == "colo_data") / 1e6
-        start, end, _, _, _ = run([str(self.python.parent / "colo-data"), "--help"], self.env)
+        start, end, _, _, _ = run([str(self.python.parent / "colo-data"), "--help"], self.env, self.path)
         result["help_process_s"] = end - start
         return result
 
@@ -144,7 +145,7 @@ class Tree:
         spec: dict[str, Any] = {"pipeline": pipeline, "backend": backend, "workers": workers, "seq_len": SEQ_LEN}
         spec |= {"batch": BATCH, "warmup": QUICK_WARMUP if quick else WARMUP}
         spec["batches"] = QUICK_BATCHES if quick else BATCHES[pipeline]
-        start, end, out, _, left = run([str(self.python), "-c", CHILD, json.dumps(spec)], self.env)
+        start, end, out, _, left = run([str(self.python), "-c", CHILD, json.dumps(spec)], self.env, self.path)
         t = json.loads(out.strip().splitlines()[-1])
         return {
             "first_batch_from_start_s": t["first_at"] - start,

@@ -50,11 +50,13 @@ def pipeline(kind: str, seq_len: int, batch: int) -> cd.Pipeline:
 
 
 def worker_processes() -> int:
-    """Spawned worker processes among this process's descendants (those of its sidecar too)."""
+    """Worker processes among this process's descendants (those of its sidecar too): Grain's
+    (spawned by multiprocessing) or colo-data's own."""
     found = 0
     for proc in psutil.Process().children(recursive=True):
         try:
-            found += "spawn_main" in " ".join(proc.cmdline())
+            command = " ".join(proc.cmdline())
+            found += "spawn_main" in command or "colo_data.host.workers" in command
         except psutil.Error:
             pass
     return found

@@ -192,7 +192,7 @@ class HostPipeline:
             return self._packed(self.pipeline.pack, start_position)
         total = self.pipeline.batches_from(start_position)
         chunk_count = _FOREVER if total is None else -(-total // self.chunk)
-        if not self.workers:
+        if not self.workers or chunk_count <= 1:
             return map(ChunkAt(self, start_position, total), range(chunk_count))
         if self.pool is None:
             from colo_data.host.workers import WorkerPool

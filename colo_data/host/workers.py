@@ -7,49 +7,57 @@ multiprocessing spawns new processes for every iterator, each importing Grain an
 trainer session reuses it.
 
 Chunk i of a stream goes to worker i mod n and comes back in order, so the stream is the
-same for any worker count. A worker exits when its pipe closes (its parent is gone); the
-pool's `close()` ends them within a deadline, killing what does not stop.
+same for any worker count. A worker exits when its
+socket closes (its parent is gone); the pool's `close()` ends them within a deadline,
+killing what does not stop.
 """
 
 from __future__ import annotations
 
 import itertools
+import queue
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 
 from colo_data import errors
 from colo_data.errors import ColoDataError, TransformError
+from colo_data.host import frames
 from colo_data.host.chunk import HostChunk
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 
 AHEAD = 2  # chunks in flight per worker
 _POLL_S = 0.5
+_GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled host pipeline and where its stream starts), then
-    compute the chunks asked for, until the pipe closes."""
+    compute the chunks asked for, until the socket closes."""
     from colo_data.host.pipeline import ChunkAt, HostPipeline
 
     jobs: dict[int, Any] = {}
     while True:
         try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the parent closed the pipe or died
+            message = frames.receive(conn, lambda: True, _POLL_S)
+        except (EOFError, OSError):  # the parent closed the socket or died
             return
         if message[0] == "job":
             _, job, payload, host, hosts, start, total = message
             jobs.clear()  # one stream at a time: a new job ends the last one
-            jobs[job] = ChunkAt(HostPipeline(cloudpickle.loads(payload), host, hosts), start, total, in_worker=True)
+            try:
+                jobs[job] = ChunkAt(HostPipeline(cloudpickle.loads(payload), host, hosts), start, total, in_worker=True)
+            except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
+                jobs[job] = _raising(e)
             continue
         _, job, index = message
         try:
@@ -57,9 +65,59 @@ def _serve(conn: Connection) -> None:
         except BaseException as e:  # handed to the parent, raised there
             reply = (type(e).__name__, str(e), "".join(traceback.format_exception(e)))
         try:
-            conn.send((job, reply))
+            frames.send(conn, (job, reply))
         except (BrokenPipeError, OSError):
             return
+
+
+def _raising(error: BaseException) -> Any:
+    """A chunk maker that fails every chunk with `error` (the job could not be set up)."""
+
+    def chunk(index: int) -> Any:
+        raise error
+
+    return chunk
+
+
+class _Worker:
+    """One worker process, its socket, and the thread that receives its replies as they come
+    (so that a worker finishing ahead of the consumer is never blocked on a full socket)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
+        try:
+            self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=child_env())
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.process.pid}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self.replies.put(frames.receive(self.sock, lambda: self.process.poll() is None, _POLL_S))
+        except (EOFError, OSError, ValueError):  # the worker died or the pool closed the socket
+            self.replies.put(_GONE)
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        frames.send(self.sock, message)
+
+    def stop(self, deadline: float) -> None:
+        """Close the socket (the worker exits), wait until `deadline`, then kill it."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(max(0.0, deadline - time.monotonic()))
 
 
 class WorkerPool:
@@ -71,17 +129,11 @@ class WorkerPool:
     """
 
     def __init__(self, count: int, owner: Lifecycle) -> None:
-        self._conns: list[Connection] = []
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._workers: list[_Worker] = []
         self._jobs = itertools.count()
         try:
             for _ in range(count):
-                ours, theirs = socket.socketpair()
-                command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
-                process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=child_env())
-                theirs.close()
-                self._conns.append(Connection(ours.detach()))
-                self._processes.append(process)
+                self._workers.append(_Worker())
         except BaseException:
             self.close(0.0)
             raise
@@ -89,80 +141,73 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._processes]
+        return [w.process.pid for w in self._workers]
 
     def chunks(
         self, payload: bytes, host: int, hosts: int, start: int, total: int | None, indices: range
     ) -> Iterator[HostChunk]:
         """Chunks `indices` of host `host` of `hosts` of the pickled pipeline `payload`, whose
         stream starts at position `start` (`total` batches from there, None: endless), in
-        order, computed by the workers. The first requests go out now, before the iterator
-        is first read. A pool serves one stream at a time."""
+        order, computed by the workers, `AHEAD` per worker in flight or waiting. The first
+        requests go out now, before the iterator is first read. A pool serves one stream at a
+        time."""
         job = next(self._jobs)
-        for conn in self._conns:
-            self._send(conn, ("job", job, payload, host, hosts, start, total))
+        for worker in self._workers:
+            self._send(worker, ("job", job, payload, host, hosts, start, total))
         ahead = iter(indices)
-        for index in itertools.islice(ahead, AHEAD * len(self._conns)):
-            self._send(self._conns[index % len(self._conns)], ("chunk", job, index))
+        for index in itertools.islice(ahead, AHEAD * len(self._workers)):
+            self._send(self._workers[index % len(self._workers)], ("chunk", job, index))
         return self._results(job, indices, ahead)
 
     def _results(self, job: int, indices: range, ahead: Iterator[int]) -> Iterator[HostChunk]:
         for index in indices:
-            chunk = self._receive(index % len(self._conns), job)
+            chunk = self._receive(self._workers[index % len(self._workers)], job)
             following = next(ahead, None)
             if following is not None:
-                self._send(self._conns[following % len(self._conns)], ("chunk", job, following))
+                self._send(self._workers[following % len(self._workers)], ("chunk", job, following))
             yield chunk
 
-    def _send(self, conn: Connection, message: tuple[Any, ...]) -> None:
+    def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         try:
-            conn.send(message)
+            worker.send(message)
         except (BrokenPipeError, OSError) as e:
             raise self._died() from e
 
-    def _receive(self, worker: int, job: int) -> HostChunk:
+    def _receive(self, worker: _Worker, job: int) -> HostChunk:
         """The worker's next reply for `job` (replies for a stream that was left early are
         passed over)."""
-        conn, process = self._conns[worker], self._processes[worker]
-        try:
-            while True:
-                while not conn.poll(_POLL_S):
-                    if process.poll() is not None:
-                        raise EOFError
-                replied, reply = conn.recv()
-                if replied == job:
-                    break
-        except (EOFError, OSError) as e:
-            raise self._died() from e
-        if isinstance(reply, HostChunk):
-            return reply
-        kind, message, remote = reply
+        while True:
+            reply = worker.replies.get()
+            if reply is _GONE:
+                worker.replies.put(_GONE)  # for the next caller too
+                raise self._died()
+            replied, result = reply
+            if replied == job:
+                break
+        if isinstance(result, HostChunk):
+            return result
+        kind, message, remote = result
         error = getattr(errors, kind, None)
         if not (isinstance(error, type) and issubclass(error, ColoDataError)):
             error = TransformError
         raise error(f"{message}\n--- raised in a worker process ---\n{remote}")
 
     def _died(self) -> ColoDataError:
-        codes = [p.poll() for p in self._processes]
+        codes = [w.process.poll() for w in self._workers]
         return ColoDataError(
             f"a worker process died (exit codes {codes}; -9 is a kill, e.g. out of memory): check the memory "
             "limit and the transforms; restart the loader to go on from its state"
         )
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        """End the workers: close their pipes (they exit), wait up to `timeout` seconds,
+        """End the workers: close their sockets (they exit), wait up to `timeout` seconds,
         then kill what is left; safe to call twice."""
-        for conn in self._conns:
-            conn.close()
         deadline = time.monotonic() + timeout
-        for process in self._processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._conns, self._processes = [], []
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop(deadline)
 
 
 if __name__ == "__main__":
-    _serve(Connection(int(sys.argv[1])))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle: it stops the workers
+    _serve(socket.socket(fileno=int(sys.argv[1])))
