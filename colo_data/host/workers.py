@@ -1,7 +1,7 @@
 """`WorkerPool`: processes that compute a host pipeline's chunks. Each is a fresh
 interpreter running this module, which imports only colo-data's host side (no JAX, no
-Grain: about 0.3 s) and never the user's `__main__` (the pipeline arrives pickled by
-value), so scripts need no `if __name__ == "__main__":` guard for it. Grain's
+Grain: about 0.3 s) and never the user's `__main__` (cloudpickle sends the script's
+functions by value), so scripts need no `if __name__ == "__main__":` guard for it. Grain's
 multiprocessing spawns new processes for every iterator, each importing Grain and JAX
 (seconds). A pool outlives streams: a loader or a sidecar starts it once and every run or
 trainer session reuses it.
