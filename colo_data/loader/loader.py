@@ -110,7 +110,10 @@ class _Runner:
         late: list[str] = []
         if self.run is not None:
             if self.prefetcher is None and self.batches is not None:
-                close_iterator(self.batches)  # on this thread: nothing else runs it
+                try:
+                    close_iterator(self.batches)  # no thread of its own: the consumer's runs it
+                except ValueError:  # the consumer is inside it (a close from another thread): the run's parts end it
+                    pass
             late = self.run.close(timeout)
             self.backend.run_ended()
         self.run, self.batches, self.prefetcher = None, None, None
