@@ -43,7 +43,7 @@ CHILD_TIMEOUT_S = 300
 LEFT_GRACE_S = 10.0  # a sidecar notices that its trainer is gone within a second or two
 PIPELINES = ("light", "cpu")
 WARMUP = 160  # batches: more than a sidecar ring holds (4 slots of 32 of these batches)
-BATCHES = {"light": 320, "cpu": 160}  # the steady state: 10,240 and 5,120 records
+BATCHES = {"light": 800, "cpu": 480}  # the steady state: 25,600 and 15,360 records (an epoch is 1,250 batches)
 QUICK_WARMUP, QUICK_BATCHES = 2, 5
 LOADERS = [(backend, workers) for backend in ("inprocess", "sidecar") for workers in (0, 1, 2)]
 # (what, numerator, denominator, goal): ratios of steady records/s, from the issue

@@ -88,6 +88,9 @@ class _Worker:
         command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
         try:
             self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=child_env())
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self.sock = ours
