@@ -1,0 +1,1 @@
+"""Transports behind one `Backend` protocol: in process, sidecar processes, Pathways colocated Python."""

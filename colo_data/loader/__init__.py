@@ -1,0 +1,1 @@
+"""The controller-side `Loader`, its telemetry bookkeeping, Orbax checkpoints and elastic rebuilds."""

@@ -1,0 +1,1 @@
+"""Telemetry: counters, the report and its verdict, exporters."""
