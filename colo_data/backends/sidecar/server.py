@@ -1,7 +1,8 @@
 """The sidecar: one process per host that owns the host's CPU budget, runs its share of the
 pipeline in worker processes and writes each host batch once into a shared-memory slot
-(small batches several to a slot), from which the trainer reads it without a copy. It serves one trainer session at a time
-over a Unix socket (see `colo_data.backends.sidecar.protocol`)."""
+(small batches several to a slot), from which the trainer reads it without a copy. It
+serves one trainer session at a time over a Unix socket (see
+`colo_data.backends.sidecar.protocol`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 
 _WATCH_S = 0.5
+
+
 def copy_threads(budget: CpuBudget) -> int:
     """Threads that copy a large batch into its slot: the budget's whole CPUs (the copy is
     the sidecar's work between two batches; its workers wait for a free slot meanwhile)."""
