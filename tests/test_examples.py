@@ -20,13 +20,20 @@ def run_example(*args: str) -> str:
     return result.stdout
 
 
+def state_in(out: str) -> dict:
+    """The state line process 0 prints, parsed; the whole output when it is missing."""
+    found = re.search(r"^state: (.*)$", out, re.M)
+    assert found is not None, f"no 'state:' line in the output:\n{out}"
+    return json.loads(found.group(1))
+
+
 def test_multihost_example_runs_and_resumes() -> None:
     out = run_example("--processes", "2", "--steps", "3")
     for process in (0, 1):
         assert f"process {process} computes host(s) [{process}] of 2" in out, out
         held = re.findall(rf"process {process} step \d: global \(16, 128\), holds rows starting at (\[.*\])", out)
         assert held == [str([8 * process, 8 * process + 4])] * 3, out  # 2 devices x 4 rows, its own half
-    state = json.loads(re.search(r"^state: (.*)$", out, re.M).group(1))
+    state = state_in(out)
     assert state["position"] == 3 * 16 and state["epoch"] == 0
     again = run_example("--processes", "2", "--steps", "2", "--state", json.dumps(state))
-    assert json.loads(re.search(r"^state: (.*)$", again, re.M).group(1))["position"] == 5 * 16
+    assert state_in(again)["position"] == 5 * 16
