@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from colo_data import _moved
 from colo_data.errors import (
     ColoDataError,
     ConfigError,
@@ -107,6 +108,9 @@ __all__ = [
     "per_record",
     "verify",
 ]
+
+
+_moved.install()  # the module paths of colo-data before its subpackages stay importable
 
 
 def __getattr__(name: str) -> Any:

@@ -169,3 +169,27 @@ def test_the_import_graph_finds_a_cycle_when_there_is_one() -> None:
 def test_no_import_cycle_in_colo_data() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_module_paths_from_before_the_subpackages_still_import(tmp_path: Path, token_corpus: Path) -> None:
+    """Scripts and config files name the old paths (`from colo_data import demo`,
+    `pipeline = "colo_data.demo:pipeline"`): each is the moved module itself, never a copy."""
+    import importlib
+
+    from colo_data._moved import MOVED
+    from colo_data.ops.config import load_config
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from colo_data import demo  # noqa: F401 - the form the README used to show
+    from colo_data.host import HostPipeline
+    from colo_data.loader import Loader
+    from colo_data.telemetry import StageTimes, Telemetry
+
+    assert (HostPipeline, Loader, Telemetry) == (colo_data.HostPipeline, colo_data.Loader, colo_data.Telemetry)
+    assert StageTimes.__module__ == "colo_data.telemetry.counters"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        colo_data.loader.nothing  # noqa: B018
+    config = tmp_path / "old.toml"
+    config.write_text(f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nglobal_batch_size = 12\n')
+    assert load_config(config).build().global_batch_size == 12
