@@ -98,7 +98,6 @@ class _HostSide:
         ...) whose shard on host h's CPU device is host h's rows."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
-        size // hosts
         per_host: list[tuple[int, Any, HostBatch]] = []
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)

@@ -55,9 +55,8 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
 
 def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, Any]:
     """The ring CONFIG's sidecar needs (the sidecar's own computation) and whether it fits."""
-    from colo_data.backends.sidecar.ring_plan import (
-        plan_ring,  # imports the pipeline machinery: only with a CONFIG
-    )
+    # imports the pipeline machinery: only with a CONFIG
+    from colo_data.backends.sidecar.ring_plan import plan_ring
 
     plan = plan_ring(settings.build(), shm_dir, slots, hosts)
     try:

@@ -19,12 +19,12 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.io.columns import Columns, table_to_columns
+from colo_data.io.sources import ReadAhead
 from colo_data.spec.pack import POSITIONS, SEGMENT_IDS, Pack
 from colo_data.telemetry.counters import BATCH, ORDER, READ
 
 if TYPE_CHECKING:
     from colo_data.host.pipeline import HostPipeline
-
 
 
 def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:
@@ -80,13 +80,12 @@ class _Window:
         if stop <= first:
             return False
         source = self.host.pipeline.source
-        prefetch = getattr(source, "prefetch", None)
         ahead = stop + count if total is None else min(stop + count, total)
         t0 = perf_counter()
         indices = self.host.stream_indices(np.arange(first, stop, dtype=np.int64))
         t1 = perf_counter()
-        if prefetch is not None and ahead > stop:  # the next read's row groups decode meanwhile
-            prefetch(self.host.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
+        if isinstance(source, ReadAhead) and ahead > stop:  # the next read's row groups decode meanwhile
+            source.prefetch(self.host.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
         table = source.take(indices)
         self.host.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
         self.host.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)

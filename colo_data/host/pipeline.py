@@ -122,13 +122,14 @@ class HostPipeline:
 
     def _read_ahead(self, batch_position: int, count: int) -> None:
         """Ask the source to start decoding what the same span one locality ahead reads."""
-        prefetch = getattr(self.pipeline.source, "prefetch", None)
+        source = self.pipeline.source
         size = self.pipeline.global_batch_size
         ahead = -(-self.order.locality // size) * size
         total = self.pipeline.total_records
-        if prefetch is None or not ahead or (total is not None and batch_position + ahead + count * size > total):
+        past_the_end = total is not None and batch_position + ahead + count * size > total
+        if not isinstance(source, ReadAhead) or not ahead or past_the_end:
             return
-        prefetch(self.record_indices(batch_position + ahead, count))
+        source.prefetch(self.record_indices(batch_position + ahead, count))
 
     def batch(self, batch_position: int, count: int = 1, stages: StageTimes | None = None) -> HostBatch:
         """This host's rows of `count` consecutive global batches (one after the other), the

@@ -189,15 +189,14 @@ def slot_bound(pipeline: Pipeline, hosts: int) -> int:
     from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES
     from colo_data.backends.sidecar.shm import ALIGN, slot_bytes
     from colo_data.host.pipeline import HostPipeline
+    from colo_data.runtime.prefetch import close_iterator
 
     host = HostPipeline(pipeline, 0, hosts)
     chunks = host.chunks(0)
     try:
         first = next(chunks, None)
     finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+        close_iterator(chunks)
     if first is None:
         raise ConfigError(f"the pipeline gives no batch for {hosts} host(s): nothing to size shared memory from")
     rows = host.rows[1] - host.rows[0]

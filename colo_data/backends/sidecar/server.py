@@ -58,6 +58,7 @@ class _Session:
         slots: int,
         copy_threads: int,
         pool: WorkerPool | None,
+        server: Lifecycle,
     ) -> None:
         # One worker runs here, on the producer thread: the sidecar already is a process of
         # its own, and a single worker process would only add a hop (measured: half the rate).
@@ -68,7 +69,7 @@ class _Session:
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
         self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
-        self._owner = Lifecycle(f"sidecar session of host {host} of {hosts}")
+        self._owner = server.child(f"sidecar session of host {host} of {hosts}")
         self._chunks: Iterator[HostChunk] = host_pipeline.chunks(position, self._owner)
         try:
             first = next(self._chunks, None)
@@ -194,6 +195,7 @@ class SidecarServer:
             self.slots,
             copy_threads(self.budget),
             self._pool,
+            self._owner,
         )
         ring = self._session.ring
         return {
