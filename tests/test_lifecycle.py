@@ -33,7 +33,7 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo  # the form the README shows
 
 if __name__ == "__main__":
     shuffle, backend, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
