@@ -5,8 +5,9 @@ process, for one or more colo-data trees (e.g. the commits before and after a ch
 Per tree and round, each in a fresh interpreter of the tree's `.venv`: `import colo_data`
 (the statement's wall time and the whole process's), `python -X importtime -c "import
 colo_data"` (colo_data's cumulative figure), `colo-data --help` (the process's wall time), and
-for two pipelines x {in process, sidecar started by the Loader} x {0, 1, 2} workers one
-process (benchmarks/startup_child.py) that builds `cd.Loader(pipeline, backend=...,
+for two pipelines x {in process, sidecar started by the Loader} x {0, 1, 2} workers (and, for
+the light pipeline, in process with 0 and 2 workers, the trainer started with the settings
+that worker and sidecar processes get: `SETTINGS_ENV`) one process (benchmarks/startup_child.py) that builds `cd.Loader(pipeline, backend=...,
 workers=...)`, takes its first batch, then `WARMUP` batches, then the steady-state batches
 whose rate is reported; every batch `jax.block_until_ready`. The warm-up is there because a
 sidecar fills its ring (4 slots of up to 32 of these 128 KiB batches) during start-up, so the
@@ -35,6 +36,8 @@ from typing import Any
 import psutil
 from core import BATCH, SEQ_LEN  # the core benchmark's demo pipeline settings
 
+from colo_data.runtime.child_env import PROCESS_DEFAULTS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHILD = "import json, sys, startup_child; startup_child.main(json.loads(sys.argv[1]))"
@@ -46,11 +49,17 @@ WARMUP = 160  # batches: more than a sidecar ring holds (4 slots of 32 of these 
 BATCHES = {"light": 800, "cpu": 480}  # the steady state: 25,600 and 15,360 records (an epoch is 1,250 batches)
 QUICK_WARMUP, QUICK_BATCHES = 2, 5
 LOADERS = [(backend, workers) for backend in ("inprocess", "sidecar") for workers in (0, 1, 2)]
+# In process, with the trainer started with the settings that worker and sidecar processes get
+# (colo_data.runtime.child_env): how much of the workers' gain those settings are.
+SETTINGS = "inprocess, trainer with the process settings"
+SETTINGS_ENV = {**PROCESS_DEFAULTS, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+CONFIGS = [(p, b, w) for p in PIPELINES for b, w in LOADERS] + [("light", SETTINGS, 0), ("light", SETTINGS, 2)]
 # (what, numerator, denominator, goal): ratios of steady records/s, from the issue
 RATIOS = [
     ("cpu: sidecar, 2 workers / in process, 0 workers", ("cpu", "sidecar", 2), ("cpu", "inprocess", 0), ">= 1.7"),
     ("light: in process, 2 workers / 0 workers", ("light", "inprocess", 2), ("light", "inprocess", 0), ">= 0.9"),
     ("light: sidecar, 2 workers / 0 workers", ("light", "sidecar", 2), ("light", "sidecar", 0), ">= 0.9"),
+    (f"light: {SETTINGS}, 2 workers / 0 workers", ("light", SETTINGS, 2), ("light", SETTINGS, 0), None),
 ]
 FIRST_BATCH_GOAL = (("light", "sidecar", 2), "<= 1.5")  # seconds from cd.Loader(...)
 
@@ -142,10 +151,12 @@ class Tree:
 
     def loader(self, pipeline: str, backend: str, workers: int, quick: bool) -> Run:
         """One fresh process: start-up, first batch and steady rate of one configuration."""
+        env = {**self.env, **SETTINGS_ENV} if backend == SETTINGS else self.env
+        backend = "inprocess" if backend == SETTINGS else backend
         spec: dict[str, Any] = {"pipeline": pipeline, "backend": backend, "workers": workers, "seq_len": SEQ_LEN}
         spec |= {"batch": BATCH, "warmup": QUICK_WARMUP if quick else WARMUP}
         spec["batches"] = QUICK_BATCHES if quick else BATCHES[pipeline]
-        start, end, out, _, left = run([str(self.python), "-c", CHILD, json.dumps(spec)], self.env, self.path)
+        start, end, out, _, left = run([str(self.python), "-c", CHILD, json.dumps(spec)], env, self.path)
         t = json.loads(out.strip().splitlines()[-1])
         return {
             "first_batch_from_start_s": t["first_at"] - start,
@@ -198,15 +209,14 @@ def render(tree: Tree, imports: list[dict[str, Any]], runs: dict[str, list[Run]]
         "| first batch from `cd.Loader(...)` s | close s | steady records/s | all rounds records/s |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for pipeline in PIPELINES:
-        for backend, workers in LOADERS:
-            rs = runs[key(pipeline, backend, workers)]
-            m = {field: statistics.median(values(rs, field)) for field in rs[0] if field != "left_behind"}
-            lines.append(
-                f"| {pipeline} | {backend} | {workers} | {m['worker_processes']:.0f} "
-                f"| {m['first_batch_from_start_s']:.2f} | {m['first_batch_from_loader_s']:.2f} | {m['close_s']:.2f} "
-                f"| {m['records_per_s']:,.0f} | {span(values(rs, 'records_per_s'), ',.0f')} |"
-            )
+    for pipeline, backend, workers in CONFIGS:
+        rs = runs[key(pipeline, backend, workers)]
+        m = {field: statistics.median(values(rs, field)) for field in rs[0] if field != "left_behind"}
+        lines.append(
+            f"| {pipeline} | {backend} | {workers} | {m['worker_processes']:.0f} "
+            f"| {m['first_batch_from_start_s']:.2f} | {m['first_batch_from_loader_s']:.2f} | {m['close_s']:.2f} "
+            f"| {m['records_per_s']:,.0f} | {span(values(rs, 'records_per_s'), ',.0f')} |"
+        )
     lines += ["", "| goal | median | all rounds | met (median) |", "| --- | ---: | ---: | --- |"]
     ratios: dict[str, Any] = {}
     for what, a, b, goal in RATIOS:
@@ -214,6 +224,9 @@ def render(tree: Tree, imports: list[dict[str, Any]], runs: dict[str, list[Run]]
         xs = [x / y for x, y in pairs]
         ratios[what] = {"rounds": xs, "median": statistics.median(xs), "goal": goal}
         median = statistics.median(xs)
+        if goal is None:
+            lines.append(f"| {what} (steady records/s; no goal) | {median:.2f}x | {span(xs, '.2f')} | - |")
+            continue
         lines.append(f"| {what} (steady records/s, {goal}x) | {median:.2f}x | {span(xs, '.2f')} | {verdict(xs, goal)} |")
     config, goal = FIRST_BATCH_GOAL
     xs = values(runs[key(*config)], "first_batch_from_loader_s")
@@ -244,14 +257,13 @@ def main() -> None:
         trees.append(Tree(name, Path(path)))
     started = time.perf_counter()
     imports: dict[str, list[dict[str, Any]]] = {t.name: [] for t in trees}
-    configs = [(p, b, w) for p in PIPELINES for b, w in LOADERS]
-    runs: dict[str, dict[str, list[Run]]] = {t.name: {key(*c): [] for c in configs} for t in trees}
+    runs: dict[str, dict[str, list[Run]]] = {t.name: {key(*c): [] for c in CONFIGS} for t in trees}
     failures: list[str] = []
     for r in range(rounds):
         for tree in trees:
             imports[tree.name].append(tree.imports())
             print(f"round {r + 1}/{rounds}  {tree.name}: {imports[tree.name][-1]}", flush=True)
-        for config in configs:
+        for config in CONFIGS:
             for tree in trees:
                 tag = f"round {r + 1}/{rounds}  {tree.name}  {key(*config)}"
                 try:

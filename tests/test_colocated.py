@@ -24,6 +24,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
+from colo_data import defaults
 from colo_data.backends import colocated
 from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
 from colo_data.spec.state import make_state, restore_position
@@ -152,21 +153,25 @@ class _SmallChunks(cd.HostPipeline):
         return 4
 
 
-def test_workers_run_in_the_colocated_object_and_close_stops_them(token_corpus: Path) -> None:
-    """One host (starting a Grain worker pool takes seconds) with one worker process."""
+def test_workers_run_in_the_colocated_object_and_close_stops_them(
+    token_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One host with two worker processes; chunks of one batch, so that the 12 batches are
+    the host's first chunk and then the workers' larger ones, cut to the calls' size."""
+    monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
     pipeline = make_pipeline(token_corpus, epochs=None)
     before = _children()
-    hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()[:1]), workers=1)
+    hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()[:1]), workers=2)
     stream = hosts.batches(0)
     got = [to_numpy(next(stream)) for _ in range(12)]
-    assert len(_children() - before) == 1  # the host's worker, still running: the stream is endless
+    assert len(_children() - before) == 2  # the host's workers, still running: the stream is endless
     stream.close()
     hosts.close()
     deadline = time.monotonic() + 10
     while _children() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _children() - before, "worker processes left behind"
-    assert_batches_equal(reference(pipeline, 0, 12), got, "1 host, 1 worker")
+    assert_batches_equal(reference(pipeline, 0, 12), got, "1 host, 2 workers")
 
 
 def _children() -> set[int]:

@@ -7,6 +7,7 @@ import gc
 import json
 import time
 from pathlib import Path
+from unittest import mock
 
 import grain
 import jax
@@ -16,6 +17,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
+from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
@@ -28,10 +30,13 @@ _epochs: dict[tuple[str, int, int], list[dict[str, np.ndarray]]] = {}
 
 
 def epoch(corpus: Path, shuffle: str, hosts: int, workers: int) -> list[dict[str, np.ndarray]]:
-    """One epoch's batches for a configuration, computed once per test session."""
+    """One epoch's batches for a configuration, computed once per test session. Chunks are
+    one global batch's records: with workers, the epoch is many chunks of theirs, not one
+    that the host's own thread makes."""
     key = (shuffle, hosts, workers)
     if key not in _epochs:
-        _epochs[key] = read_all(cd.Loader(make_pipeline(corpus, shuffle), hosts=hosts, workers=workers))
+        with mock.patch.object(defaults, "CHUNK_RECORDS", BATCH):
+            _epochs[key] = read_all(cd.Loader(make_pipeline(corpus, shuffle), hosts=hosts, workers=workers))
     return _epochs[key]
 
 

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 import colo_data as cd
+from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
@@ -68,6 +69,16 @@ def test_sidecar_batches_equal_in_process(token_corpus: Path, shm_dir: Path, hos
     got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=hosts, workers=2, shm_dir=str(shm_dir), slots=2))
     assert_batches_equal(expected, got, f"sidecar backend, {hosts} host(s)")
     wait_for(lambda: not sidecars(), 10, "local sidecars exit with the loader")
+
+
+def test_sidecar_worker_shares_make_the_same_stream(token_corpus: Path, shm_dir: Path) -> None:
+    """Past the chunk the sidecar makes itself, its 2 workers each compute their share of
+    every chunk (the sidecar puts them together): the same batches as in process."""
+    pipeline = make_pipeline(token_corpus, "block", epochs=None)
+    steps = (1 + 2 * defaults.WORKER_CHUNKS) * (defaults.CHUNK_RECORDS // BATCH) + 5  # chunk 0, two of the workers
+    expected = read_all(cd.Loader(pipeline, hosts=1), steps)
+    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=1, workers=2, shm_dir=str(shm_dir)), steps)
+    assert_batches_equal(expected, got, "sidecar with 2 workers")
 
 
 def test_resume_through_the_sidecar(token_corpus: Path, shm_dir: Path) -> None:
@@ -201,10 +212,14 @@ def test_trainer_killed_leaves_no_sidecar(token_corpus: Path, shm_dir: Path, tmp
         assert trainer.stdout.readline().strip() == b"running"
         side = [c for c in psutil.Process(trainer.pid).children(recursive=True) if "sidecar" in " ".join(c.cmdline())]
         assert side and any(shm_dir.iterdir())
+        command = side[0].cmdline()
+        socket_dir = Path(command[command.index("--socket") + 1]).parent
+        assert socket_dir.is_dir()
         trainer.kill()
         trainer.wait()
         wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in side), 10, "the sidecar exits")
         wait_for(lambda: not any(shm_dir.iterdir()), 10, "the sidecar removes its ring")
+        assert not socket_dir.exists(), f"{socket_dir} (the sidecar's socket directory) is left behind"
     finally:
         trainer.kill()
 

@@ -23,7 +23,7 @@ from colo_data import errors
 from colo_data.backends.base import GlobalBatch
 from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
-from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.chunk import HostBatch, HostChunk, split_rows
 from colo_data.host.pipeline import HostPipeline
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -58,7 +58,8 @@ class _HostSide:
     `(hosts, count, 2)`, sharded over the hosts' CPU devices, holding the stream positions
     of `count` consecutive global batches; the shard a host holds says which host it is.
     Consecutive requests continue each host's chunk stream (its worker processes and
-    row-group cache); any other position restarts it."""
+    row-group cache); any other position restarts it. The requests of a stream ask for
+    the same count (`ColocatedHosts.batches_per_call`), but the last one."""
 
     def __init__(self, pipeline: Pipeline, workers: int) -> None:
         self.pipeline, self.workers = pipeline, workers
@@ -79,8 +80,10 @@ class _HostSide:
                 _close(current)
             if host not in self._pipelines:
                 self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, self.workers)
+            host_pipeline = self._pipelines[host]
             run = self._owner.child(f"host {host} stream")
-            current = (position, self._pipelines[host].chunks(position, run), run)
+            rows = (host_pipeline.rows[1] - host_pipeline.rows[0]) * count  # workers' chunks are larger: cut them
+            current = (position, split_rows(host_pipeline.chunks(position, run), rows), run)
         chunk = next(current[1])
         self._streams[host] = (position + count * size, current[1], current[2])
         return chunk.columns

@@ -1,6 +1,7 @@
 """`HostChunk`: what a host pipeline hands on, consecutive host batches stacked along the
 rows, with the metadata that travels beside the columns (never inside them): where the
-stream stands after it (packed batches) and a worker process's stage counters."""
+stream stands after it (packed batches), a worker process's stage counters, and where a
+worker's share of a chunk goes in it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from colo_data.errors import TransformError
 from colo_data.runtime.prefetch import close_iterator
 
 HostBatch = dict[str, np.ndarray]
@@ -23,15 +25,55 @@ class HostChunk:
         end: the stream position after the chunk's last batch, where the batches do not
             each take a global batch of records (packed pipelines); None otherwise.
         stages: stage counters (`StageTimes.values`) a worker process measured for it.
+        places: for a worker's share of a chunk, the row of the chunk that each of its rows
+            is (it has no columns when the share is empty); None for a whole chunk.
     """
 
     columns: HostBatch
     end: int | None = None
     stages: list[float] | None = None
+    places: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
         return len(next(iter(self.columns.values())))
+
+
+def merge_shares(shares: list[HostChunk]) -> HostChunk:
+    """One chunk from the shares of it that worker processes computed: each share's rows go
+    to their `places`, the stage counters add up.
+
+    Raises:
+        TransformError: the shares disagree on a column's name, dtype or row shape (a
+            transform whose output depends on which records it is given).
+    """
+    stages = [sum(values) for values in zip(*(s.stages for s in shares if s.stages is not None), strict=True)]
+    filled = [s for s in shares if s.columns]
+    if len(filled) == 1:  # one share holds every row, in order (places are ascending)
+        return HostChunk(filled[0].columns, stages=stages or None)
+    height = sum(len(s.places) for s in shares if s.places is not None)
+    first = filled[0].columns
+    columns: HostBatch = {}
+    for name, model in first.items():
+        out = np.empty((height, *model.shape[1:]), model.dtype)
+        for share in filled:
+            column = share.columns.get(name)
+            if column is None or column.dtype != model.dtype or column.shape[1:] != model.shape[1:]:
+                got = "no such column" if column is None else f"{column.dtype} rows of shape {column.shape[1:]}"
+                raise TransformError(
+                    f"column {name!r} came out as {model.dtype} rows of shape {model.shape[1:]} for some records and "
+                    f"as {got} for others: transforms must give every record the same columns, dtypes and shapes "
+                    "(e.g. pad to a fixed length, not to the longest record of the batch)"
+                )
+            out[share.places] = column
+        columns[name] = out
+    extra = {name for share in filled for name in share.columns} - set(first)
+    if extra:
+        raise TransformError(
+            f"columns {sorted(extra)} came out of the transforms for some records and not for others: "
+            "transforms must give every record the same columns"
+        )
+    return HostChunk(columns, stages=stages or None)
 
 
 def split_rows(chunks: Iterator[HostChunk], rows: int) -> Iterator[HostChunk]:

@@ -13,6 +13,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 _COUNT = struct.Struct("<II")  # buffers, header bytes
 _SIZE = struct.Struct("<Q")
 
@@ -41,6 +43,13 @@ def _read(sock: socket.socket, size: int) -> bytearray:
     return out
 
 
+def _read_buffer(sock: socket.socket, size: int) -> np.ndarray:
+    """An out-of-band buffer: in memory that is not zeroed first, as a bytearray's is."""
+    out = np.empty(size, np.uint8)
+    _read_into(sock, out.data)
+    return out
+
+
 def receive(sock: socket.socket, alive: Callable[[], bool], poll_s: float) -> Any:
     """The next message; EOFError once the other end is gone (closed, or `alive()` says so
     while waiting)."""
@@ -50,4 +59,4 @@ def receive(sock: socket.socket, alive: Callable[[], bool], poll_s: float) -> An
     count, header_size = _COUNT.unpack(_read(sock, _COUNT.size))
     sizes = [_SIZE.unpack_from(_read(sock, _SIZE.size))[0] for _ in range(count)]
     header = _read(sock, header_size)
-    return pickle.loads(header, buffers=[_read(sock, size) for size in sizes])
+    return pickle.loads(header, buffers=[_read_buffer(sock, size) for size in sizes])

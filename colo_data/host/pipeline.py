@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -98,15 +98,17 @@ class HostPipeline:
             return 1
         return max(1, defaults.CHUNK_RECORDS // (self.rows[1] - self.rows[0]))
 
+    def _stream(self, batch_position: int, count: int) -> np.ndarray:
+        """Stream positions of this host's rows of `count` consecutive global batches, the
+        first at stream position `batch_position`."""
+        first, stop = self.rows
+        size = self.pipeline.global_batch_size
+        return (batch_position + first + size * np.arange(count, dtype=np.int64)[:, None] + np.arange(stop - first)).ravel()
+
     def record_indices(self, batch_position: int, count: int = 1) -> np.ndarray:
         """Global record indices of this host's rows of `count` consecutive global batches,
         the first at stream position `batch_position` (they may straddle epochs)."""
-        first, stop = self.rows
-        size = self.pipeline.global_batch_size
-        stream = (
-            batch_position + first + size * np.arange(count, dtype=np.int64)[:, None] + np.arange(stop - first)
-        ).ravel()
-        return self.stream_indices(stream)
+        return self.stream_indices(self._stream(batch_position, count))
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         """Global record indices at stream positions `stream` (any epochs)."""
@@ -120,8 +122,18 @@ class HostPipeline:
             indices[mask] = self.order.indices(int(epoch), positions[mask])
         return indices
 
-    def _read_ahead(self, batch_position: int, count: int) -> None:
-        """Ask the source to start decoding what the same span one locality ahead reads."""
+    def _share_rows(self, stream: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
+        """Places (in `stream`) of the records whose row groups are worker `share`'s."""
+        epochs = stream // self.pipeline.records_per_epoch
+        ranks = np.empty_like(indices)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            ranks[mask] = self.order.group_ranks(int(epoch), indices[mask])
+        return np.flatnonzero(ranks % share.workers == share.worker)
+
+    def _read_ahead(self, batch_position: int, count: int, share: Share | None) -> None:
+        """Ask the source to start decoding what the same span one locality ahead reads (of
+        it, the row groups that are `share`'s)."""
         source = self.pipeline.source
         size = self.pipeline.global_batch_size
         ahead = -(-self.order.locality // size) * size
@@ -129,25 +141,46 @@ class HostPipeline:
         past_the_end = total is not None and batch_position + ahead + count * size > total
         if not isinstance(source, ReadAhead) or not ahead or past_the_end:
             return
-        source.prefetch(self.record_indices(batch_position + ahead, count))
+        stream = self._stream(batch_position + ahead, count)
+        indices = self.stream_indices(stream)
+        source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
 
     def batch(self, batch_position: int, count: int = 1, stages: StageTimes | None = None) -> HostBatch:
         """This host's rows of `count` consecutive global batches (one after the other), the
         first starting at stream `batch_position`; the stage timings go to `stages`
         (default: this pipeline's)."""
+        return self.part(batch_position, count, stages).columns
+
+    def part(
+        self,
+        batch_position: int,
+        count: int = 1,
+        stages: StageTimes | None = None,
+        share: Share | None = None,
+        read_ahead: bool = True,
+    ) -> HostChunk:
+        """`batch`'s rows, or with `share` those of them whose row groups are that worker's
+        (the chunk's `places` say where they belong; it has no columns when there are none).
+        `read_ahead=False` leaves the decoding ahead to whoever computes the next chunks."""
         stages = self.stages if stages is None else stages
         t0 = perf_counter()
-        indices = self.record_indices(batch_position, count)
+        stream = self._stream(batch_position, count)
+        indices = self.stream_indices(stream)
+        rows = None if share is None else self._share_rows(stream, indices, share)
+        if rows is not None:
+            indices = indices[rows]
         t1 = perf_counter()
-        self._read_ahead(batch_position, count)
+        stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+        if read_ahead:
+            self._read_ahead(batch_position, count, share)
+        if not len(indices):
+            return HostChunk({}, places=rows)
         table = self.pipeline.source.take(indices)
         columns = table_to_columns(table)
-        t2 = perf_counter()
-        stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
-        stages.add(READ, t2 - t1, len(indices), table.nbytes)
+        stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         if self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
-        return self._transformed(columns, batch_position, stages)
+        return HostChunk(self._transformed(columns, batch_position, stages), places=rows)
 
     def _transformed(self, columns: Columns, batch_position: int, stages: StageTimes | None = None) -> HostBatch:
         """The pipeline's transforms applied to a batch's columns, checked."""
@@ -182,28 +215,35 @@ class HostPipeline:
     def chunks(self, start_position: int, owner: Lifecycle | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, `chunk` batches at a time
         (one after the other along the rows; the last chunk may hold fewer): computed here
-        when `workers` is 0, else by the worker processes of `pool` (started now, owned by
-        `owner`, when no pool was given). `owner` also stops the source's read-ahead thread.
-        Packed batches are planned in stream order, one at a time, here (`workers` is not
-        used for them)."""
+        when `workers` is 0, else the first here and the others `defaults.WORKER_CHUNKS`
+        chunks at a time by the worker processes of `pool` (started now, owned by `owner`,
+        when no pool was given). `owner` also stops the source's read-ahead thread. Packed
+        batches are planned in stream order, one at a time, here (`workers` is not used for
+        them)."""
         source = self.pipeline.source
         if owner is not None and isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
         if self.pipeline.pack is not None:
             return self._packed(self.pipeline.pack, start_position)
         total = self.pipeline.batches_from(start_position)
-        chunk_count = _FOREVER if total is None else -(-total // self.chunk)
-        if not self.workers or chunk_count <= 1:
-            return map(ChunkAt(self, start_position, total), range(chunk_count))
+        chunk = self.chunk
+        if not self.workers or (total is not None and total <= chunk):
+            chunk_count = _FOREVER if total is None else -(-total // chunk)
+            return map(ChunkAt(self, start_position, total, chunk), range(chunk_count))
         if self.pool is None:
             from colo_data.host.workers import WorkerPool
 
             self.pool = WorkerPool(self.workers, owner or Lifecycle(f"host {self.host} workers"))
-        payload = cloudpickle.dumps(self.pipeline)
-        rest = self.pool.chunks(payload, self.host, self.hosts, start_position, total, range(1, chunk_count))
         # The first chunk is computed here while the workers start up and take the next ones:
         # the first batch does not wait for a worker process to import and open the files.
-        return _merge_stages(_head_start(ChunkAt(self, start_position, total), rest), self.stages)
+        first = ChunkAt(self, start_position, chunk, chunk, read_ahead=False)
+        start = start_position + chunk * self.pipeline.global_batch_size
+        shared = chunk * defaults.WORKER_CHUNKS
+        rest_total = None if total is None else total - chunk
+        indices = range(_FOREVER if rest_total is None else -(-rest_total // shared))
+        payload = cloudpickle.dumps(self.pipeline)
+        rest = self.pool.chunks(payload, self.host, self.hosts, start, rest_total, shared, indices)
+        return _merge_stages(_head_start(first, rest), self.stages)
 
     def pieces(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, one at a time, with their
@@ -253,20 +293,41 @@ def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes) -> Iterator[H
         close_iterator(chunks)
 
 
+class Share(NamedTuple):
+    """Worker `worker` of `workers`: the records whose row groups come at a rank `worker`
+    modulo `workers` in the epoch's reading order (`GlobalOrder.group_ranks`) are its to
+    compute, so that no two workers decode the same row group."""
+
+    worker: int
+    workers: int
+
+
 class ChunkAt:
     """Chunk i of the host's batches after stream position `start` (`total` batches in the
-    stream from there, None: endless). In a worker process (`in_worker`) the chunk carries
-    its stage counters back with it."""
+    stream from there, None: endless), `batches` global batches a chunk. With `share` (in a
+    worker process), that worker's share of the chunk, carrying its stage counters back with
+    it; `read_ahead=False`: no decoding ahead (worker processes do it for the chunks after
+    this one)."""
 
-    def __init__(self, host: HostPipeline, start: int, total: int | None, in_worker: bool = False) -> None:
-        self.host, self.start, self.total = host, start, total
-        self.in_worker = in_worker
+    def __init__(
+        self,
+        host: HostPipeline,
+        start: int,
+        total: int | None,
+        batches: int,
+        share: Share | None = None,
+        read_ahead: bool = True,
+    ) -> None:
+        self.host, self.start, self.total, self.batches = host, start, total, batches
+        self.share, self.read_ahead = share, read_ahead
 
     def __call__(self, i: int) -> HostChunk:
-        chunk, size = self.host.chunk, self.host.pipeline.global_batch_size
+        chunk, size = self.batches, self.host.pipeline.global_batch_size
         count = chunk if self.total is None else min(chunk, self.total - i * chunk)
-        if not self.in_worker:
-            return HostChunk(self.host.batch(self.start + i * chunk * size, count))
+        position = self.start + i * chunk * size
+        if self.share is None:
+            return self.host.part(position, count, read_ahead=self.read_ahead)
         stages = StageTimes()
-        columns = self.host.batch(self.start + i * chunk * size, count, stages)
-        return HostChunk(columns, stages=stages.values)
+        part = self.host.part(position, count, stages, self.share, self.read_ahead)
+        part.stages = stages.values
+        return part

@@ -6,10 +6,12 @@ multiprocessing spawns new processes for every iterator, each importing Grain an
 (seconds). A pool outlives streams: a loader or a sidecar starts it once and every run or
 trainer session reuses it.
 
-Chunk i of a stream goes to worker i mod n and comes back in order, so the stream is the
-same for any worker count. A worker exits when its
-socket closes (its parent is gone); the pool's `close()` ends them within a deadline,
-killing what does not stop.
+Every worker computes its share of every chunk: the records whose row groups are its own
+(`Share`), so no two workers decode the same row group (when each took whole chunks in turn,
+each decoded every row group of a shuffle window, and two workers were slower than none on
+a light pipeline). The parent puts the shares back in their places, in chunk order, so the
+stream is the same for any worker count. A worker exits when its socket closes (its parent
+is gone); the pool's `close()` ends them within a deadline, killing what does not stop.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import cloudpickle
 from colo_data import errors
 from colo_data.errors import ColoDataError, TransformError
 from colo_data.host import frames
-from colo_data.host.chunk import HostChunk
+from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 
-AHEAD = 2  # chunks in flight per worker
+AHEAD = 3  # chunks in flight (each is shared out to every worker)
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
@@ -43,7 +45,7 @@ _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled host pipeline and where its stream starts), then
     compute the chunks asked for, until the socket closes."""
-    from colo_data.host.pipeline import ChunkAt, HostPipeline
+    from colo_data.host.pipeline import ChunkAt, HostPipeline, Share
 
     jobs: dict[int, Any] = {}
     while True:
@@ -52,10 +54,11 @@ def _serve(conn: socket.socket) -> None:
         except (EOFError, OSError):  # the parent closed the socket or died
             return
         if message[0] == "job":
-            _, job, payload, host, hosts, start, total = message
+            _, job, payload, host, hosts, start, total, batches, share = message
             jobs.clear()  # one stream at a time: a new job ends the last one
             try:
-                jobs[job] = ChunkAt(HostPipeline(cloudpickle.loads(payload), host, hosts), start, total, in_worker=True)
+                host_pipeline = HostPipeline(cloudpickle.loads(payload), host, hosts)
+                jobs[job] = ChunkAt(host_pipeline, start, total, batches, Share(*share))
             except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
                 jobs[job] = _raising(e)
             continue
@@ -147,28 +150,33 @@ class WorkerPool:
         return [w.process.pid for w in self._workers]
 
     def chunks(
-        self, payload: bytes, host: int, hosts: int, start: int, total: int | None, indices: range
+        self, payload: bytes, host: int, hosts: int, start: int, total: int | None, batches: int, indices: range
     ) -> Iterator[HostChunk]:
-        """Chunks `indices` of host `host` of `hosts` of the pickled pipeline `payload`, whose
-        stream starts at position `start` (`total` batches from there, None: endless), in
-        order, computed by the workers, `AHEAD` per worker in flight or waiting. The first
-        requests go out now, before the iterator is first read. A pool serves one stream at a
-        time."""
+        """Chunks `indices` of `batches` global batches each, of host `host` of `hosts` of the
+        pickled pipeline `payload`, whose stream starts at position `start` (`total` batches
+        from there, None: endless), in order, each put together from the workers' shares of
+        it, `AHEAD` chunks in flight or waiting. The first requests go out now, before the
+        iterator is first read. A pool serves one stream at a time."""
         job = next(self._jobs)
-        for worker in self._workers:
-            self._send(worker, ("job", job, payload, host, hosts, start, total))
+        count = len(self._workers)
+        for share, worker in enumerate(self._workers):
+            self._send(worker, ("job", job, payload, host, hosts, start, total, batches, (share, count)))
         ahead = iter(indices)
-        for index in itertools.islice(ahead, AHEAD * len(self._workers)):
-            self._send(self._workers[index % len(self._workers)], ("chunk", job, index))
+        for index in itertools.islice(ahead, AHEAD):
+            self._ask(job, index)
         return self._results(job, indices, ahead)
 
+    def _ask(self, job: int, index: int) -> None:
+        for worker in self._workers:
+            self._send(worker, ("chunk", job, index))
+
     def _results(self, job: int, indices: range, ahead: Iterator[int]) -> Iterator[HostChunk]:
-        for index in indices:
-            chunk = self._receive(self._workers[index % len(self._workers)], job)
+        for _ in indices:
+            shares = [self._receive(worker, job) for worker in self._workers]
             following = next(ahead, None)
             if following is not None:
-                self._send(self._workers[following % len(self._workers)], ("chunk", job, following))
-            yield chunk
+                self._ask(job, following)
+            yield merge_shares(shares)
 
     def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         try:

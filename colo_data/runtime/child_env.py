@@ -1,14 +1,36 @@
 """The environment for a child process of ours (a worker, a local sidecar): this process's,
 with `PYTHONPATH` set to its `sys.path`, so that the child imports the same modules the
-pipeline's functions come from (cloudpickle sends importable functions by name)."""
+pipeline's functions come from (cloudpickle sends importable functions by name), and with
+`PROCESS_DEFAULTS` (and jemalloc for Arrow) where the user has not set them."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+import pyarrow as pa
+
+# Settings for processes that only move and transform data, measured on the demo pipeline
+# (benchmarks/startup.py): about a third of a light pipeline's CPU time went to them.
+PROCESS_DEFAULTS = {
+    # numpy asks for transparent huge pages for arrays of 4 MiB and more: every new batch
+    # buffer then faults in 2 MiB pages that the kernel zeroes (or compacts memory for).
+    "NUMPY_MADVISE_HUGEPAGE": "0",
+    # A pipeline never multiplies matrices; numpy's OpenBLAS thread pool (one thread per
+    # core) only spins and takes CPU from the workers.
+    "OPENBLAS_NUM_THREADS": "1",
+}
+# Arrow's default allocator (mimalloc) hands freed pages back within milliseconds and takes
+# them again as huge pages for the next batch, zeroed each time (a fifth of a worker's CPU
+# time); jemalloc keeps them. Only where this pyarrow build has it.
+_ARROW_POOL = "jemalloc"
+
 
 def child_env() -> dict[str, str]:
-    """`os.environ` with `PYTHONPATH` = this process's import path."""
+    """`os.environ` with `PYTHONPATH` = this process's import path, and `PROCESS_DEFAULTS`
+    and `ARROW_DEFAULT_MEMORY_POOL=jemalloc` under the names the user has not set."""
+    defaults = dict(PROCESS_DEFAULTS)
+    if _ARROW_POOL in pa.supported_memory_backends():
+        defaults["ARROW_DEFAULT_MEMORY_POOL"] = _ARROW_POOL
     paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    return {**defaults, **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}

@@ -73,7 +73,7 @@ class GlobalOrder:
         self._sizes = row_group_sizes
         self._rg_start = np.concatenate([[0], np.cumsum(row_group_sizes)]).astype(np.int64)
         self._len = int(self._rg_start[-1])
-        self._epoch_layout: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._epoch_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._windows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
@@ -107,14 +107,32 @@ class GlobalOrder:
             )
         return self._block(epoch, positions)
 
-    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """This epoch's row-group permutation and the first position of each window."""
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This epoch's row-group permutation, the first position of each window, and each
+        group's place in the permutation."""
         if self._epoch_layout is None or self._epoch_layout[0] != epoch:
             perm = np.random.default_rng(_epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
             window_sizes = np.add.reduceat(self._sizes[perm], np.arange(0, len(perm), self.order.window))
             starts = np.concatenate([[0], np.cumsum(window_sizes)]).astype(np.int64)
-            self._epoch_layout = (epoch, perm, starts)
-        return self._epoch_layout[1], self._epoch_layout[2]
+            ranks = np.empty_like(perm)
+            ranks[perm] = np.arange(len(perm))
+            self._epoch_layout = (epoch, perm, starts, ranks)
+        return self._epoch_layout[1:]
+
+    def group_ranks(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """Where the row group of each record comes in `epoch`'s reading order: `block`
+        reads the groups in a permuted order, window by window, the other modes in file
+        order. Worker processes split a chunk by rank modulo their count, so each decodes
+        its own row groups, and in `block` mode as many of each window as the others.
+
+        Args:
+            epoch: the epoch the records are read in.
+            indices: record indices, in `[0, len)`.
+        """
+        groups = np.searchsorted(self._rg_start, indices, side="right") - 1
+        if self.order.shuffle != "block":
+            return groups
+        return self._layout(epoch)[2][groups]
 
     def _window_perm(self, epoch: int, window: int, size: int) -> np.ndarray:
         key = (epoch, window)
@@ -127,7 +145,7 @@ class GlobalOrder:
         return perm
 
     def _block(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        perm, starts = self._layout(epoch)
+        perm, starts, _ = self._layout(epoch)
         windows = np.searchsorted(starts, positions, side="right") - 1
         out = np.empty_like(positions)
         w_size = self.order.window

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+from colo_data import defaults
 from colo_data.runtime.child_env import child_env
 
 _STOP_S = 10.0
@@ -16,10 +17,11 @@ _KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remov
 
 
 class LocalSidecar:
-    """`colo-data sidecar serve` in a child process, on a socket in a private temp dir."""
+    """`colo-data sidecar serve` in a child process, on a socket in a private temp dir (the
+    sidecar removes it when this process dies without `stop()`)."""
 
     def __init__(self, shm_dir: str, workers: int | None, slots: int) -> None:
-        self._dir = tempfile.mkdtemp(prefix="colo-data-sidecar-")
+        self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]

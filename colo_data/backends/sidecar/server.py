@@ -6,6 +6,7 @@ serves one trainer session at a time over a Unix socket (see
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -171,11 +172,17 @@ class SidecarServer:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
 
     def _watch(self, pid: int) -> None:
-        """Exit, removing the ring, once the trainer that started this sidecar is gone."""
+        """Exit once the trainer that started this sidecar is gone, removing the ring, the
+        socket and, if the trainer made it for this sidecar, the socket's directory."""
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(_WATCH_S)
         if self._session is not None:
             self._session.ring.close()
+        directory = os.path.dirname(self.socket_path)
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket_path)
+            if os.path.basename(directory).startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX):
+                os.rmdir(directory)
         for child in psutil.Process().children(recursive=True):
             if "resource_tracker" not in " ".join(child.cmdline()):  # it cleans up after us once we are gone
                 child.kill()
