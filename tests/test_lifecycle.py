@@ -8,6 +8,7 @@ import gc
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 import colo_data as cd
+from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
 from pipelines import make_pipeline
@@ -48,6 +50,11 @@ def ours_in_shm(directory: str = "/dev/shm") -> set[str]:
     """Shared-memory files a loader could leave: its sidecars' ring segments (worker
     processes send their chunks through pipes and make none)."""
     return {n for n in os.listdir(directory) if n.startswith("colo-data-")}
+
+
+def local_sidecar_dirs() -> set[str]:
+    """The socket directories of sidecars that loaders start for themselves."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX)}
 
 
 def children() -> list[psutil.Process]:
@@ -90,7 +97,7 @@ def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
     script: Path, shuffle: str, backend: str, workers: int
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "COLO_DATA_SIDECAR")}
-    before = ours_in_shm()
+    before, sockets = ours_in_shm(), local_sidecar_dirs()
 
     def run(_: int) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, str(script), shuffle, backend, str(workers)]
@@ -105,6 +112,7 @@ def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
     ]
     assert not failures, f"{len(failures)} of {RUNS} runs did not exit cleanly; first: {failures[0]}"
     assert settle(lambda: ours_in_shm() <= before), f"left in /dev/shm: {sorted(ours_in_shm() - before)}"
+    assert settle(lambda: local_sidecar_dirs() <= sockets), f"left in /tmp: {sorted(local_sidecar_dirs() - sockets)}"
 
 
 @pytest.mark.parametrize("backend, workers", [("inprocess", 0), ("inprocess", 1), ("sidecar", 0)])

@@ -22,6 +22,16 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)  # unwinds the server: the open session's ring is removed
 
 
+def _octal(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise click.BadParameter(f"{value!r}: permissions in octal, e.g. 600 or 660")
+    return mode
+
+
 @click.group()
 def sidecar() -> None:
     """The per-host sidecar process."""
@@ -49,6 +59,10 @@ def sidecar() -> None:
     envvar="COLO_DATA_HOSTS",
     help="The trainer's host count, for the start-up check that CONFIG's ring fits [1: the largest ring].",
 )
+@click.option(
+    "--socket-mode", default="600", show_default=True, envvar="COLO_DATA_SOCKET_MODE", callback=_octal,
+    help="The socket's permissions, octal; its key file gets the owner's and group's read bits of them.",
+)
 @click.option("--exit-with", type=int, default=None, hidden=True, help="Exit when this pid (the trainer) exits.")
 def serve(
     config: str | None,
@@ -57,6 +71,7 @@ def serve(
     workers: str | None,
     slots: int | None,
     hosts: int,
+    socket_mode: int,
     exit_with: int | None,
 ) -> None:
     """Serve host batches of CONFIG's pipeline (or of the pipeline the trainer sends).
@@ -85,9 +100,11 @@ def serve(
             workers=None if chosen == "auto" else int(chosen),
             slots=slots or int(options.get("slots", defaults.SLOTS)),
             exit_with=exit_with,
+            socket_mode=socket_mode,
         )
         if settings is not None:
             check_config_ring(settings, server.shm_dir, server.slots, hosts)
+        server.listen()
     except ColoDataError as e:
         raise click.ClickException(str(e)) from e
     budget = server.budget

@@ -6,8 +6,10 @@ copied out and released at once."""
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Iterator
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
@@ -15,6 +17,7 @@ import cloudpickle
 import numpy as np
 import psutil
 
+from colo_data.backends.sidecar.auth import KEY_ENV, key_path, read_key
 from colo_data.backends.sidecar.protocol import FAMILY, raise_remote, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError
@@ -35,9 +38,13 @@ class SidecarClient:
     def __init__(self, address: str, pid: int | None = None, connect_timeout: float = 60.0) -> None:
         self.address, self.pid = address, pid
         deadline = time.monotonic() + connect_timeout
+        path = socket_path(address)
         while True:
             try:
-                self._conn: Connection = Client(socket_path(address), FAMILY)
+                key = read_key(path)
+                if key is None:  # the sidecar writes its key before it binds its socket
+                    raise FileNotFoundError(errno.ENOENT, "no key file beside the socket", key_path(path))
+                self._conn: Connection = Client(path, FAMILY, authkey=key)
                 break
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 if time.monotonic() > deadline or not self._alive():
@@ -46,6 +53,16 @@ class SidecarClient:
                         "`colo-data sidecar serve CONFIG --socket PATH`, or check the path"
                     ) from e
                 time.sleep(0.1)
+            except PermissionError as e:
+                raise SidecarError(
+                    f"no permission to connect to the sidecar at {address}: run the trainer as the sidecar's user, "
+                    "or give the sidecar a --socket-mode that lets its group in (e.g. 660)"
+                ) from e
+            except AuthenticationError as e:
+                raise SidecarError(
+                    f"the sidecar at {address} refused this trainer's key ({e}): the key file beside its socket is "
+                    f"from another sidecar, or {KEY_ENV} differs between the two sides"
+                ) from e
         self.info: dict[str, Any] = {}
         self.stats: dict[str, Any] | None = None
         self.handoff = StageTimes()

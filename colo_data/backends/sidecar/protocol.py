@@ -1,6 +1,7 @@
 """The sidecar control channel: Python dicts over a Unix socket, framed and pickled by the
 standard library's `multiprocessing.connection` (length-prefixed messages, no extra
-dependency; both ends are the same trusted program on one host). The data itself never
+dependency). Pickles run code, so a connection first passes the key challenge (`auth.py`)
+and the socket is owner-only unless configured otherwise. The data itself never
 crosses the socket: it sits in shared-memory slots, and messages carry slot numbers and
 array layouts.
 

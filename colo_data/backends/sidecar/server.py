@@ -10,9 +10,13 @@ import contextlib
 import itertools
 import os
 import queue
+import socket
+import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -20,10 +24,11 @@ import cloudpickle
 import psutil
 
 from colo_data import defaults
+from colo_data.backends.sidecar.auth import KEY_ENV, key_path, make_key
 from colo_data.backends.sidecar.protocol import FAMILY, error_reply
 from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
 from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
-from colo_data.errors import ConfigError
+from colo_data.errors import ConfigError, SidecarError
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import CpuBudget, cpu_budget
@@ -34,6 +39,7 @@ from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 
 _WATCH_S = 0.5
+_PROBE_S = 2.0  # a live sidecar accepts a connection at once, even mid-session (the backlog)
 
 
 def copy_threads(budget: CpuBudget) -> int:
@@ -144,7 +150,9 @@ class _Session:
 class SidecarServer:
     """Serves trainer sessions on `socket_path` until stopped. `pipeline` (from a config) is
     used when the trainer sends none; `workers=None` takes the CPU budget's worker count,
-    re-read at start. With `exit_with`, the server exits when that process dies."""
+    re-read at start. With `exit_with`, the server exits when that process dies. The socket
+    gets `socket_mode` (owner-only by default), and a connection must prove it knows the
+    key (`auth.py`) before anything it sends is unpickled."""
 
     def __init__(
         self,
@@ -155,16 +163,19 @@ class SidecarServer:
         workers: int | None = None,
         slots: int = defaults.SLOTS,
         exit_with: int | None = None,
+        socket_mode: int = 0o600,
     ) -> None:
         if slots < 2:
             raise ConfigError(f"slots={slots}: the ring needs at least 2 slots (one read, one written)")
         self.socket_path = socket_path
+        self.socket_mode = socket_mode
         self.pipeline = pipeline
         self.shm_dir = shm_dir
         self.budget = cpu_budget()
         self.workers = self.budget.workers if workers is None else workers
         self.slots = slots
         self._session: _Session | None = None
+        self._listener: Listener | None = None
         self._owner = Lifecycle("sidecar server")
         # started once, before any trainer connects, and reused by every session
         self._pool = WorkerPool(self.workers, self._owner) if self.workers > 1 else None
@@ -179,6 +190,7 @@ class SidecarServer:
         if self._session is not None:
             self._session.ring.close()
         directory = os.path.dirname(self.socket_path)
+        self._remove_key()
         with contextlib.suppress(OSError):
             os.unlink(self.socket_path)
             if os.path.basename(directory).startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX):
@@ -255,9 +267,79 @@ class SidecarServer:
             self._session.close()
             self._session = None
 
+    def listen(self) -> None:
+        """Bind the socket. A socket file that nobody listens on (left by a sidecar that was
+        killed) is taken over; one that a live sidecar holds, a missing directory or a file
+        that is not a socket are errors that say what to do.
+
+        Raises:
+            SidecarError: a sidecar already listens on the socket.
+            ConfigError: the socket's directory is missing, or its path is another file.
+        """
+        path = self.socket_path
+        directory = os.path.dirname(path) or os.curdir
+        if not os.path.isdir(directory):
+            raise ConfigError(
+                f"--socket {path}: the directory {directory} does not exist; create it (mkdir -p {directory}) "
+                "or choose another path"
+            )
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise ConfigError(f"--socket {path} exists and is not a socket: remove it or choose another path")
+            if _answers(path):
+                raise SidecarError(f"a sidecar already listens on {path}: stop it, or give this one another --socket")
+            os.unlink(path)  # a dead sidecar's
+        key = make_key(path, self.socket_mode)  # before the socket: a client that finds the socket finds the key
+        umask = os.umask(0o177)  # owner-only from the start; then the mode asked for
+        try:
+            self._listener = Listener(path, FAMILY, authkey=key)
+            os.chmod(path, self.socket_mode)
+        except OSError as e:  # another sidecar took the path meanwhile
+            self._remove_key()
+            raise SidecarError(f"cannot listen on {path}: {e.strerror}; is another sidecar starting on it?") from e
+        finally:
+            os.umask(umask)
+
+    def _remove_key(self) -> None:
+        if KEY_ENV not in os.environ:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(key_path(self.socket_path))
+
     def serve_forever(self) -> None:
-        with Listener(self.socket_path, FAMILY) as listener:
-            while True:
-                with listener.accept() as conn:
-                    self._serve(conn)
+        """Serve trainer sessions, one at a time, until the process is stopped. A
+        connection that answers the key challenge wrongly is dropped and logged to stderr;
+        one that leaves before the challenge is over (a health check, which cannot be told
+        from a peer that gives up) is dropped quietly."""
+        if self._listener is None:
+            self.listen()
+        assert self._listener is not None  # `listen` made it
+        try:
+            with self._listener as listener:
+                while True:
+                    try:
+                        conn = listener.accept()
+                    except AuthenticationError as e:
+                        print(f"colo-data sidecar: refused a connection on {self.socket_path}: {e}", file=sys.stderr)
+                        continue
+                    except (EOFError, ConnectionError):  # left before the challenge was over: a health check, say
+                        continue
+                    with conn:
+                        self._serve(conn)
+        finally:
+            self._remove_key()
+
+
+def _answers(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket at `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_PROBE_S)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:  # timed out: a listener whose backlog is full is still alive
+        return True
+    finally:
+        probe.close()
+    return True
 

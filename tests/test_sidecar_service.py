@@ -1,0 +1,300 @@
+"""A standalone sidecar (`colo-data sidecar serve`) as a service: it outlives every way a
+trainer's session can end and goes back to listening, and it restarts on the socket of a
+sidecar that was killed. Real `colo-data sidecar serve` processes and real trainer
+processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import colo_data as cd
+from colo_data.testing import assert_batches_equal, read_all
+
+from pipelines import make_pipeline
+
+COLO = Path(sys.executable).parent / "colo-data"
+TESTS = Path(__file__).parent
+
+TRAINER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+import colo_data as cd
+from pipelines import make_pipeline
+loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), backend="sidecar", sidecar="unix://{socket}")
+for _ in range(int(sys.argv[1])):
+    next(loader)
+print("took", sys.argv[1], flush=True)
+if sys.argv[2] == "wait":
+    time.sleep(600)
+"""  # a trainer that takes N batches and then ends without close(), or waits to be killed
+
+
+@pytest.fixture
+def shm_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "shm"
+    path.mkdir()
+    return path
+
+
+def serve(socket: Path, shm_dir: Path) -> subprocess.Popen[bytes]:
+    """`colo-data sidecar serve` on `socket`, returned once it listens (its banner comes
+    after it has bound the socket)."""
+    server = subprocess.Popen(
+        [str(COLO), "sidecar", "serve", "--socket", str(socket), "--shm-dir", str(shm_dir), "--workers", "0"],
+        stderr=subprocess.PIPE,
+    )
+    banner = server.stderr.readline().decode()
+    assert banner.startswith(f"colo-data sidecar on {socket}"), banner + server.stderr.read().decode()
+    return server
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path, shm_dir: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    socket = tmp_path / "host0.sock"
+    server = serve(socket, shm_dir)
+    try:
+        yield socket, server
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def trainer(tmp_path: Path, corpus: Path, socket: Path, batches: int, then: str) -> subprocess.Popen[bytes]:
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(TRAINER).format(tests=str(TESTS), corpus=str(corpus), socket=str(socket)))
+    return subprocess.Popen(
+        [sys.executable, str(script), str(batches), then], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def assert_serves(socket: Path, corpus: Path, what: str) -> None:
+    pipeline = make_pipeline(corpus)
+    expected = read_all(cd.Loader(pipeline))
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}")), what)
+
+
+def test_the_sidecar_outlives_trainers_that_end_without_close_or_are_killed(
+    tmp_path: Path, token_corpus: Path, shm_dir: Path, sidecar: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    socket, server = sidecar
+    for batches in (1, 60):  # a script that ends after one batch, and after many
+        done = trainer(tmp_path, token_corpus, socket, batches, "exit")
+        out, err = done.communicate(timeout=120)
+        assert done.returncode == 0 and out.split() == [b"took", str(batches).encode()], err.decode()
+        assert server.poll() is None, f"the sidecar died with its trainer: {server.stderr.read().decode()}"
+    killed = trainer(tmp_path, token_corpus, socket, 3, "wait")
+    assert killed.stdout.readline().split() == [b"took", b"3"]
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    assert_serves(socket, token_corpus, "after trainers that left without close(), one of them killed")
+    assert server.poll() is None, server.stderr.read().decode()
+    deadline = time.monotonic() + 10
+    while any(shm_dir.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(shm_dir.iterdir()), "every session's ring is removed when it ends"
+
+
+def test_a_sidecar_restarts_on_the_socket_of_a_killed_one(tmp_path: Path, token_corpus: Path, shm_dir: Path) -> None:
+    socket = tmp_path / "host0.sock"
+    first = serve(socket, shm_dir)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    assert socket.exists(), "a killed sidecar leaves its socket file"
+    second = serve(socket, shm_dir)
+    try:
+        assert_serves(socket, token_corpus, "a sidecar started on a dead sidecar's socket")
+    finally:
+        second.terminate()
+        second.wait(10)
+
+
+def test_a_socket_that_a_live_sidecar_holds_is_a_clear_error(
+    token_corpus: Path, shm_dir: Path, sidecar: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    socket, server = sidecar
+    second = subprocess.run(
+        [str(COLO), "sidecar", "serve", "--socket", str(socket), "--shm-dir", str(shm_dir), "--workers", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert second.returncode != 0
+    assert "Traceback" not in second.stderr, second.stderr
+    assert f"a sidecar already listens on {socket}" in second.stderr, second.stderr
+    assert server.poll() is None, "the live sidecar keeps serving"
+    assert_serves(socket, token_corpus, "the first sidecar, after a second one was refused")
+
+
+@pytest.mark.parametrize("where", ["missing directory", "not a socket"])
+def test_a_socket_path_that_cannot_be_used_is_a_clear_error(tmp_path: Path, shm_dir: Path, where: str) -> None:
+    if where == "missing directory":
+        socket, expected = tmp_path / "no-such-dir" / "host0.sock", "does not exist; create it"
+    else:
+        socket, expected = tmp_path / "notes.txt", "exists and is not a socket"
+        socket.write_text("keep me")
+    result = subprocess.run(
+        [str(COLO), "sidecar", "serve", "--socket", str(socket), "--shm-dir", str(shm_dir)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert expected in result.stderr and "colo-data sidecar on" not in result.stderr, result.stderr
+    if where == "not a socket":
+        assert socket.read_text() == "keep me", "a file that is not a socket is never removed"
+
+
+def posix_ipc_files() -> set[str]:
+    """Files in /dev/shm that multiprocessing's shared memory and semaphores leave."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(("psm_", "sem.mp-"))}
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    return alive
+
+
+def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
+    tmp_path: Path, token_corpus: Path, shm_dir: Path
+) -> None:
+    socket = tmp_path / "host0.sock"
+    ipc_before = posix_ipc_files()
+    server = subprocess.Popen(
+        [str(COLO), "sidecar", "serve", "--socket", str(socket), "--shm-dir", str(shm_dir), "--workers", "2"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert server.stderr.readline().startswith(b"colo-data sidecar on")
+        pipeline = make_pipeline(token_corpus, epochs=None)
+        with cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}", prefetch=0) as loader:
+            for _ in range(400):  # past the sidecar's own first chunk: the workers are busy
+                next(loader)
+            workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
+            assert len([p for p in workers if "colo_data.host.workers" in " ".join(psutil.Process(p).cmdline())]) == 2
+            server.send_signal(signal.SIGKILL)
+            with pytest.raises(cd.SidecarError):
+                for _ in range(10_000):
+                    next(loader)
+        assert not wait_gone(workers, 10), "worker processes outlived their sidecar"
+    finally:
+        server.kill()
+        server.wait(10)
+    assert posix_ipc_files() <= ipc_before, sorted(posix_ipc_files() - ipc_before)
+    assert not any(shm_dir.iterdir()), "the trainer removes the dead sidecar's ring"
+
+
+WORKER_TRAINER = """
+import sys
+import tempfile
+sys.path.insert(0, {tests!r})
+import colo_data as cd
+from pipelines import make_pipeline
+loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), hosts=1, workers=2)
+for _ in range(400):
+    next(loader)
+print("running", flush=True)
+import time; time.sleep(600)
+"""
+
+
+def test_a_killed_trainer_leaves_no_worker_processes(tmp_path: Path, token_corpus: Path) -> None:
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(WORKER_TRAINER).format(tests=str(TESTS), corpus=str(token_corpus)))
+    ipc_before = posix_ipc_files()
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    try:
+        assert trainer.stdout.readline().strip() == b"running"
+        workers = [c.pid for c in psutil.Process(trainer.pid).children(recursive=True)]
+        assert len(workers) >= 2, workers
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+        assert not wait_gone(workers, 10), "worker processes outlived their trainer"
+    finally:
+        trainer.kill()
+    assert posix_ipc_files() <= ipc_before, sorted(posix_ipc_files() - ipc_before)
+
+
+ATTACK = """
+import os, pickle, socket, struct, sys
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch " + sys.argv[2],))
+data = pickle.dumps({"op": "open", "pipeline": Payload()})
+conn = socket.socket(socket.AF_UNIX)
+try:
+    conn.connect(sys.argv[1])
+except PermissionError:
+    print("no permission")
+    sys.exit(0)
+conn.sendall(struct.pack("!i", len(data)) + data)  # multiprocessing.connection's framing
+conn.settimeout(10)
+try:
+    while conn.recv(1024):  # whatever the sidecar answers, until it hangs up
+        pass
+except OSError:
+    pass
+print("sent")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the sidecar as root and the other user with runuser: needs root")
+@pytest.mark.parametrize("mode", [None, "666"])
+def test_another_user_cannot_run_code_in_the_sidecar(token_corpus: Path, shm_dir: Path, mode: str | None) -> None:
+    """A sidecar started under umask 000: by default its socket is owner-only, so `nobody`
+    cannot connect; with a world-writable --socket-mode, `nobody` connects but fails the key
+    challenge, and the pickle it sends is never loaded. The sidecar goes on serving."""
+    place = Path(tempfile.mkdtemp(prefix="colo-data-test-", dir="/tmp"))
+    try:
+        place.chmod(0o755)  # the other user reaches the socket, not the key
+        socket, marker, attack = place / "host0.sock", place / "pwned", place / "attack.py"
+        attack.write_text(textwrap.dedent(ATTACK))
+        attack.chmod(0o644)
+        command = f'umask 000; exec "{COLO}" sidecar serve --socket {socket} --shm-dir {shm_dir} --workers 0'
+        server = subprocess.Popen(["sh", "-c", command + (f" --socket-mode {mode}" if mode else "")], stderr=subprocess.PIPE)
+        try:
+            assert server.stderr.readline().startswith(b"colo-data sidecar on")
+            assert stat.S_IMODE(socket.stat().st_mode) == (int(mode, 8) if mode else 0o600)
+            assert stat.S_IMODE(Path(f"{socket}.key").stat().st_mode) == (0o640 if mode else 0o600)
+            other = subprocess.run(
+                ["runuser", "-u", "nobody", "--", "sh", "-c", f"umask 000; /usr/bin/python3 {attack} {socket} {marker}"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert other.returncode == 0, other.stderr
+            assert other.stdout.strip() == ("sent" if mode else "no permission"), other.stdout
+            assert_serves(socket, token_corpus, "after another user's connection")  # it went on serving
+            assert not marker.exists(), "the other user's pickle ran inside the sidecar"
+        finally:
+            server.terminate()
+            _, err = server.communicate(timeout=10)
+        if mode:
+            assert b"refused a connection" in err, (err.decode(), other.stdout, other.stderr)
+        assert not Path(f"{socket}.key").exists(), "the sidecar removes its key file when it stops"
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def test_a_trainer_with_another_key_gets_a_clear_error(
+    token_corpus: Path, monkeypatch: pytest.MonkeyPatch, sidecar: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    socket, server = sidecar
+    monkeypatch.setenv("COLO_DATA_SIDECAR_KEY", "ab" * 32)  # the sidecar wrote its own key file
+    with pytest.raises(cd.SidecarError, match="refused this trainer's key"):
+        read_all(cd.Loader(make_pipeline(token_corpus), backend="sidecar", sidecar=f"unix://{socket}"))
+    monkeypatch.delenv("COLO_DATA_SIDECAR_KEY")
+    assert_serves(socket, token_corpus, "the right key, after a wrong one")
+    assert server.poll() is None
