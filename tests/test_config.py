@@ -57,7 +57,7 @@ def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
 @pytest.mark.parametrize(
     "text, match",
     [
-        ('pipeline = "no_such_module_xyz:pipeline"', "cannot import module 'no_such_module_xyz'"),
+        ('pipeline = "no_such_module_xyz:pipeline"', "cannot find module 'no_such_module_xyz'"),
         ('pipeline = "colo_data.ops.demo:nothing"', "has no function 'nothing'"),
         ('pipeline = "colo_data.ops.demo:pipeline"\n[args]\nwidth = 3', r"\[args\] do not fit colo_data.ops.demo:pipeline"),
         ('pipeline = "colo_data.ops.demo:cache_dir"', "returned PosixPath, not a colo_data.Pipeline"),

@@ -47,6 +47,8 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
     except ColoDataError as error:
+        if as_json:  # stdout stays one JSON object, a fatal finding included
+            click.echo(json.dumps({"error": str(error), "type": type(error).__name__}, indent=2))
         raise click.ClickException(str(error)) from error
     click.echo(json.dumps(report, indent=2) if as_json else _text(report))
     if report.get("ring", {}).get("error"):

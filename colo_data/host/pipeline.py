@@ -7,7 +7,7 @@ element, so only batches cross the process boundary."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -197,6 +197,11 @@ class HostPipeline:
                     f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
                     f"{batch_position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
                 ) from e
+            if not isinstance(columns, Mapping):
+                raise TransformError(
+                    f"transform {transform!r} returned {type(columns).__name__}, not a dict of columns (batch at stream "
+                    f"position {batch_position}): a transform returns the batch, e.g. `return {{**batch, 'x': ...}}`"
+                )
         t1 = perf_counter()
         batch = _check_batch(columns, rows)
         nbytes = sum(column.nbytes for column in batch.values())

@@ -140,8 +140,18 @@ def _open(fs: pafs.FileSystem, path: str, fmt: str) -> pq.ParquetFile | ipc.Reco
     return ipc.open_file(fs.open_input_file(path))
 
 
+def _unreadable(path: str, error: PermissionError) -> SourceError:
+    return SourceError(
+        f"{path}: permission denied ({error.strerror or error}). The file is fine as far as colo-data knows: give "
+        "this process read access (its user or group), or leave the file out of the paths."
+    )
+
+
 def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
-    fmt = _detect_format(fs, path)
+    try:
+        fmt = _detect_format(fs, path)
+    except PermissionError as e:
+        raise _unreadable(path, e) from e
     try:
         reader = _open(fs, path, fmt)
         if fmt == "parquet":
@@ -281,6 +291,8 @@ class ArrowSource:
                 batch = reader.get_batch(local).select(list(self.columns))
                 batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
                 table = pa.Table.from_batches([batch])
+        except PermissionError as e:  # its permissions changed since the source was opened
+            raise _unreadable(file.path, e) from e
         except (pa.ArrowException, OSError) as e:
             raise CorruptFileError(
                 f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file."

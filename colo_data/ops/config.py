@@ -9,12 +9,13 @@ import importlib
 import os
 import sys
 import tomllib
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
-from colo_data.errors import ConfigError
+from colo_data.errors import ColoDataError, ConfigError
 
 if TYPE_CHECKING:
     from colo_data.spec.pipeline import Pipeline
@@ -33,6 +34,14 @@ class Config:
     sidecar: dict[str, Any] = field(default_factory=dict)
     deploy: dict[str, Any] = field(default_factory=dict)
 
+    def _failed(self, doing: str, error: Exception) -> ConfigError:
+        """The config's pipeline code raised: its error and where, as a ConfigError."""
+        where = "".join(traceback.format_exception(error)[-3:])
+        return ConfigError(
+            f"{self.path}: pipeline = {self.pipeline!r}: {doing} raised {type(error).__name__}: {error}. "
+            f"Fix the pipeline's code; the end of its traceback:\n{where}"
+        )
+
     def build(self) -> Pipeline:
         """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
         # the pipeline machinery, imported only when a pipeline is built
@@ -43,11 +52,15 @@ class Config:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
-        except ImportError as e:
+        except ModuleNotFoundError as e:
+            if e.name is None or not module_name.startswith(e.name):  # the module is there; one it imports is not
+                raise self._failed(f"importing module {module_name!r}", e) from e
             raise ConfigError(
-                f"{self.path}: pipeline = {self.pipeline!r}: cannot import module {module_name!r} ({e}); "
+                f"{self.path}: pipeline = {self.pipeline!r}: cannot find module {module_name!r} ({e}); "
                 "run from the directory that holds it or add it to PYTHONPATH"
             ) from e
+        except Exception as e:  # the module raised while it was imported
+            raise self._failed(f"importing module {module_name!r}", e) from e
         function = getattr(module, function_name, None)
         if not callable(function):
             raise ConfigError(
@@ -55,8 +68,12 @@ class Config:
             )
         try:
             pipeline = function(**self.args)
+        except ColoDataError:
+            raise
         except TypeError as e:
             raise ConfigError(f"{self.path}: [args] do not fit {self.pipeline}: {e}") from e
+        except Exception as e:
+            raise self._failed(f"calling {self.pipeline}", e) from e
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(f"{self.path}: {self.pipeline} returned {type(pipeline).__name__}, not a colo_data.Pipeline")
         return pipeline

@@ -11,6 +11,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError
 from colo_data.spec.index_shuffle import index_shuffle
+from colo_data.spec.integers import as_int
 
 Shuffle = Literal["none", "global", "block"]
 _SHUFFLES = ("none", "global", "block")
@@ -37,10 +38,13 @@ class Order:
     def __post_init__(self) -> None:
         if self.shuffle not in _SHUFFLES:
             raise ConfigError(f"Order(shuffle={self.shuffle!r}): allowed values are {', '.join(_SHUFFLES)}")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        seed, window = as_int(self.seed), as_int(self.window)
+        if seed is None or not 0 <= seed < 2**63:
             raise ConfigError(f"Order(seed={self.seed!r}): must be an int in [0, 2**63)")
-        if not isinstance(self.window, int) or self.window < 1:
+        if window is None or window < 1:
             raise ConfigError(f"Order(window={self.window!r}): must be a positive number of row groups")
+        object.__setattr__(self, "seed", seed)
+        object.__setattr__(self, "window", window)
 
     def describe(self) -> str:
         """The order's identity without the seed, as saved in a loader state."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
+from colo_data.spec.integers import as_int
 
 SEGMENT_IDS = "segment_ids"
 POSITIONS = "positions"
@@ -40,8 +41,9 @@ class Pack:
 
     def __post_init__(self) -> None:
         for name in ("length", "max_segments"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"cd.Pack({self.column!r}): {name}={value!r} must be an int >= 1")
+            value = as_int(getattr(self, name))
+            if value is None or value < 1:
+                raise ConfigError(f"cd.Pack({self.column!r}): {name}={getattr(self, name)!r} must be an int >= 1")
+            object.__setattr__(self, name, value)
         if self.keep is not None and not callable(self.keep):
             raise ConfigError(f"cd.Pack({self.column!r}): keep={self.keep!r} must be a function of the record columns")

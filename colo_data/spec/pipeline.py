@@ -9,6 +9,7 @@ from typing import Any
 
 from colo_data.errors import ConfigError
 from colo_data.io.sources import Source, as_source
+from colo_data.spec.integers import as_int
 from colo_data.spec.order import Order
 from colo_data.spec.pack import Pack
 from colo_data.spec.transforms import BatchTransform
@@ -42,10 +43,15 @@ class Pipeline:
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", as_source(self.source))
         object.__setattr__(self, "transforms", tuple(self.transforms))
-        if not isinstance(self.global_batch_size, int) or self.global_batch_size < 1:
+        size = as_int(self.global_batch_size)
+        if size is None or size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
-        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
-            raise ConfigError(f"epochs={self.epochs!r}: must be a positive int, or None to repeat forever")
+        object.__setattr__(self, "global_batch_size", size)
+        if self.epochs is not None:
+            epochs = as_int(self.epochs)
+            if epochs is None or epochs < 1:
+                raise ConfigError(f"epochs={self.epochs!r}: must be a positive int, or None to repeat forever")
+            object.__setattr__(self, "epochs", epochs)
         if self.pack is not None and not isinstance(self.pack, Pack):
             raise ConfigError(f"pack={self.pack!r}: give a cd.Pack(column, length, ...)")
         if not isinstance(self.order, Order):

@@ -12,7 +12,9 @@ from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
+from colo_data.errors import ConfigError
 from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.spec.integers import as_int
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
@@ -52,8 +54,11 @@ class SidecarBackend:
         self._base = [HostCounters(tuple(StageTimes().values), None, None) for _ in self.local_hosts]
         self._targets: list[tuple[str, int | None]] = [(a, None) for a in addresses]
         if not addresses:
+            count = as_int(slots)
+            if count is None or count < 2:
+                raise ConfigError(f"slots={slots!r}: a sidecar's ring needs at least 2 slots (one read, one written)")
             for _ in self.local_hosts:
-                local = LocalSidecar(shm_dir, workers, slots)
+                local = LocalSidecar(shm_dir, workers, count)
                 owner.add(f"local sidecar pid {local.process.pid}", local.stop)
                 self._targets.append((local.address, local.process.pid))
 

@@ -1,0 +1,110 @@
+"""Errors that used to come out raw or pointing the wrong way (issue 12, finding 8): each
+is now a named colo-data error whose message says what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import colo_data as cd
+from colo_data.testing import read_all
+
+from pipelines import BATCH, make_pipeline
+
+COLO = Path(sys.executable).parent / "colo-data"
+
+
+@pytest.mark.parametrize("value", [True, False, 2.0, "32"])
+def test_a_batch_size_epoch_count_or_seed_must_be_an_integer_not_a_bool(token_corpus: Path, value: object) -> None:
+    with pytest.raises(cd.ConfigError, match="global_batch_size"):
+        make_pipeline(token_corpus, global_batch_size=value)
+    with pytest.raises(cd.ConfigError, match="epochs"):
+        make_pipeline(token_corpus, epochs=value)
+    with pytest.raises(cd.ConfigError, match="seed"):
+        cd.Order(shuffle="global", seed=value)  # type: ignore[arg-type]
+
+
+def test_numpy_integers_are_accepted_and_stored_as_ints(token_corpus: Path) -> None:
+    order = cd.Order(shuffle="block", seed=np.uint64(7), window=np.int32(2))  # type: ignore[arg-type]
+    pipeline = make_pipeline(token_corpus, global_batch_size=np.int64(BATCH), epochs=np.int64(1), order=order)
+    assert type(pipeline.global_batch_size) is int and type(pipeline.epochs) is int
+    assert type(order.seed) is int and type(order.window) is int
+    pack = cd.Pack("tokens", np.int64(16))
+    assert type(pack.length) is int
+    assert read_all(cd.Loader(pipeline)) and cd.Loader(pipeline).get_state()  # a state is JSON: plain ints
+
+
+def returns_none(batch: dict) -> None:
+    batch["tokens"] = batch["tokens"]  # edits in place and forgets to return
+
+
+def test_a_transform_that_returns_none_is_named(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[returns_none, cd.pad_or_truncate("tokens", 8)])
+    with pytest.raises(cd.TransformError, match=r"returns_none.*returned NoneType, not a dict of columns"):
+        read_all(cd.Loader(pipeline))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_an_unreadable_file_is_a_permission_error_not_a_damaged_file(tmp_path: Path) -> None:
+    """Root reads any file; without the DAC capabilities (setpriv) a mode-000 file is
+    EACCES, as it is for any other user."""
+    pq.write_table(pa.table({"x": np.arange(10)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": np.arange(10)}), tmp_path / "b.parquet")
+    (tmp_path / "b.parquet").chmod(0)
+    caps = "-dac_override,-dac_read_search"
+    script = f"import colo_data as cd\ncd.ArrowSource({str(tmp_path)!r})"
+    result = subprocess.run(
+        ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", "--", sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "SourceError" in result.stderr and "b.parquet: permission denied" in result.stderr, result.stderr
+    assert "rewrite" not in result.stderr.lower(), "the file is not damaged"
+
+
+def test_one_slot_on_the_sidecar_backend_is_a_config_error(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match="slots=1: a sidecar's ring needs at least 2 slots"):
+        cd.Loader(make_pipeline(token_corpus), backend="sidecar", slots=1)
+
+
+BROKEN = {
+    "raises": "raise RuntimeError('the bucket is not mounted')\n",
+    "imports a missing package": "import colo_data_no_such_dependency\n",
+}
+
+
+@pytest.fixture(params=sorted(BROKEN))
+def broken_config(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
+    (tmp_path / "broken_pipes.py").write_text(BROKEN[request.param] + "def pipeline():\n    pass\n")
+    config = tmp_path / "broken.toml"
+    config.write_text('pipeline = "broken_pipes:pipeline"\n')
+    expected = "RuntimeError: the bucket is not mounted" if request.param == "raises" else "colo_data_no_such_dependency"
+    return config, expected
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["doctor"], ["doctor", "--json"], ["verify"], ["bench", "--steps", "2"], ["sidecar", "serve", "--socket", "S"]],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_config_module_that_fails_at_import_is_a_clear_error(
+    broken_config: tuple[Path, str], command: list[str], tmp_path: Path
+) -> None:
+    config, expected = broken_config
+    args = [str(COLO), *command[:2], str(config), *command[2:]] if command[0] == "sidecar" else [str(COLO), command[0], str(config), *command[1:]]
+    args = [a if a != "S" else str(tmp_path / "s.sock") for a in args]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=config.parent)
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" not in result.stderr, result.stderr
+    assert "importing module 'broken_pipes' raised" in result.stderr and expected in result.stderr, result.stderr
+    if "--json" in command:
+        assert json.loads(result.stdout)["type"] == "ConfigError", result.stdout
