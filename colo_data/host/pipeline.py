@@ -218,6 +218,12 @@ class HostPipeline:
             position = end
 
     def chunks(self, start_position: int, owner: Lifecycle | None = None) -> Iterator[HostChunk]:
+        """`_chunks`, each checked against the first: a column whose dtype or row shape
+        changes from one chunk to a later one is a TransformError (naming the column, the
+        stream position and both), on every backend, not a batch that changes type."""
+        return _same_schema(self._chunks(start_position, owner), start_position, self)
+
+    def _chunks(self, start_position: int, owner: Lifecycle | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, `chunk` batches at a time
         (one after the other along the rows; the last chunk may hold fewer): computed here
         when `workers` is 0, else the first here and the others `defaults.WORKER_CHUNKS`
@@ -273,6 +279,34 @@ class HostPipeline:
         finally:
             close_iterator(pieces)
             owner.close()
+
+
+def _schema(chunk: HostChunk) -> dict[str, str]:
+    return {name: f"{column.dtype}{list(column.shape[1:])}" for name, column in chunk.columns.items()}
+
+
+def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) -> Iterator[HostChunk]:
+    """`chunks`, each with the columns, dtypes and row shapes of the first (the first
+    batch fixes them); closes `chunks` when done or closed."""
+    first: dict[str, str] | None = None
+    position, size, rows = start, host.pipeline.global_batch_size, host.rows[1] - host.rows[0]
+    try:
+        for chunk in chunks:
+            schema = _schema(chunk)
+            if first is None:
+                first = schema
+            elif schema != first:
+                changed = sorted(n for n in first.keys() | schema.keys() if first.get(n) != schema.get(n))
+                raise TransformError(
+                    f"host {host.host} of {host.hosts}: at stream position {position} the transforms gave column(s) "
+                    f"{changed} as {{{', '.join(f'{n}: {schema.get(n)}' for n in changed)}}}, where the first batch had "
+                    f"{{{', '.join(f'{n}: {first.get(n)}' for n in changed)}}}. The first batch fixes every column's "
+                    "dtype and row shape: cast to one dtype and pad to a fixed length in the transforms"
+                )
+            position = chunk.end if chunk.end is not None else position + size * (chunk.rows // rows)
+            yield chunk
+    finally:
+        close_iterator(chunks)
 
 
 def _head_start(first: ChunkAt, rest: Iterator[HostChunk]) -> Iterator[HostChunk]:

@@ -1,0 +1,59 @@
+"""The first batch fixes every column's dtype and row shape (issue 12, finding 7): a later
+batch that differs is a TransformError naming the column, the stream position and both
+shapes, on every backend, not a batch that changes type silently (in process) or a ring
+error the user cannot act on (sidecar)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import colo_data as cd
+from colo_data.testing import read_all
+
+from pipelines import BATCH, make_pipeline
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # sidecars cannot import this test module
+
+
+def width_by_rows(batch: dict) -> dict:
+    """Pads to 8 tokens for a call of more than 100 rows, to 9 for a smaller one: the shape
+    depends on how many records the call got, as a pad-to-the-longest transform's does."""
+    rows = len(batch["tokens"])
+    return {**batch, "tokens": cd.pad_or_truncate("tokens", 8 if rows > 100 else 9)(batch)["tokens"]}
+
+
+# One host (in process, sidecar): 5 epochs of 120 records are 50 batches of 12, a first
+# chunk of 42 batches (504 rows), then one of 8 (96 rows) whose tokens come out 9 wide.
+# Colocated, one host per CPU device (4): chunks of 170 batches of 3 rows, so 20 epochs
+# (200 batches) end with a chunk of 30 batches (90 rows).
+CASES = [("inprocess", 0, 5, 42), ("inprocess", 2, 5, 42), ("sidecar", 0, 5, 42), ("colocated", 0, 20, 170)]
+
+
+@pytest.mark.parametrize("backend, workers, epochs, first_chunk", CASES)
+def test_a_column_whose_shape_changes_after_the_first_batch_is_an_error(
+    token_corpus: Path, tmp_path: Path, backend: str, workers: int, epochs: int, first_chunk: int
+) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[width_by_rows], epochs=epochs)
+    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
+    with pytest.raises(cd.TransformError) as raised:
+        read_all(cd.Loader(pipeline, backend=backend, workers=workers, **options))
+    message = str(raised.value)
+    assert f"at stream position {first_chunk * BATCH}" in message and "['tokens']" in message, message
+    assert "int32[9]" in message and "int32[8]" in message, message
+
+
+def float_width(batch: dict) -> dict:
+    rows = len(batch["tokens"])
+    tokens = cd.pad_or_truncate("tokens", 8)(batch)["tokens"]
+    return {**batch, "tokens": tokens.astype(np.float32 if rows > 100 else np.float64)}
+
+
+def test_a_column_whose_dtype_changes_is_an_error_in_process(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, transforms=[float_width], epochs=5)
+    with pytest.raises(cd.TransformError, match=r"float64\[8\].*first batch had \{tokens: float32\[8\]\}"):
+        read_all(cd.Loader(pipeline))
