@@ -79,6 +79,12 @@ def test_one_slot_on_the_sidecar_backend_is_a_config_error(token_corpus: Path) -
 BROKEN = {
     "raises": "raise RuntimeError('the bucket is not mounted')\n",
     "imports a missing package": "import colo_data_no_such_dependency\n",
+    "imports a missing package named like its start": "import broken\n",  # the module is broken_pipes
+}
+EXPECTED = {
+    "raises": "RuntimeError: the bucket is not mounted",
+    "imports a missing package": "colo_data_no_such_dependency",
+    "imports a missing package named like its start": "No module named 'broken'",
 }
 
 
@@ -87,8 +93,7 @@ def broken_config(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path,
     (tmp_path / "broken_pipes.py").write_text(BROKEN[request.param] + "def pipeline():\n    pass\n")
     config = tmp_path / "broken.toml"
     config.write_text('pipeline = "broken_pipes:pipeline"\n')
-    expected = "RuntimeError: the bucket is not mounted" if request.param == "raises" else "colo_data_no_such_dependency"
-    return config, expected
+    return config, EXPECTED[request.param]
 
 
 @pytest.mark.parametrize(

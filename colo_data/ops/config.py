@@ -53,7 +53,8 @@ class Config:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name is None or not module_name.startswith(e.name):  # the module is there; one it imports is not
+            if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+                # the module is there; a module that it imports is not
                 raise self._failed(f"importing module {module_name!r}", e) from e
             raise ConfigError(
                 f"{self.path}: pipeline = {self.pipeline!r}: cannot find module {module_name!r} ({e}); "
