@@ -44,3 +44,8 @@ class SidecarError(ColoDataError):
 
 class LoaderClosedError(ColoDataError, RuntimeError):
     """`next()` or `set_state()` on a closed `Loader`: make a new one from its state."""
+
+
+class LoaderBusyError(ColoDataError, RuntimeError):
+    """`next()` on a `Loader` that another thread is reading: a loader feeds one consumer
+    (two would each get some of the batches, or wait on each other)."""

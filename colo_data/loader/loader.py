@@ -7,6 +7,7 @@ loader becomes unreachable, and at interpreter exit."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ from jax.sharding import Mesh, PartitionSpec
 from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.placement import Placement
-from colo_data.errors import ConfigError, LoaderClosedError
+from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
@@ -73,6 +74,7 @@ class _Runner:
         self.prefetcher: Prefetcher[GlobalBatch] | None = None
         self.export: TelemetryExport | None = None
         self.exporters: list[Any] = []
+        self._reading = threading.Lock()  # held by the thread inside `next()`
 
     def start(self) -> None:
         """Start a run at the current position: the backend's stream, prefetched."""
@@ -87,6 +89,17 @@ class _Runner:
         self.batches = self.prefetcher or stream
 
     def next(self) -> GlobalBatch:
+        if not self._reading.acquire(blocking=False):
+            raise LoaderBusyError(
+                "another thread is in next() on this Loader: a loader feeds one consumer; read it from one "
+                "thread and hand the batches on (a queue.Queue) to the others"
+            )
+        try:
+            return self._next()
+        finally:
+            self._reading.release()
+
+    def _next(self) -> GlobalBatch:
         start = perf_counter()
         if self.batches is None:  # (re)starting counts as input wait: connecting to sidecars, starting workers
             if self.owner.state == "closed":
