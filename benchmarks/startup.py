@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 from core import BATCH, SEQ_LEN  # the core benchmark's demo pipeline settings
 
-from colo_data.runtime.child_env import PROCESS_DEFAULTS
+from colo_data.runtime.child_env import process_settings
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -52,7 +52,7 @@ LOADERS = [(backend, workers) for backend in ("inprocess", "sidecar") for worker
 # In process, with the trainer started with the settings that worker and sidecar processes get
 # (colo_data.runtime.child_env): how much of the workers' gain those settings are.
 SETTINGS = "inprocess, trainer with the process settings"
-SETTINGS_ENV = {**PROCESS_DEFAULTS, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+SETTINGS_ENV = process_settings()
 CONFIGS = [(p, b, w) for p in PIPELINES for b, w in LOADERS] + [("light", SETTINGS, 0), ("light", SETTINGS, 2)]
 # (what, numerator, denominator, goal): ratios of steady records/s, from the issue
 RATIOS = [

@@ -40,7 +40,9 @@ def test_numpy_integers_are_accepted_and_stored_as_ints(token_corpus: Path) -> N
     assert type(order.seed) is int and type(order.window) is int
     pack = cd.Pack("tokens", np.int64(16))
     assert type(pack.length) is int
-    assert read_all(cd.Loader(pipeline)) and cd.Loader(pipeline).get_state()  # a state is JSON: plain ints
+    with cd.Loader(pipeline) as loader:
+        next(loader)
+        json.dumps(loader.get_state())  # numpy integers in the state would not serialise
 
 
 def returns_none(batch: dict) -> None:

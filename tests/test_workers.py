@@ -18,7 +18,7 @@ from colo_data import defaults
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.pipeline import HostPipeline, Share
 from colo_data.host.workers import WorkerPool
-from colo_data.runtime.child_env import PROCESS_DEFAULTS
+from colo_data.runtime.child_env import process_settings
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 from pipelines import BATCH, make_pipeline
@@ -120,7 +120,7 @@ def test_worker_processes_get_the_process_defaults_unless_set(token_corpus: Path
         env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
     finally:
         owner.close()
-    for name, value in PROCESS_DEFAULTS.items():
+    for name, value in process_settings().items():
         assert env[name] == ("3" if name == "OPENBLAS_NUM_THREADS" else value), name
     assert env["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
 
@@ -128,8 +128,9 @@ def test_worker_processes_get_the_process_defaults_unless_set(token_corpus: Path
 def test_the_sidecar_image_sets_the_same_process_defaults() -> None:
     dockerfile = (Path(__file__).parents[1] / "sidecar_image" / "Dockerfile").read_text()
     serve = dockerfile.split("FROM colocated AS serve", 1)[1]
-    for name, value in {**PROCESS_DEFAULTS, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}.items():
+    for name, value in process_settings().items():
         assert f"{name}={value}" in serve, f"the image's serve stage does not set {name}={value}"
+    assert "ARROW_DEFAULT_MEMORY_POOL=jemalloc" in serve
 
 
 def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> None:

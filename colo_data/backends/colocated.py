@@ -23,7 +23,7 @@ from colo_data import errors
 from colo_data.backends.base import GlobalBatch
 from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
-from colo_data.host.chunk import HostBatch, HostChunk, split_rows
+from colo_data.host.chunk import HostBatch, HostChunk, column_schema, split_rows
 from colo_data.host.pipeline import HostPipeline
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -138,14 +138,15 @@ def _close(stream: tuple[int, Iterator[HostChunk], Lifecycle]) -> None:
 
 def _check_columns(per_host: Sequence[tuple[int, Any, HostBatch]]) -> None:
     host0, _, first = per_host[0]
+    want = column_schema(first)
     for host, _, chunk in per_host[1:]:
-        for name, col in first.items():
-            other = chunk.get(name)
-            if other is None or other.shape[1:] != col.shape[1:] or other.dtype != col.dtype:
-                got = "no such column" if other is None else f"{other.dtype}{list(other.shape[1:])}"
+        got = column_schema(chunk)
+        for name, schema in want.items():
+            if got.get(name) != schema:
                 raise TransformError(
-                    f"column {name!r}: host {host0} made {col.dtype}{list(col.shape[1:])} rows, host {host} made {got}; "
-                    "transforms must give every host the same columns, dtypes and trailing shapes"
+                    f"column {name!r}: host {host0} made {schema} rows, host {host} made "
+                    f"{got.get(name, 'no such column')}; transforms must give every host the same columns, dtypes "
+                    "and trailing shapes"
                 )
 
 

@@ -39,6 +39,12 @@ class HostChunk:
         return len(next(iter(self.columns.values())))
 
 
+def column_schema(columns: HostBatch) -> dict[str, str]:
+    """Each column's dtype and row shape, e.g. `{"tokens": "int32[1024]"}`: what must stay
+    the same from batch to batch and from host to host."""
+    return {name: f"{column.dtype}{list(column.shape[1:])}" for name, column in columns.items()}
+
+
 def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """One chunk from the shares of it that worker processes computed: each share's rows go
     to their `places`, the stage counters add up.

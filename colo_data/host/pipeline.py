@@ -16,7 +16,7 @@ import numpy as np
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError, TransformError
-from colo_data.host.chunk import HostBatch, HostChunk, split_rows
+from colo_data.host.chunk import HostBatch, HostChunk, column_schema, split_rows
 from colo_data.host.packing import packed_batches
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
@@ -281,10 +281,6 @@ class HostPipeline:
             owner.close()
 
 
-def _schema(chunk: HostChunk) -> dict[str, str]:
-    return {name: f"{column.dtype}{list(column.shape[1:])}" for name, column in chunk.columns.items()}
-
-
 def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) -> Iterator[HostChunk]:
     """`chunks`, each with the columns, dtypes and row shapes of the first (the first
     batch fixes them); closes `chunks` when done or closed."""
@@ -292,7 +288,7 @@ def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) ->
     position, size, rows = start, host.pipeline.global_batch_size, host.rows[1] - host.rows[0]
     try:
         for chunk in chunks:
-            schema = _schema(chunk)
+            schema = column_schema(chunk.columns)
             if first is None:
                 first = schema
             elif schema != first:

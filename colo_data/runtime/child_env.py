@@ -26,11 +26,17 @@ PROCESS_DEFAULTS = {
 _ARROW_POOL = "jemalloc"
 
 
-def child_env() -> dict[str, str]:
-    """`os.environ` with `PYTHONPATH` = this process's import path, and `PROCESS_DEFAULTS`
-    and `ARROW_DEFAULT_MEMORY_POOL=jemalloc` under the names the user has not set."""
-    defaults = dict(PROCESS_DEFAULTS)
+def process_settings() -> dict[str, str]:
+    """`PROCESS_DEFAULTS`, and `ARROW_DEFAULT_MEMORY_POOL=jemalloc` where this pyarrow build
+    has jemalloc: the settings our child processes start with (and the sidecar image sets)."""
+    settings = dict(PROCESS_DEFAULTS)
     if _ARROW_POOL in pa.supported_memory_backends():
-        defaults["ARROW_DEFAULT_MEMORY_POOL"] = _ARROW_POOL
+        settings["ARROW_DEFAULT_MEMORY_POOL"] = _ARROW_POOL
+    return settings
+
+
+def child_env() -> dict[str, str]:
+    """`os.environ` with `PYTHONPATH` = this process's import path, and `process_settings()`
+    under the names the user has not set."""
     paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    return {**defaults, **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    return {**process_settings(), **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
