@@ -183,20 +183,28 @@ def test_close_is_final_idempotent_and_bounded(token_corpus: Path) -> None:
     resumed.close()
 
 
-def test_close_from_another_thread_ends_a_blocked_next(token_corpus: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "prefetch", "workers"), [("inprocess", 2, 0), ("inprocess", 0, 2), ("sidecar", 2, 0), ("sidecar", 0, 0)]
+)
+def test_close_from_another_thread_ends_a_blocked_next(
+    token_corpus: Path, tmp_path: Path, backend: str, prefetch: int, workers: int
+) -> None:
     """A consumer waiting in `next()` for a slow pipeline wakes up when another thread
-    closes the loader: its loop ends instead of hanging."""
+    closes the loader, with a `LoaderClosedError` that says so (not the error of a worker
+    or sidecar connection that the close stopped), whether the consumer waits on the
+    prefetch thread or runs the stream itself."""
 
     def slow(columns: dict) -> dict:
         time.sleep(0.5)
         return columns
 
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), slow])
-    loader = cd.Loader(pipeline)
+    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
+    loader = cd.Loader(pipeline, backend=backend, prefetch=prefetch, workers=workers, **options)
     next(loader)
     threading.Timer(0.2, loader.close).start()
     started = time.monotonic()
-    with pytest.raises((StopIteration, cd.LoaderClosedError)):
+    with pytest.raises(cd.LoaderClosedError, match="closed"):
         for _ in range(1000):
             next(loader)
     assert time.monotonic() - started < 30, "next() woke up once the loader was closed"

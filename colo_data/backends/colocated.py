@@ -24,6 +24,7 @@ from colo_data.backends.base import GlobalBatch
 from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, column_schema, split_rows
+from colo_data.host.dtypes import jax_ready
 from colo_data.host.pipeline import HostPipeline
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -98,15 +99,21 @@ class _HostSide:
 
     def batches(self, request: jax.Array) -> list[dict[str, jax.Array]]:
         """The requested global batches, each a dict of arrays of shape (global batch size,
-        ...) whose shard on host h's CPU device is host h's rows."""
+        ...) whose shard on host h's CPU device is host h's rows. In JAX's 32-bit mode a
+        64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
         per_host: list[tuple[int, Any, HostBatch]] = []
+        positions: dict[int, int] = {}
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)
-            position = int(_decode(np.asarray(shard.data))[0, 0])
-            per_host.append((host, shard.device, self._chunk(host, hosts, position, count)))
+            positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
+            per_host.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
         _check_columns(per_host)
+        x64 = jax.enable_x64.value  # read here: this process's JAX makes the arrays (and would narrow)
+        per_host = [
+            (h, d, jax_ready(c, x64, f"host {h}, batches from stream position {positions[h]}")) for h, d, c in per_host
+        ]
         sharding = _batch_sharding(request)
         out: list[dict[str, jax.Array]] = [{} for _ in range(count)]
         for name, first in per_host[0][2].items():

@@ -22,6 +22,7 @@ from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.placement import Placement
 from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError
+from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
@@ -75,6 +76,7 @@ class _Runner:
         self.export: TelemetryExport | None = None
         self.exporters: list[Any] = []
         self._reading = threading.Lock()  # held by the thread inside `next()`
+        self.closing = False  # `close()` has begun, maybe on another thread than a waiting `next()`
 
     def start(self) -> None:
         """Start a run at the current position: the backend's stream, prefetched."""
@@ -110,7 +112,14 @@ class _Runner:
             self.start()
         assert self.batches is not None
         depth = self.prefetcher.depth() if self.prefetcher is not None else 0
-        batch = next(self.batches)
+        try:
+            batch = next(self.batches)
+        except BaseException as e:
+            if self.closing:  # what stopped the stream was the close, whatever the stream's own error says
+                raise LoaderClosedError(
+                    "the Loader was closed (by another thread) while next() waited for a batch"
+                ) from e
+            raise
         done = perf_counter()
         records = self.pipeline.global_batch_size if batch.end is None else batch.end - self.position
         self.position += records
@@ -134,6 +143,7 @@ class _Runner:
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
         """Stop the run and everything else the loader started; final."""
+        self.closing = True
         late = self.stop(timeout)
         return late + self.owner.close(timeout)
 
@@ -163,6 +173,9 @@ class Loader:
         sidecar: sidecar socket address(es), one per local host.
         shm_dir: where local sidecars put their shared-memory ring.
         slots: slots of each local sidecar's ring.
+        sidecar_timeout: seconds a sidecar may send nothing while the trainer waits before
+            it counts as frozen (a `SidecarError`); a sidecar sends a heartbeat every second
+            while it works, so a batch that takes longer than this is not an error.
         mesh: where batches are placed (default: every device on one `"data"` axis).
         partition_spec: how the batch is sharded (default: the batch dimension over the
             mesh's first axis).
@@ -182,6 +195,7 @@ class Loader:
         sidecar: str | Sequence[str] | None = None,
         shm_dir: str = defaults.SHM_DIR,
         slots: int = defaults.SLOTS,
+        sidecar_timeout: float = defaults.SIDECAR_TIMEOUT_S,
         mesh: Mesh | None = None,
         partition_spec: PartitionSpec | None = None,
         state: dict[str, Any] | None = None,
@@ -198,15 +212,24 @@ class Loader:
             raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
         if workers is not None and (not isinstance(workers, int) or workers < 0):
             raise ConfigError(f"workers={workers!r}: must be an int >= 0 (0 runs the pipeline in this process)")
+        if isinstance(sidecar_timeout, bool) or not isinstance(sidecar_timeout, int | float) or not (
+            sidecar_timeout >= 2 * defaults.HEARTBEAT_S
+        ):
+            raise ConfigError(
+                f"sidecar_timeout={sidecar_timeout!r}: must be a number of seconds >= {2 * defaults.HEARTBEAT_S:g} "
+                f"(twice the sidecar's heartbeat period; default {defaults.SIDECAR_TIMEOUT_S:g})"
+            )
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
         self.pipeline = pipeline
         self.options: dict[str, Any] = {
             "backend": backend, "hosts": hosts, "workers": workers, "sidecar": sidecar, "shm_dir": shm_dir,
-            "slots": slots, "partition_spec": partition_spec, "prefetch": prefetch, "warmup": warmup,
+            "slots": slots, "sidecar_timeout": sidecar_timeout, "partition_spec": partition_spec, "prefetch": prefetch,
+            "warmup": warmup,
             "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
         position = 0 if state is None else restore_position(pipeline, state)
+        check_index_column(pipeline, x64=jax.enable_x64.value)
         if sidecar is None and os.environ.get(SIDECAR_ENV) and backend in ("sidecar", "auto"):
             sidecar = os.environ[SIDECAR_ENV].split(",")
         self.backend: str = resolve_backend(backend, sidecar)
@@ -216,7 +239,7 @@ class Loader:
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
         owner = Lifecycle(f"Loader(backend={self.backend!r})")
         try:
-            chosen = self._backend(pipeline, sidecar, workers, shm_dir, slots, prefetch, owner)
+            chosen = self._backend(pipeline, sidecar, workers, shm_dir, slots, sidecar_timeout, prefetch, owner)
         except BaseException:
             owner.close()
             raise
@@ -251,6 +274,7 @@ class Loader:
         workers: int | None,
         shm_dir: str,
         slots: int,
+        sidecar_timeout: float,
         prefetch: int,
         owner: Lifecycle,
     ) -> Backend:
@@ -274,7 +298,9 @@ class Loader:
             from colo_data.backends.sidecar.backend import SidecarBackend
 
             copy = any(d.platform == "cpu" for d in self.mesh.devices.flat)
-            return SidecarBackend(pipeline, self.placement, addresses, shm_dir, workers, slots, copy, owner)
+            return SidecarBackend(
+                pipeline, self.placement, addresses, shm_dir, workers, slots, copy, sidecar_timeout, owner
+            )
         from colo_data.backends.inprocess import InProcessBackend
 
         return InProcessBackend(pipeline, self.placement, workers or 0, prefetch > 0, owner)

@@ -1,14 +1,18 @@
-"""The sidecar's connection key. Every message on the socket is unpickled, so a connection
-proves that it knows the key (the standard library's `multiprocessing.connection` challenge,
-which reads raw bytes, never a pickle) before anything is read from it. The key comes from
-`COLO_DATA_SIDECAR_KEY` (hex, the same on both sides), else from a file beside the socket
-that the sidecar writes at start, readable by its owner (and its group, with a group-
-readable `--socket-mode`)."""
+"""The sidecar's connection key and handshake. Every message on the socket is unpickled, so
+a connection proves that it knows the key (the standard library's `multiprocessing.connection`
+challenge, which reads raw bytes, never a pickle) before anything is read from it, within a
+time limit on both sides (a silent peer cannot hold the sidecar's door, a frozen sidecar
+cannot hold the trainer). The key comes from `COLO_DATA_SIDECAR_KEY` (hex, the same on both
+sides), else from a file beside the socket that the sidecar writes at start, readable by its
+owner (and its group, with a group-readable `--socket-mode`)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
+import struct
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from colo_data.errors import ConfigError, SidecarError
 
@@ -75,3 +79,62 @@ def read_key(socket_path: str) -> bytes | None:
             f"cannot read the sidecar's key {path} ({e.strerror}): run the trainer as the sidecar's user, give the "
             f"sidecar a group-readable --socket-mode (e.g. 660), or set {KEY_ENV} to the same key on both sides"
         ) from e
+
+
+def set_timeout(conn: Connection, seconds: float) -> None:
+    """Bound each blocking read and write on `conn` to `seconds` (0: unbounded): past it,
+    they raise `BlockingIOError` instead of waiting for a peer that has stopped."""
+    value = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as duplicate:  # same socket, own fd
+        duplicate.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        duplicate.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+def peer_pid(conn: Connection) -> int:
+    """The pid of the process at the other end of a Unix socket (0 when it is in another
+    pid namespace, e.g. another container)."""
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as duplicate:
+        pid, _, _ = struct.unpack("3i", duplicate.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return int(pid)
+
+
+def admit(conn: Connection, key: bytes, timeout: float) -> None:
+    """The sidecar's side of the handshake: the peer must answer the challenge, and pass
+    one of its own, within `timeout` seconds.
+
+    Raises:
+        multiprocessing.AuthenticationError: the peer does not know the key.
+        OSError, EOFError: it was silent for `timeout` seconds, or left.
+    """
+    set_timeout(conn, timeout)
+    deliver_challenge(conn, key)
+    answer_challenge(conn, key)
+    set_timeout(conn, 0)  # a session waits as long as its trainer trains
+
+
+def connect(path: str, key: bytes, timeout: float) -> Connection:
+    """The trainer's side: a connection to the sidecar on `path`, whose reads and writes
+    stay bounded by `timeout` seconds (a sidecar that stops answering is an OSError, not a
+    hang).
+
+    Raises:
+        multiprocessing.AuthenticationError: the sidecar has another key.
+        OSError, EOFError: nobody listens, or the sidecar did not answer in time.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    conn = Connection(sock.detach())
+    try:
+        set_timeout(conn, timeout)
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

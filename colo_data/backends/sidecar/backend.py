@@ -30,6 +30,8 @@ class SidecarBackend:
         shm_dir, workers, slots: the local sidecars' settings.
         copy: copy each slot out at once (JAX's CPU backend keeps page-aligned host memory
             instead of copying it, and a slot is rewritten once released).
+        timeout: seconds a sidecar may stay silent while the trainer waits before it is
+            taken for frozen (it heartbeats while it works, however slow a batch is).
         owner: stops the local sidecars when it closes.
     """
 
@@ -44,9 +46,10 @@ class SidecarBackend:
         workers: int | None,
         slots: int,
         copy: bool,
+        timeout: float,
         owner: Lifecycle,
     ) -> None:
-        self.pipeline, self.placement, self.copy = pipeline, placement, copy
+        self.pipeline, self.placement, self.copy, self.timeout = pipeline, placement, copy, timeout
         self.local_hosts = placement.local_hosts
         self.handoff = StageTimes()
         self._clients: list[SidecarClient] = []
@@ -65,7 +68,7 @@ class SidecarBackend:
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
         self._clients = []
         for address, pid in self._targets:
-            client = SidecarClient(address, pid)
+            client = SidecarClient(address, pid, timeout=self.timeout)
             run.add(f"sidecar session at {address}", client.close)
             self._clients.append(client)
         hosts = self.placement.hosts

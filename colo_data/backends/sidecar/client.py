@@ -6,19 +6,21 @@ copied out and released at once."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 import numpy as np
 import psutil
 
-from colo_data.backends.sidecar.auth import KEY_ENV, key_path, read_key
-from colo_data.backends.sidecar.protocol import FAMILY, raise_remote, socket_path
+from colo_data import defaults
+from colo_data.backends.sidecar.auth import KEY_ENV, connect, key_path, read_key
+from colo_data.backends.sidecar.protocol import SESSION_END_S, raise_remote, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError
 from colo_data.host.chunk import HostChunk, split_rows
@@ -31,42 +33,64 @@ CLOSE_S = 5.0
 
 class SidecarClient:
     """One connection to the sidecar at `address`. `pid`, when known (a local sidecar),
-    lets a dead sidecar be told apart from a slow one while waiting for a batch. `stats`
-    holds the sidecar's latest telemetry counters (sent with each slot), `handoff` the time
-    this side spends mapping (or copying out) the slots."""
+    lets a dead sidecar be told apart from a slow one while waiting for a batch. A sidecar
+    that sends nothing, not even its heartbeat, for `timeout` seconds while the trainer
+    waits is taken for frozen (a `SidecarError`). `stats` holds the sidecar's latest
+    telemetry counters (sent with each slot), `handoff` the time this side spends mapping
+    (or copying out) the slots."""
 
-    def __init__(self, address: str, pid: int | None = None, connect_timeout: float = 60.0) -> None:
-        self.address, self.pid = address, pid
+    def __init__(
+        self,
+        address: str,
+        pid: int | None = None,
+        connect_timeout: float = 60.0,
+        timeout: float = defaults.SIDECAR_TIMEOUT_S,
+    ) -> None:
+        self.address, self.pid, self.timeout = address, pid, timeout
+        self._frozen = False
+        self._conn: Connection = self._connect(connect_timeout)
+        self.info: dict[str, Any] = {}
+        self.stats: dict[str, Any] | None = None
+        self.handoff = StageTimes()
+        self._reader: ShmReader | None = None
+        # the sidecar admits this trainer, or says that it serves another (after waiting
+        # for a session that is ending, `SESSION_END_S`, without heartbeats)
+        self._checked(self._receive("the sidecar to admit it", silence=SESSION_END_S + timeout))
+
+    def _connect(self, connect_timeout: float) -> Connection:
         deadline = time.monotonic() + connect_timeout
-        path = socket_path(address)
+        path = socket_path(self.address)
         while True:
             try:
                 key = read_key(path)
                 if key is None:  # the sidecar writes its key before it binds its socket
                     raise FileNotFoundError(errno.ENOENT, "no key file beside the socket", key_path(path))
-                self._conn: Connection = Client(path, FAMILY, authkey=key)
-                break
+                return connect(path, key, self.timeout)
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 if time.monotonic() > deadline or not self._alive():
                     raise SidecarError(
-                        f"no sidecar answers at {address} ({e.strerror}): start one with "
+                        f"no sidecar answers at {self.address} ({e.strerror}): start one with "
                         "`colo-data sidecar serve CONFIG --socket PATH`, or check the path"
                     ) from e
                 time.sleep(0.1)
             except PermissionError as e:
                 raise SidecarError(
-                    f"no permission to connect to the sidecar at {address}: run the trainer as the sidecar's user, "
-                    "or give the sidecar a --socket-mode that lets its group in (e.g. 660)"
+                    f"no permission to connect to the sidecar at {self.address}: run the trainer as the sidecar's "
+                    "user, or give the sidecar a --socket-mode that lets its group in (e.g. 660)"
                 ) from e
             except AuthenticationError as e:
                 raise SidecarError(
-                    f"the sidecar at {address} refused this trainer's key ({e}): the key file beside its socket is "
-                    f"from another sidecar, or {KEY_ENV} differs between the two sides"
+                    f"the sidecar at {self.address} refused this trainer's key ({e}): the key file beside its socket "
+                    f"is from another sidecar, or {KEY_ENV} differs between the two sides"
                 ) from e
-        self.info: dict[str, Any] = {}
-        self.stats: dict[str, Any] | None = None
-        self.handoff = StageTimes()
-        self._reader: ShmReader | None = None
+            except (BlockingIOError, TimeoutError) as e:
+                self._frozen = True
+                raise self._silent("connected") from e
+            except (EOFError, OSError) as e:
+                raise SidecarError(
+                    f"the sidecar at {self.address} closed the connection during the key challenge ({e!r}): "
+                    "check its log"
+                ) from e
 
     def _alive(self) -> bool:
         if self.pid is None:
@@ -83,24 +107,59 @@ class SidecarClient:
             "its shared-memory slots were removed. Check its log (an out-of-memory kill?) and restart it."
         )
 
+    def _silent(self, doing: str, silence: float | None = None) -> SidecarError:
+        """The error for a sidecar that has stopped answering; a local one's slots are swept
+        (the loader stops it), a standalone one removes its own when it goes on."""
+        state = ""
+        if self.pid is not None:
+            with contextlib.suppress(psutil.Error):
+                status = psutil.Process(self.pid).status()
+                state = f" Its process {self.pid} is {status}"
+                state += f" (SIGSTOP? `kill -CONT {self.pid}` resumes it)." if status == psutil.STATUS_STOPPED else "."
+            self._sweep()
+        return SidecarError(
+            f"the sidecar at {self.address} sent nothing for {silence or self.timeout:g} s while the trainer {doing}, not even "
+            f"the heartbeat it sends every {defaults.HEARTBEAT_S:g} s while it works: it is stopped or hung, or its "
+            f"host is overloaded.{state} If its pipeline is only slow, a batch is not the cause (the heartbeat goes "
+            "on while it works); if its host is that busy, give the Loader a larger sidecar_timeout."
+        )
+
     def _send(self, message: dict[str, Any]) -> None:
         try:
             self._conn.send(message)
+        except (BlockingIOError, TimeoutError) as e:
+            self._frozen = True
+            raise self._silent(f"sent {message['op']!r}") from e
         except OSError as e:
             raise self._died(f"sent {message['op']!r}") from e
 
-    def _receive(self, waiting_for: str, deadline: float | None = None) -> dict[str, Any]:
-        """The sidecar's next message, telling a dead sidecar from a slow one; a
+    def _receive(self, waiting_for: str, deadline: float | None = None, silence: float | None = None) -> dict[str, Any]:
+        """The sidecar's next message other than a heartbeat, telling a dead sidecar and a
+        frozen one (silent for `silence` seconds, default `timeout`) from a slow one; a
         SidecarError past `deadline` (monotonic seconds) too."""
+        silence = self.timeout if silence is None else silence
+        heard = time.monotonic()
         try:
-            while not self._conn.poll(_POLL_S):
-                if not self._alive():
-                    raise EOFError
-                if deadline is not None and time.monotonic() > deadline:
-                    raise SidecarError(
-                        f"the sidecar at {self.address} did not answer in time while the trainer waited for {waiting_for}"
-                    )
-            return self._conn.recv()
+            while True:
+                while not self._conn.poll(_POLL_S):
+                    now = time.monotonic()
+                    if not self._alive():
+                        raise EOFError
+                    if now - heard > silence:
+                        self._frozen = True
+                        raise self._silent(f"waited for {waiting_for}", silence)
+                    if deadline is not None and now > deadline:
+                        raise SidecarError(
+                            f"the sidecar at {self.address} did not answer in time while the trainer waited for "
+                            f"{waiting_for}"
+                        )
+                message = self._conn.recv()
+                heard = time.monotonic()
+                if not message.get("alive"):
+                    return message
+        except (BlockingIOError, TimeoutError) as e:  # a message that stopped half-way
+            self._frozen = True
+            raise self._silent(f"waited for {waiting_for}") from e
         except (EOFError, OSError) as e:
             raise self._died(f"waited for {waiting_for}") from e
 
@@ -152,18 +211,19 @@ class SidecarClient:
 
     def _finish(self) -> None:
         """End the session (the sidecar then removes its ring) and the connection, waiting
-        at most `CLOSE_S` for the sidecar to confirm."""
+        at most `CLOSE_S` for the sidecar to confirm (not at all for a frozen one)."""
         try:
-            if self._reader is not None:
+            if self._reader is not None and not self._frozen:
                 self._send({"op": "close"})
                 deadline = time.monotonic() + CLOSE_S
                 while not self._receive("the stream to close", deadline).get("closed"):
                     pass  # announcements that were already on their way
-                self._reader.close()
-                self._reader = None
         except SidecarError:
             pass
         finally:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
             self.close()
 
     def close(self, timeout: float = 0.0) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ class LocalSidecar:
         within `timeout` seconds, and remove its socket directory; safe to call twice."""
         if self.process.poll() is None:
             self.process.terminate()
+            self.process.send_signal(signal.SIGCONT)  # a stopped sidecar (SIGSTOP) handles the SIGTERM too
             try:
                 self.process.wait(max(timeout, _KILL_AFTER_S))
             except subprocess.TimeoutExpired:

@@ -5,6 +5,9 @@ and the socket is owner-only unless configured otherwise. The data itself never
 crosses the socket: it sits in shared-memory slots, and messages carry slot numbers and
 array layouts.
 
+A connection first gets {"ready": True} once the sidecar serves it, or an error reply when
+the sidecar serves another trainer (busy), then:
+
 Messages, trainer -> sidecar:
   {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
       -> {"rows": r, "names": [...], "shm_dir": str, "slots": n, "workers": w, "copy_threads": t,
@@ -17,6 +20,9 @@ Messages, trainer -> sidecar:
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
 Any of these may instead be {"error": message, "type": class name, "traceback": text}.
+While the sidecar works for the trainer (opening, computing a batch) and has sent nothing
+for `defaults.HEARTBEAT_S`, it sends {"alive": True}: a trainer that hears nothing at all
+for its timeout while it waits knows the sidecar is frozen, not slow.
 Announcing filled slots unasked spares the trainer a round trip per batch; the ring's
 slot count bounds how far the sidecar runs ahead.
 """
@@ -30,6 +36,7 @@ from colo_data import errors
 
 FAMILY = "AF_UNIX"
 SCHEME = "unix://"
+SESSION_END_S = 30.0  # a trainer that comes while the last one's session ends waits at most this long for it
 
 
 def socket_path(address: str) -> str:

@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import psutil
 
 from colo_data import defaults
-from colo_data.backends.sidecar.auth import KEY_ENV, key_path, make_key
-from colo_data.backends.sidecar.protocol import FAMILY, error_reply
+from colo_data.backends.sidecar.auth import KEY_ENV, admit, key_path, make_key, peer_pid
+from colo_data.backends.sidecar.protocol import FAMILY, SESSION_END_S, error_reply
 from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
 from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
 from colo_data.errors import ConfigError, SidecarError
@@ -39,6 +39,8 @@ from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 
 _WATCH_S = 0.5
+_HANDSHAKE_S = 5.0  # a peer that has not passed the key challenge by then is dropped
+_RACE_S = 1.0  # a trainer that has just died may not have been noticed yet: wait this long before `busy`
 _PROBE_S = 2.0  # a live sidecar accepts a connection at once, even mid-session (the backlog)
 
 
@@ -95,6 +97,7 @@ class _Session:
         for slot in range(slots):
             self._free.put(slot)
         self._thread: threading.Thread | None = None
+        self.working = True  # computing a batch (heartbeats go out), not waiting for a free slot or done
 
     def start(self, send: Callable[[dict[str, Any]], None]) -> None:
         """Start filling slots; each filled one, the end and any error go out through `send`."""
@@ -116,7 +119,9 @@ class _Session:
                 self.cpu.take()
                 batch, self._first = self._first, None
                 while batch is not None:
+                    self.working = False
                     slot = self._free.get()
+                    self.working = True
                     if slot < 0:
                         return
                     t0 = time.perf_counter()
@@ -131,6 +136,8 @@ class _Session:
                 send(error_reply(e))
         except OSError:  # the trainer is gone; the session is being closed
             return
+        finally:
+            self.working = False
 
     def release(self, slot: int) -> None:
         self._free.put(slot)
@@ -145,6 +152,15 @@ class _Session:
     def _close_batches(self) -> None:
         close_iterator(self._chunks)
         self._owner.close()
+
+
+class _Active(NamedTuple):
+    """The trainer being served: its pid (0 if unknown), since when (epoch seconds), and
+    whether its session is ending (it closed it, or went away)."""
+
+    pid: int
+    since: float
+    ending: bool = False
 
 
 class SidecarServer:
@@ -176,6 +192,10 @@ class SidecarServer:
         self.slots = slots
         self._session: _Session | None = None
         self._listener: Listener | None = None
+        self._key = b""
+        self._admitted: queue.Queue[Connection] = queue.Queue()  # from the door thread to the serving one
+        self._turn = threading.Condition()  # guards `_active`
+        self._active: _Active | None = None  # the trainer admitted last, until its session has ended
         self._owner = Lifecycle("sidecar server")
         # started once, before any trainer connects, and reused by every session
         self._pool = WorkerPool(self.workers, self._owner) if self.workers > 1 else None
@@ -230,12 +250,32 @@ class SidecarServer:
         }
 
     def _serve(self, conn: Connection) -> None:
-        lock = threading.Lock()  # the producer thread and this one both send
+        """Answer one trainer's requests until it closes its session or goes away. While
+        the sidecar works for it (opening the stream, computing a batch) and has sent
+        nothing for `HEARTBEAT_S`, a heartbeat goes out, so that the trainer can tell a slow
+        pipeline from a frozen sidecar."""
+        lock = threading.Lock()  # the producer, the heartbeat and this thread all send
+        sent = [time.monotonic()]
+        opening = [False]
 
         def send(message: dict[str, Any]) -> None:
             with lock:
                 conn.send(message)
+                sent[0] = time.monotonic()
 
+        def beat(stop: threading.Event) -> None:
+            while not stop.wait(defaults.HEARTBEAT_S / 2):
+                session = self._session
+                working = opening[0] or (session is not None and session.working)
+                if working and time.monotonic() - sent[0] >= defaults.HEARTBEAT_S:
+                    try:
+                        send({"alive": True})
+                    except OSError:  # the trainer is gone
+                        return
+
+        stop = threading.Event()
+        heart = threading.Thread(target=beat, args=(stop,), name="colo-data-sidecar-heartbeat", daemon=True)
+        heart.start()
         try:
             while True:
                 try:
@@ -248,19 +288,26 @@ class SidecarServer:
                         self._session.release(request["slot"])
                     continue
                 if op == "close":
+                    self._ending()
                     self._end_session()  # the producer has stopped sending
                     send({"closed": True})
                     return
                 try:
                     if op != "open":
                         raise ConfigError(f"unknown sidecar request {op!r}")
-                    send(self._open(request))
+                    opening[0] = True
+                    try:
+                        reply = self._open(request)
+                    finally:
+                        opening[0] = False
+                    send(reply)
                     assert self._session is not None  # `_open` made it
                     self._session.start(send)
                 except Exception as e:
                     send(error_reply(e))
         finally:
-            self._end_session()
+            stop.set()
+            heart.join()
 
     def _end_session(self) -> None:
         if self._session is not None:
@@ -289,10 +336,10 @@ class SidecarServer:
             if _answers(path):
                 raise SidecarError(f"a sidecar already listens on {path}: stop it, or give this one another --socket")
             os.unlink(path)  # a dead sidecar's
-        key = make_key(path, self.socket_mode)  # before the socket: a client that finds the socket finds the key
+        self._key = make_key(path, self.socket_mode)  # before the socket: a client that finds the socket finds the key
         umask = os.umask(0o177)  # owner-only from the start; then the mode asked for
         try:
-            self._listener = Listener(path, FAMILY, authkey=key)
+            self._listener = Listener(path, FAMILY)  # the door thread runs the key challenge, with a time limit
             os.chmod(path, self.socket_mode)
         except OSError as e:  # another sidecar took the path meanwhile
             self._remove_key()
@@ -306,27 +353,92 @@ class SidecarServer:
                 os.unlink(key_path(self.socket_path))
 
     def serve_forever(self) -> None:
-        """Serve trainer sessions, one at a time, until the process is stopped. A
-        connection that answers the key challenge wrongly is dropped and logged to stderr;
-        one that leaves before the challenge is over (a health check, which cannot be told
-        from a peer that gives up) is dropped quietly."""
+        """Serve trainer sessions, one at a time, until the process is stopped. A door
+        thread accepts connections: one that answers the key challenge wrongly is dropped
+        and logged to stderr; one that leaves or stays silent for `_HANDSHAKE_S` (a health
+        check, which cannot be told from a peer that gives up) is dropped quietly; one that
+        comes while a trainer is being served is told so at once (`_admit`)."""
         if self._listener is None:
             self.listen()
         assert self._listener is not None  # `listen` made it
+        door = threading.Thread(target=self._door, args=(self._listener,), name="colo-data-sidecar-door", daemon=True)
+        door.start()
         try:
-            with self._listener as listener:
+            with self._listener:
                 while True:
+                    conn = self._admitted.get()
                     try:
-                        conn = listener.accept()
-                    except AuthenticationError as e:
-                        print(f"colo-data sidecar: refused a connection on {self.socket_path}: {e}", file=sys.stderr)
-                        continue
-                    except (EOFError, ConnectionError):  # left before the challenge was over: a health check, say
-                        continue
-                    with conn:
-                        self._serve(conn)
+                        with conn:
+                            conn.send({"ready": True})
+                            self._serve(conn)
+                    except OSError:  # the trainer left before or during its session
+                        pass
+                    finally:
+                        self._ending()
+                        self._end_session()
+                        with self._turn:
+                            self._active = None
+                            self._turn.notify_all()
         finally:
+            self._end_session()
             self._remove_key()
+
+    def _door(self, listener: Listener) -> None:
+        key = self._key
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:  # the listener was closed: the server is stopping
+                return
+            try:
+                admit(conn, key, _HANDSHAKE_S)
+            except AuthenticationError as e:
+                print(f"colo-data sidecar: refused a connection on {self.socket_path}: {e}", file=sys.stderr)
+                conn.close()
+                continue
+            except (EOFError, OSError):  # left, or was silent: a health check, say
+                conn.close()
+                continue
+            self._admit(conn)
+
+    def _admit(self, conn: Connection) -> None:
+        """Hand `conn` to the serving thread, or tell its trainer that another is being
+        served: at once (after `_RACE_S`, the time for a trainer that has just died to be
+        noticed) while that trainer is connected, after at most `SESSION_END_S` while its
+        session ends."""
+        now = time.monotonic()
+        with self._turn:
+            while self._active is not None:
+                limit = now + (SESSION_END_S if self._active.ending else _RACE_S)
+                if time.monotonic() >= limit:
+                    break
+                self._turn.wait(limit - time.monotonic())
+            active = self._active
+            if active is None:
+                self._active = _Active(peer_pid(conn), time.time())
+                self._admitted.put(conn)
+                return
+        who = f"the trainer with pid {active.pid}" if active.pid else "a trainer in another pid namespace"
+        waiting = f"{time.time() - active.since:.0f} s"
+        if active.ending:
+            message = f"the sidecar on {self.socket_path} is still ending the last session ({who}) after {SESSION_END_S:g} s"
+        else:
+            message = (
+                f"the sidecar on {self.socket_path} is busy serving {who} since "
+                f"{time.strftime('%H:%M:%S', time.localtime(active.since))} ({waiting}): a sidecar serves one "
+                "trainer session at a time; close that loader first, or give this trainer a sidecar of its own "
+                "(another --socket)"
+            )
+        with contextlib.suppress(OSError), conn:
+            conn.send(error_reply(SidecarError(message)))
+
+    def _ending(self) -> None:
+        """The trainer being served has closed its session or gone: a trainer that comes
+        now waits for the session to end instead of being told the sidecar is busy."""
+        with self._turn:
+            if self._active is not None:
+                self._active = self._active._replace(ending=True)
+                self._turn.notify_all()
 
 
 def _answers(path: str) -> bool:
