@@ -5,6 +5,7 @@ processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 import colo_data as cd
+from colo_data.backends.sidecar.auth import connect, read_key
 from colo_data.testing import assert_batches_equal, read_all
 
 from pipelines import make_pipeline
@@ -136,6 +138,29 @@ def test_a_socket_that_a_live_sidecar_holds_is_a_clear_error(
     assert f"a sidecar already listens on {socket}" in second.stderr, second.stderr
     assert server.poll() is None, "the live sidecar keeps serving"
     assert_serves(socket, token_corpus, "the first sidecar, after a second one was refused")
+
+
+@pytest.mark.parametrize("request_", ["not a dict", b"not a pickle", {"op": "release"}, {"op": "open"}, {"op": "dance"}])
+def test_a_request_that_breaks_the_protocol_ends_its_session_not_the_sidecar(
+    token_corpus: Path, sidecar: tuple[Path, subprocess.Popen[bytes]], request_: object
+) -> None:
+    """A peer that knows the key but sends what no trainer sends: an error reply or the
+    end of its session, and the sidecar goes on serving."""
+    socket, server = sidecar
+    key = read_key(str(socket))
+    assert key is not None
+    with connect(str(socket), key, 10) as conn:
+        assert conn.recv() == {"ready": True}
+        if isinstance(request_, bytes):
+            conn.send_bytes(request_)
+        else:
+            conn.send(request_)
+        if conn.poll(10):  # an error reply, or the end of the connection
+            with contextlib.suppress(EOFError):
+                reply = conn.recv()
+                assert "error" in reply, reply
+    assert_serves(socket, token_corpus, f"after a session that sent {request_!r}")
+    assert server.poll() is None, server.stderr.read().decode()
 
 
 @pytest.mark.parametrize("where", ["missing directory", "not a socket"])

@@ -373,6 +373,8 @@ class SidecarServer:
                             self._serve(conn)
                     except OSError:  # the trainer left before or during its session
                         pass
+                    except Exception as e:  # a request that breaks the protocol: its session ends, not the sidecar
+                        print(f"colo-data sidecar: ended a session on a bad request: {e!r}", file=sys.stderr)
                     finally:
                         self._ending()
                         self._end_session()
