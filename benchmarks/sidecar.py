@@ -145,7 +145,7 @@ def measure_handoff(sidecar: LocalSidecar, nbytes: int) -> dict[str, float]:
         arrivals, seen = [], 0
         for batch in client.batches(pipeline, 0, 1, 0):
             arrivals.append(time.perf_counter())
-            seen += batch["x"].nbytes
+            seen += batch.columns["x"].nbytes
         assert seen == nbytes * (HANDOFF_WARMUP + measured), (seen, nbytes)
     finally:
         client.close()

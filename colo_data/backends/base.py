@@ -5,7 +5,7 @@ hand back global arrays themselves."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Protocol
@@ -14,7 +14,8 @@ import jax
 
 from colo_data.backends.placement import Placement
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostChunk
+from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.dtypes import jax_ready
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.telemetry.counters import HANDOFF, StageTimes
@@ -79,6 +80,15 @@ def assembled(
     finally:
         for stream in streams:
             close_iterator(stream)
+
+
+def jax_columns(host: int) -> Callable[[HostBatch], HostBatch]:
+    """The check that host `host`'s chunks go through before they are cut into batches:
+    in JAX's 32-bit mode, 64-bit columns are cast to 32 bits when every value fits, else a
+    TransformError (`jax_ready`). The mode is read at each chunk, on the thread that makes
+    the arrays from it (`jax.enable_x64` as a context holds for one thread only)."""
+    where = f"host {host}"
+    return lambda columns: jax_ready(columns, jax.enable_x64.value, where)
 
 
 def plus(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:

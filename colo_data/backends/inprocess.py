@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from colo_data.backends.base import GlobalBatch, assembled, plus
+from colo_data.backends.base import GlobalBatch, assembled, jax_columns, plus
 from colo_data.backends.placement import Placement
 from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import CpuBudget, cpu_budget
@@ -44,7 +44,7 @@ class InProcessBackend:
         self._budget: CpuBudget | None = None
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
-        streams = [host.pieces(position, run) for host in self._hosts]
+        streams = [host.pieces(position, run, jax_columns(host.host)) for host in self._hosts]
         batches = assembled(streams, self.placement, self.handoff, wait_for_devices=False)
         if not self.workers:
             return batches

@@ -20,7 +20,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
-from colo_data.host.dtypes import jax_column
 from colo_data.spec.order import host_rows
 
 Index = tuple[slice, ...]
@@ -84,11 +83,9 @@ class Placement:
         return block[(slice(None), *index[1:])]
 
     def assemble(self, pieces: Mapping[int, HostBatch]) -> dict[str, jax.Array]:
-        """The global batch from the pieces of the local hosts (host -> its rows). In JAX's
-        32-bit mode a 64-bit column is cast to 32 bits here, or is a TransformError when a
-        value would change (`jax_column`)."""
+        """The global batch from the pieces of the local hosts (host -> its rows), whose
+        64-bit columns have been through `jax_columns` (a check per chunk, not per batch)."""
         out: dict[str, jax.Array] = {}
-        x64 = jax.enable_x64.value  # as this thread sees it: the thread that makes the arrays
         reference_host = self.local_hosts[0]
         for name, first in pieces[reference_host].items():
             parts: dict[int, np.ndarray] = {}
@@ -100,7 +97,7 @@ class Placement:
                         f"column {name!r}: host {reference_host} made {first.dtype}{list(first.shape)}, host {h} made "
                         f"{got}; transforms must give every host the same columns, dtypes and trailing shapes"
                     )
-                parts[h] = jax_column(name, part, x64, f"host {h}")
+                parts[h] = part
             shape = (self.global_batch_size, *first.shape[1:])
             out[name] = jax.make_array_from_callback(shape, self.sharding(len(shape)), functools.partial(self._rows, parts))
         return out

@@ -5,7 +5,7 @@ worker's share of a chunk goes in it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,15 +82,20 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
     return HostChunk(columns, stages=stages or None)
 
 
-def split_rows(chunks: Iterator[HostChunk], rows: int) -> Iterator[HostChunk]:
+def split_rows(
+    chunks: Iterator[HostChunk], rows: int, check: Callable[[HostBatch], HostBatch] | None = None
+) -> Iterator[HostChunk]:
     """Pieces of `rows` rows (the last of a chunk may hold fewer), cut from chunks as views;
-    the last piece of a chunk keeps its `end`. Closes `chunks` when done or closed."""
+    the last piece of a chunk keeps its `end`. `check`, if given, sees (and may replace)
+    each chunk's columns first: once a chunk, not once a piece. Closes `chunks` when done or
+    closed."""
     try:
         for chunk in chunks:
             height = chunk.rows
+            whole = chunk.columns if check is None else check(chunk.columns)
             for start in range(0, height, rows):
                 last = start + rows >= height
-                columns = {name: column[start : start + rows] for name, column in chunk.columns.items()}
+                columns = {name: column[start : start + rows] for name, column in whole.items()}
                 yield HostChunk(columns, chunk.end if last else None)
     finally:
         close_iterator(chunks)

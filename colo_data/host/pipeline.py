@@ -7,7 +7,7 @@ element, so only batches cross the process boundary."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -256,9 +256,12 @@ class HostPipeline:
         rest = self.pool.chunks(payload, self.host, self.hosts, start, rest_total, shared, indices)
         return _merge_stages(_head_start(first, rest), self.stages)
 
-    def pieces(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
+    def pieces(
+        self, start_position: int, owner: Lifecycle, check: Callable[[HostBatch], HostBatch] | None = None
+    ) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, one at a time, with their
-        metadata; the threads and processes computing them belong to `owner`. With `ahead`,
+        metadata; the threads and processes computing them belong to `owner`; `check` sees
+        each chunk's columns on the consumer's thread (`split_rows`). With `ahead`,
         the next chunk is computed while this one's batches are handed out (else a consumer
         that prefetches a few batches runs dry while a chunk is computed: 5% input wait at
         a 2 ms step on the demo pipeline)."""
@@ -266,7 +269,7 @@ class HostPipeline:
         if self.ahead:
             self.cpu = CpuMeter("thread")
             chunks = Prefetcher(metered(chunks, self.cpu), 1, owner, f"colo-data-host{self.host}")
-        return split_rows(chunks, self.rows[1] - self.rows[0])
+        return split_rows(chunks, self.rows[1] - self.rows[0], check)
 
     def batches(self, start_position: int) -> Iterator[HostBatch]:
         """This host's batches from stream `start_position` on, one at a time, as column

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from colo_data.backends.base import GlobalBatch, assembled, plus
+from colo_data.backends.base import GlobalBatch, assembled, jax_columns, plus
 from colo_data.backends.placement import Placement
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
@@ -73,7 +73,8 @@ class SidecarBackend:
             self._clients.append(client)
         hosts = self.placement.hosts
         streams = [
-            c.batches(self.pipeline, h, hosts, position, self.copy) for h, c in zip(self.local_hosts, self._clients, strict=True)
+            c.batches(self.pipeline, h, hosts, position, self.copy, jax_columns(h))
+            for h, c in zip(self.local_hosts, self._clients, strict=True)
         ]
         return assembled(streams, self.placement, self.handoff, wait_for_devices=not self.copy)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
@@ -23,7 +23,7 @@ from colo_data.backends.sidecar.auth import KEY_ENV, connect, key_path, read_key
 from colo_data.backends.sidecar.protocol import SESSION_END_S, raise_remote, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError
-from colo_data.host.chunk import HostChunk, split_rows
+from colo_data.host.chunk import HostBatch, HostChunk, split_rows
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
@@ -55,7 +55,11 @@ class SidecarClient:
         self._reader: ShmReader | None = None
         # the sidecar admits this trainer, or says that it serves another (after waiting
         # for a session that is ending, `SESSION_END_S`, without heartbeats)
-        self._checked(self._receive("the sidecar to admit it", silence=SESSION_END_S + timeout))
+        try:
+            self._checked(self._receive("the sidecar to admit it", silence=SESSION_END_S + timeout))
+        except BaseException:
+            self.close()
+            raise
 
     def _connect(self, connect_timeout: float) -> Connection:
         deadline = time.monotonic() + connect_timeout
@@ -175,10 +179,17 @@ class SidecarClient:
             self._reader = None
 
     def batches(
-        self, pipeline: Pipeline | None, host: int, hosts: int, position: int, copy: bool = False
+        self,
+        pipeline: Pipeline | None,
+        host: int,
+        hosts: int,
+        position: int,
+        copy: bool = False,
+        check: Callable[[HostBatch], HostBatch] | None = None,
     ) -> Iterator[HostChunk]:
         """Open a stream and yield this host's batches: views valid until the next one, or,
-        with `copy`, arrays of the trainer's own (for a consumer that keeps them)."""
+        with `copy`, arrays of the trainer's own (for a consumer that keeps them). `check`
+        sees each slot's columns (`split_rows`)."""
         try:
             self._send(
                 {
@@ -203,7 +214,7 @@ class SidecarClient:
                     group = {name: np.array(array) for name, array in group.items()}
                     self._send({"op": "release", "slot": slot})
                 self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
-                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"])
+                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"], check)
                 if not copy:
                     self._send({"op": "release", "slot": slot})
         finally:
