@@ -401,7 +401,11 @@ class SidecarServer:
             except (EOFError, OSError):  # left, or was silent: a health check, say
                 conn.close()
                 continue
-            self._admit(conn)
+            try:
+                self._admit(conn)
+            except Exception as e:  # the door must stay open for the next trainer
+                print(f"colo-data sidecar: could not admit a connection: {e!r}", file=sys.stderr)
+                conn.close()
 
     def _admit(self, conn: Connection) -> None:
         """Hand `conn` to the serving thread, or tell its trainer that another is being
@@ -423,7 +427,10 @@ class SidecarServer:
         who = f"the trainer with pid {active.pid}" if active.pid else "a trainer in another pid namespace"
         waiting = f"{time.time() - active.since:.0f} s"
         if active.ending:
-            message = f"the sidecar on {self.socket_path} is still ending the last session ({who}) after {SESSION_END_S:g} s"
+            message = (
+                f"the sidecar on {self.socket_path} is still ending the last session ({who}) after "
+                f"{SESSION_END_S:g} s: its pipeline may be finishing a batch that takes that long; try again"
+            )
         else:
             message = (
                 f"the sidecar on {self.socket_path} is busy serving {who} since "
