@@ -66,9 +66,9 @@ def read_loader(args: dict[str, Any]) -> dict[str, Any]:
     driven: list[list[int]] = []
     host_pieces, sidecar_batches = HostPipeline.pieces, SidecarClient.batches
 
-    def spy_host(self: HostPipeline, start_position: int, owner: Any) -> Iterator[HostChunk]:
+    def spy_host(self: HostPipeline, start_position: int, *rest: Any) -> Iterator[HostChunk]:
         driven.append([self.host, self.hosts])
-        return host_pieces(self, start_position, owner)
+        return host_pieces(self, start_position, *rest)
 
     def spy_sidecar(self: SidecarClient, pipeline: cd.Pipeline, host: int, hosts: int, *rest: Any) -> Iterator[HostChunk]:
         driven.append([host, hosts])
