@@ -22,6 +22,7 @@ benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/core.py
 	$(VENV)/bin/python benchmarks/sidecar.py
 	$(VENV)/bin/python benchmarks/startup.py
+	$(VENV)/bin/python benchmarks/lm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

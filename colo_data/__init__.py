@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.spec.order import GlobalOrder, Order, host_rows
     from colo_data.spec.pack import Pack
     from colo_data.spec.pipeline import Pipeline
+    from colo_data.spec.tokenize import tokenize
     from colo_data.spec.transforms import pad_or_truncate, per_record
     from colo_data.telemetry.export import TelemetryExport
     from colo_data.telemetry.report import Telemetry
@@ -66,6 +67,7 @@ _NAMES = {
     "memory_limit": "colo_data.host.resources",
     "pad_or_truncate": "colo_data.spec.transforms",
     "per_record": "colo_data.spec.transforms",
+    "tokenize": "colo_data.spec.tokenize",
 }
 # public name -> the module it stands for (`cd.checkpoint.save_args`), imported on first use
 _MODULES = {
@@ -108,6 +110,7 @@ __all__ = [
     "memory_limit",
     "pad_or_truncate",
     "per_record",
+    "tokenize",
     "verify",
 ]
 

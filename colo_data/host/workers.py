@@ -17,6 +17,7 @@ is gone); the pool's `close()` ends them within a deadline, killing what does no
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import signal
 import socket
@@ -34,6 +35,7 @@ from colo_data import errors
 from colo_data.errors import ColoDataError, TransformError
 from colo_data.host import frames
 from colo_data.host.chunk import HostChunk, merge_shares
+from colo_data.host.resources import cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 
@@ -86,11 +88,12 @@ class _Worker:
     """One worker process, its socket, and the thread that receives its replies as they come
     (so that a worker finishing ahead of the consumer is never blocked on a full socket)."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int) -> None:
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
+        env = child_env(threads)
         try:
-            self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=child_env())
+            self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         except BaseException:
             ours.close()
             raise
@@ -137,9 +140,10 @@ class WorkerPool:
     def __init__(self, count: int, owner: Lifecycle) -> None:
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
+        threads = max(1, math.ceil(cpu_budget(reserve=0).cpus) // count)  # each worker's share, for its native thread pools
         try:
             for _ in range(count):
-                self._workers.append(_Worker())
+                self._workers.append(_Worker(threads))
         except BaseException:
             self.close(0.0)
             raise

@@ -35,8 +35,15 @@ def process_settings() -> dict[str, str]:
     return settings
 
 
-def child_env() -> dict[str, str]:
+def child_env(threads: int | None = None) -> dict[str, str]:
     """`os.environ` with `PYTHONPATH` = this process's import path, and `process_settings()`
-    under the names the user has not set."""
+    under the names the user has not set. `threads` (a worker's share of the CPU budget)
+    sizes the Rayon pool of Rust libraries such as `tokenizers` (`RAYON_NUM_THREADS`, also
+    only where unset): each process's pool would otherwise take every CPU, so N workers
+    ran N times as many tokenizer threads as CPUs (2 workers on 2 CPUs: 0.58x the
+    records/s of one thread each, benchmarks/lm.py's pipeline)."""
     paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    return {**process_settings(), **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    settings = process_settings()
+    if threads is not None:
+        settings["RAYON_NUM_THREADS"] = str(threads)
+    return {**settings, **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}

@@ -1,0 +1,153 @@
+"""Tokenization throughput, side by side in one run: `cd.tokenize` through cd.Loader against
+the tokenizer's own `encode_batch` + numpy pad in one process (the machine's limit for this
+pipeline), on the text demo (`colo_data.ops.demo.text_corpus()`: "web", "code" and "math"
+components, 15,000 texts, and the byte-level BPE tokenizer trained on them).
+
+Pipeline: every text of the three components tokenized, ids padded or cut to `SEQ_LEN`,
+batches of `BATCH`; each contender reads one whole epoch per round. Rounds are interleaved
+and the median is reported, so that a noisy neighbour hits every contender alike. Run:
+`make benchmarks` or `.venv/bin/python benchmarks/lm.py [--rounds N] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Iterator
+from itertools import chain
+from pathlib import Path
+
+import jax
+import numpy as np
+import psutil
+import pyarrow.parquet as pq
+from absl import flags
+from core import AFTER_FIRST, WHOLE, measure, numpy_pad  # the core benchmark's timing and pad
+from tokenizers import Tokenizer
+
+import colo_data as cd
+from colo_data.ops import demo
+
+SEQ_LEN, BATCH = 512, 32
+
+REFERENCE = "encode_batch + numpy pad, in file order, one process (reference)"
+REFERENCE_FAST = "encode_batch_fast + numpy pad, in file order, one process"
+LOADER = "colo-data Loader, cd.tokenize, block shuffle, 0 workers"
+LOADER_NONE = "colo-data Loader, cd.tokenize, no shuffle, 0 workers"
+LOADER_WORKERS = "colo-data Loader, cd.tokenize, block shuffle, 2 workers"
+LOADER_SIDECAR = "colo-data Loader, cd.tokenize, block shuffle, sidecar backend"
+# (what, numerator, denominator, goal or None), ratios of whole-run records/s
+RATIOS = (
+    ("Loader (block, 0 workers) / encode_batch + numpy pad", LOADER, REFERENCE, ">= 0.9"),
+    # cd.tokenize calls encode_batch_fast (the same ids, no offsets): the like-for-like ratio
+    ("Loader (block, 0 workers) / encode_batch_fast + numpy pad", LOADER, REFERENCE_FAST, ">= 0.9"),
+    ("Loader (no shuffle, 0 workers) / encode_batch + numpy pad", LOADER_NONE, REFERENCE, None),
+    ("encode_batch_fast / encode_batch (both + numpy pad)", REFERENCE_FAST, REFERENCE, None),
+    ("Loader (block), 2 workers / 0 workers", LOADER_WORKERS, LOADER, None),
+    ("Loader (block), sidecar / in process", LOADER_SIDECAR, LOADER, None),
+)
+
+
+def reference(files: list[str], tokenizer: Tokenizer, fast: bool) -> Iterator[int]:
+    """Read each row group in order, encode its texts in one batch call, pad with numpy,
+    cut into batches: what a hand-written loop does, with no shuffle and no JAX (and the
+    loader's only dropped records, the epoch's last partial batch, counted as read)."""
+    encode = tokenizer.encode_batch_fast if fast else tokenizer.encode_batch
+    for path in files:
+        reader = pq.ParquetFile(path, memory_map=True)
+        for g in range(reader.num_row_groups):
+            ids = [e.ids for e in encode(reader.read_row_group(g, columns=["text"]).column("text").to_pylist())]
+            lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            padded = numpy_pad(offsets, np.fromiter(chain.from_iterable(ids), np.int32, int(offsets[-1])), SEQ_LEN)
+            for s in range(0, len(ids), BATCH):  # a row group's last batch may be short: every text counts
+                yield len(padded[s : s + BATCH])
+
+
+def colo_loader(directory: Path, shuffle: str, workers: int | None, backend: str = "inprocess") -> Iterator[int]:
+    """cd.tokenize then cd.pad_or_truncate through cd.Loader: global jax.Arrays."""
+    pipeline = cd.Pipeline(
+        source=cd.ArrowSource(str(directory), columns=["text"]),
+        order=cd.Order(shuffle=shuffle, seed=0),
+        transforms=[cd.tokenize("text", directory / demo.TOKENIZER_FILE), cd.pad_or_truncate("text", SEQ_LEN)],
+        global_batch_size=BATCH,
+    )
+    with cd.Loader(pipeline, workers=workers, backend=backend) as loader:
+        for batch in loader:
+            yield len(jax.block_until_ready(batch["text"]))
+
+
+Runs = dict[str, list[dict[str, float]]]
+
+
+def _goal(value: float, goal: str | None) -> str:
+    if goal is None:
+        return "(no goal)"
+    op, bound = goal.split()
+    return f"{'yes' if value >= float(bound) else '**no**'} ({op} {bound}x)"
+
+
+def render(runs: Runs, rounds: int, records: int, tokens: int) -> tuple[str, dict[str, float]]:
+    """The Markdown table and the ratios of one run's measurements."""
+
+    def rate(name: str, key: str = WHOLE) -> float:
+        return statistics.median(m[key] for m in runs[name])
+
+    ratios = {what: rate(a) / rate(b) for what, a, b, _ in RATIOS}
+    lines = [
+        f"Text demo ({records:,} texts, {tokens:,} tokens with the demo's {demo.TEXT_VOCAB:,}-id BPE tokenizer), "
+        f"ids padded or cut to {SEQ_LEN}, batch {BATCH}; one epoch a round, median of {rounds} interleaved rounds; "
+        f"{psutil.cpu_count()} CPUs. Ratios are of whole-run records/s.",
+        "",
+        "| pipeline | records/s, whole run | records/s after the first batch | first batch (s) | CPU s per 1k records |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {n} | {rate(n):,.0f} | {rate(n, AFTER_FIRST):,.0f} | {rate(n, 'first_batch_s'):.2f} | {rate(n, 'cpu_s_per_1k'):.3f} |"
+        for n in runs
+    ]
+    lines += ["", "| ratio | value | goal met |", "| --- | ---: | --- |"]
+    lines += [f"| {what} | {ratios[what]:.2f}x | {_goal(ratios[what], goal)} |" for what, _, _, goal in RATIOS]
+    return "\n".join(lines), ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    flags.FLAGS.mark_as_parsed()
+    directory = demo.text_corpus()
+    files = sorted(str(p) for p in directory.rglob("*.parquet"))
+    tokenizer = Tokenizer.from_file(str(directory / demo.TOKENIZER_FILE))
+    texts = pq.read_table(files).column("text").to_pylist()
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch_fast(texts))
+    jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings
+
+    contenders: dict[str, Callable[[], Iterator[int]]] = {
+        REFERENCE: lambda: reference(files, tokenizer, fast=False),
+        REFERENCE_FAST: lambda: reference(files, tokenizer, fast=True),
+        LOADER: lambda: colo_loader(directory, "block", 0),
+        LOADER_NONE: lambda: colo_loader(directory, "none", 0),
+        LOADER_WORKERS: lambda: colo_loader(directory, "block", 2),
+        LOADER_SIDECAR: lambda: colo_loader(directory, "block", None, "sidecar"),
+    }
+    runs: Runs = {name: [] for name in contenders}
+    for r in range(args.rounds):
+        for name, run in contenders.items():
+            runs[name].append(measure(run))
+            m = runs[name][-1]
+            first = m["first_batch_s"]
+            print(f"round {r + 1}/{args.rounds}  {name}: {m[WHOLE]:,.0f} records/s ({first:.2f} s to first batch)", flush=True)
+
+    table_md, ratios = render(runs, args.rounds, len(texts), tokens)
+    print("\n" + table_md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lm.md").write_text(table_md + "\n")
+    (args.out / "lm.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=1))
+    print(f"\nwrote {args.out / 'lm.md'} and {args.out / 'lm.json'}")
+
+
+if __name__ == "__main__":
+    main()
