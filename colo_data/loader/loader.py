@@ -21,13 +21,14 @@ from jax.sharding import Mesh, PartitionSpec
 from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.placement import Placement
-from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError
+from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec.mix import Mix, same_stream
 from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import make_state, restore_position
+from colo_data.spec.state import make_state, restore
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
@@ -221,6 +222,7 @@ class Loader:
             )
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
+        pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state)
         self.pipeline = pipeline
         self.options: dict[str, Any] = {
             "backend": backend, "hosts": hosts, "workers": workers, "sidecar": sidecar, "shm_dir": shm_dir,
@@ -228,7 +230,6 @@ class Loader:
             "warmup": warmup,
             "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
-        position = 0 if state is None else restore_position(pipeline, state)
         check_index_column(pipeline, x64=jax.enable_x64.value)
         if sidecar is None and os.environ.get(SIDECAR_ENV) and backend in ("sidecar", "auto"):
             sidecar = os.environ[SIDECAR_ENV].split(",")
@@ -337,7 +338,12 @@ class Loader:
         Args:
             state: what `get_state()` returned (also from another host or worker count).
         """
-        position = restore_position(self.pipeline, state)
+        rebased, position = restore(self.pipeline, state)
+        if isinstance(rebased.source, Mix) and not same_stream(rebased.source, self.pipeline.source):  # type: ignore[arg-type]
+            raise StateError(
+                "set_state: this state continues the mixture under other weights (or from another interleaving); make "
+                "a new loader for it: cd.Loader(pipeline, state=state, ...)"
+            )
         if self._runner.owner.state == "closed":
             raise LoaderClosedError("set_state on a closed Loader: make a new one with cd.Loader(pipeline, state=state, ...)")
         self._runner.stop()
