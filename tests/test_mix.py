@@ -219,3 +219,25 @@ def test_bad_mixtures_are_config_errors(corpora: dict[str, Path], make: object, 
 def test_verify_says_it_does_not_check_mixtures_yet(corpora: dict[str, Path]) -> None:
     with pytest.raises(cd.ConfigError, match="does not check a cd.Mix yet"):
         cd.verify.verify(mix_pipeline(corpora, {"web": 1, "code": 1, "math": 1}), hosts=(1, 2), steps=4)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_a_packed_mixture_names_each_segments_component_and_index(
+    corpora: dict[str, Path], tmp_path: Path, backend: str
+) -> None:
+    """Packed rows of a mixture: the index and component columns say, per segment, which
+    record of which component it holds, and the records come in the mixture's order."""
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+    weights = {"web": 0.5, "code": 0.3, "math": 0.2}
+    packed = cd.Pipeline(
+        source=cd.Mix(components, weights), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,
+        epochs=None, index_column="_index", pack=cd.Pack("tokens", 8, max_segments=4),
+    )
+    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
+    rows = read(cd.Loader(packed, backend=backend, **options), 6)
+    placed = rows["_component"] >= 0
+    assert np.array_equal(placed, rows["_index"] >= 0) and placed.any()
+    got = list(zip(rows["_component"][placed].tolist(), rows["_index"][placed].tolist(), strict=True))
+    plain = read(cd.Loader(mix_pipeline(corpora, weights)), 12)  # the same mixture, unpacked
+    want = list(zip(plain["_component"].tolist(), plain["_index"].tolist(), strict=True))
+    assert len(got) > BATCH and got == want[: len(got)], "packing keeps the mixture's record order"

@@ -82,8 +82,6 @@ class Pipeline:
                 f"epochs={self.epochs!r}: a cd.Mix is endless (each component runs through its own epochs): "
                 "give epochs=None and stop after the steps you want"
             )
-        if self.pack is not None:
-            raise ConfigError("pack: a cd.Mix is not packed yet; pack a single source, or mix without packing")
         if mix.component_column in columns or mix.component_column == self.index_column:
             raise ConfigError(
                 f"Mix(component_column={mix.component_column!r}) is already a column of the source or the "
