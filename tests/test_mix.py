@@ -241,3 +241,12 @@ def test_a_packed_mixture_names_each_segments_component_and_index(
     plain = read(cd.Loader(mix_pipeline(corpora, weights)), 12)  # the same mixture, unpacked
     want = list(zip(plain["_component"].tolist(), plain["_index"].tolist(), strict=True))
     assert len(got) > BATCH and got == want[: len(got)], "packing keeps the mixture's record order"
+
+
+def test_telemetry_counts_each_components_records(corpora: dict[str, Path]) -> None:
+    with cd.Loader(mix_pipeline(corpora, {"web": 0.5, "code": 0.3, "math": 0.2})) as loader:
+        rows = read_open(loader, 10)
+        counts = loader.telemetry().components
+    assert counts == {name: int((rows["_component"] == c).sum()) for c, name in enumerate(SIZES)}, counts
+    with cd.Loader(cd.Pipeline(source=cd.ArrowSource(str(corpora["web"])), global_batch_size=4)) as single:
+        assert single.telemetry().components is None

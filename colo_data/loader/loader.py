@@ -6,6 +6,7 @@ loader becomes unreachable, and at interpreter exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import warnings
@@ -71,6 +72,7 @@ class _Runner:
         self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
         self.prefetch = prefetch
         self.position = position
+        self.first = position  # where this loader (or its last set_state) started
         self.run: Lifecycle | None = None
         self.batches: Iterator[GlobalBatch] | None = None
         self.prefetcher: Prefetcher[GlobalBatch] | None = None
@@ -82,7 +84,7 @@ class _Runner:
     def start(self) -> None:
         """Start a run at the current position: the backend's stream, prefetched."""
         if self.export is not None and not self.exporters:
-            self.exporters = start_exporters(self.export, self.meters.telemetry)
+            self.exporters = start_exporters(self.export, self.telemetry)
             for exporter in self.exporters:
                 self.owner.add(f"telemetry exporter {type(exporter).__name__}", _closer(exporter))
         self.meters.start()
@@ -90,6 +92,17 @@ class _Runner:
         stream = self.backend.open(self.position, self.run)
         self.prefetcher = Prefetcher(stream, self.prefetch, self.run) if self.prefetch else None
         self.batches = self.prefetcher or stream
+
+    def telemetry(self) -> Telemetry:
+        """The meters' telemetry, with a mixture's records per component since `first`."""
+        telemetry = self.meters.telemetry()
+        source = self.pipeline.source
+        if not isinstance(source, Mix):
+            return telemetry
+        order = source.bind(self.pipeline.order)
+        now, then = order.component_positions(self.position), order.component_positions(self.first)
+        counts = {name: q - p for name, q, p in zip(source.names, now, then, strict=True)}
+        return dataclasses.replace(telemetry, components=counts)
 
     def next(self) -> GlobalBatch:
         if not self._reading.acquire(blocking=False):
@@ -315,7 +328,7 @@ class Loader:
     def telemetry(self) -> Telemetry:
         """Input wait, throughput, per-stage times, worker CPU, queue depth and a verdict
         naming the bottleneck (see `cd.Telemetry`); cheap enough to call every few seconds."""
-        return self._runner.meters.telemetry()
+        return self._runner.telemetry()
 
     def step_trace(self) -> StepTrace:
         """Each kept step's call time, input wait and records (for plots)."""
@@ -347,7 +360,7 @@ class Loader:
         if self._runner.owner.state == "closed":
             raise LoaderClosedError("set_state on a closed Loader: make a new one with cd.Loader(pipeline, state=state, ...)")
         self._runner.stop()
-        self._runner.position = position
+        self._runner.position = self._runner.first = position
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         """Stop prefetching, the worker processes, the sidecar sessions and the sidecars
