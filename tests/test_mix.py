@@ -216,11 +216,6 @@ def test_bad_mixtures_are_config_errors(corpora: dict[str, Path], make: object, 
         make(components)  # type: ignore[operator]
 
 
-def test_verify_says_it_does_not_check_mixtures_yet(corpora: dict[str, Path]) -> None:
-    with pytest.raises(cd.ConfigError, match="does not check a cd.Mix yet"):
-        cd.verify.verify(mix_pipeline(corpora, {"web": 1, "code": 1, "math": 1}), hosts=(1, 2), steps=4)
-
-
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_a_packed_mixture_names_each_segments_component_and_index(
     corpora: dict[str, Path], tmp_path: Path, backend: str

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError
-from colo_data.io.sources import ReadAhead, Source, as_source
+from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
 from colo_data.spec.order import GlobalOrder, Order
 
 DENOMINATOR = 1 << 16  # weights are rounded to multiples of 1/DENOMINATOR: one schedule period
@@ -98,6 +98,7 @@ class Mix:
     names: tuple[str, ...] = field(init=False)
     sources: tuple[Source, ...] = field(init=False)
     shares: tuple[int, ...] = field(init=False)
+    _joined: ArrowSource | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.components, Mapping) or not self.components:
@@ -130,6 +131,8 @@ class Mix:
                 )
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "sources", sources)
+        arrow = all(isinstance(s, ArrowSource) for s in sources)
+        object.__setattr__(self, "_joined", ArrowSource.joined(sources) if arrow else None)  # type: ignore[arg-type]
         object.__setattr__(self, "shares", integer_shares(weights))
         if self.start is not None and len(self.start[1]) != len(names):
             raise ConfigError(f"Mix(start={self.start!r}): one position for each of the {len(names)} components")
@@ -158,6 +161,8 @@ class Mix:
 
     def take(self, indices: np.ndarray) -> pa.Table:
         indices = np.asarray(indices, dtype=np.int64)
+        if self._joined is not None:  # the components' files as one source: one gather
+            return self._joined.take(indices)
         comps = self.component_of(indices)
         tables, places = [], []
         for c in np.unique(comps):
@@ -178,6 +183,9 @@ class Mix:
         return [hashlib.sha256(f"{n}:{s.fingerprint()}".encode()).hexdigest()[:8] for n, s in pairs]
 
     def prefetch(self, indices: np.ndarray) -> None:
+        if self._joined is not None:
+            self._joined.prefetch(indices)
+            return
         comps = self.component_of(indices)
         for c in np.unique(comps):
             source = self.sources[c]
@@ -185,6 +193,8 @@ class Mix:
                 source.prefetch(indices[comps == c] - self.offsets[c])
 
     def stop_read_ahead(self, timeout: float) -> None:
+        if self._joined is not None:
+            self._joined.stop_read_ahead(timeout)
         for source in self.sources:
             if isinstance(source, ReadAhead):
                 source.stop_read_ahead(timeout)
