@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
+    from colo_data.spec.mix import Mix
     from colo_data.spec.order import GlobalOrder, Order, host_rows
     from colo_data.spec.pack import Pack
     from colo_data.spec.pipeline import Pipeline
@@ -55,6 +56,7 @@ _NAMES = {
     "GlobalOrder": "colo_data.spec.order",
     "HostPipeline": "colo_data.host.pipeline",
     "Loader": "colo_data.loader.loader",
+    "Mix": "colo_data.spec.mix",
     "Order": "colo_data.spec.order",
     "Pack": "colo_data.spec.pack",
     "Pipeline": "colo_data.spec.pipeline",
@@ -89,6 +91,7 @@ __all__ = [
     "Loader",
     "LoaderBusyError",
     "LoaderClosedError",
+    "Mix",
     "Order",
     "Pack",
     "Pipeline",

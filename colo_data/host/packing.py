@@ -20,6 +20,7 @@ import pyarrow as pa
 from colo_data.errors import ConfigError, TransformError
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
+from colo_data.spec.mix import Mix
 from colo_data.spec.pack import POSITIONS, SEGMENT_IDS, Pack
 from colo_data.telemetry.counters import BATCH, ORDER, READ
 
@@ -121,6 +122,7 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
     rows, (first_row, stop_row) = pipeline.global_batch_size, host.rows
     total = pipeline.total_records
     window = _Window(host, pack, start_position)
+    mix = pipeline.source if isinstance(pipeline.source, Mix) else None
     ahead = rows * pack.max_segments  # a batch never holds more records than this
     while True:
         if len(window.indices) < ahead:  # read ahead a whole batch's worst case at once: fewer, larger reads
@@ -134,7 +136,7 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
                     return
                 break
             consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
-        batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column)
+        batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, mix)
         host.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
         window.drop(consumed)
@@ -149,8 +151,11 @@ def _host_rows(
     first_row: int,
     stop_row: int,
     index_column: str | None,
+    mix: Mix | None,
 ) -> Columns:
-    """Rows `[first_row, stop_row)` of the plan, built from the window's values."""
+    """Rows `[first_row, stop_row)` of the plan, built from the window's values. From a
+    `cd.Mix`, the index column holds each record's index within its component, and the
+    mixture's component column each record's component (-1 where a row has no record)."""
     height, length = stop_row - first_row, pack.length
     mine = np.flatnonzero((row_of >= first_row) & (row_of < stop_row))
     rows = row_of[mine] - first_row
@@ -172,8 +177,15 @@ def _host_rows(
         segment_ids[row, offset : offset + size] = seg
         positions[row, offset : offset + size] = ramp[:size]
     batch: Columns = {pack.column: tokens, SEGMENT_IDS: segment_ids, POSITIONS: positions}
+    indices = window.indices[mine]
+    if mix is not None:
+        components = mix.component_of(indices)
+        indices = indices - mix.offsets[components]
+        placed_components = np.full((height, pack.max_segments), -1, np.int32)
+        placed_components[rows, segment - 1] = components
+        batch[mix.component_column] = placed_components
     if index_column is not None:
         records = np.full((height, pack.max_segments), -1, np.int64)
-        records[rows, segment - 1] = window.indices[mine]
+        records[rows, segment - 1] = indices
         batch[index_column] = records
     return batch

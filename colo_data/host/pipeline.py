@@ -22,6 +22,7 @@ from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec.mix import Mix, MixOrder
 from colo_data.spec.order import GlobalOrder, host_rows
 from colo_data.spec.pack import Pack
 from colo_data.spec.pipeline import Pipeline
@@ -78,15 +79,19 @@ class HostPipeline:
         self.host, self.hosts, self.workers = host, hosts, workers
         self.ahead = ahead and not workers  # worker processes already run ahead
         self.rows = host_rows(pipeline.global_batch_size, host, hosts)
-        self._order: GlobalOrder | None = None
+        self._order: GlobalOrder | MixOrder | None = None
         self.stages = StageTimes()
         self.cpu: CpuMeter | None = None
         self.pool: WorkerPool | None = None  # given by whoever keeps workers across streams
 
     @property
-    def order(self) -> GlobalOrder:
+    def order(self) -> GlobalOrder | MixOrder:
         if self._order is None:
-            self._order = self.pipeline.order.bind(self.pipeline.source.row_group_sizes)
+            source = self.pipeline.source
+            if isinstance(source, Mix):
+                self._order = source.bind(self.pipeline.order)
+            else:
+                self._order = self.pipeline.order.bind(source.row_group_sizes)
         return self._order
 
     @property
@@ -112,23 +117,11 @@ class HostPipeline:
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         """Global record indices at stream positions `stream` (any epochs)."""
-        records = self.pipeline.records_per_epoch
-        epochs, positions = np.divmod(stream, records)
-        if epochs[0] == epochs[-1]:  # the usual case: one epoch
-            return self.order.indices(int(epochs[0]), positions)
-        indices = np.empty_like(stream)
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
-            indices[mask] = self.order.indices(int(epoch), positions[mask])
-        return indices
+        return self.order.stream_indices(stream)
 
     def _share_rows(self, stream: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
         """Places (in `stream`) of the records whose row groups are worker `share`'s."""
-        epochs = stream // self.pipeline.records_per_epoch
-        ranks = np.empty_like(indices)
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
-            ranks[mask] = self.order.group_ranks(int(epoch), indices[mask])
+        ranks = self.order.stream_group_ranks(stream, indices)
         return np.flatnonzero(ranks % share.workers == share.worker)
 
     def _read_ahead(self, batch_position: int, count: int, share: Share | None) -> None:
@@ -178,7 +171,13 @@ class HostPipeline:
         table = self.pipeline.source.take(indices)
         columns = table_to_columns(table)
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
-        if self.pipeline.index_column is not None:
+        source = self.pipeline.source
+        if isinstance(source, Mix):  # the index within the component, and the component
+            components = source.component_of(indices)
+            if self.pipeline.index_column is not None:
+                columns[self.pipeline.index_column] = indices - source.offsets[components]
+            columns[source.component_column] = components
+        elif self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
         return HostChunk(self._transformed(columns, batch_position, stages), places=rows)
 

@@ -282,11 +282,26 @@ class ArrowSource:
                 f"no Parquet or Arrow IPC files match {patterns!r} on {type(fs).__name__}: "
                 "check the path, the glob, or the filesystem argument."
             )
+        inspected = [_inspect(fs, p) for p in sorted(found)]
+        self._setup(fs, [f for f, _ in inspected], self._check_schemas(inspected, columns), cache_bytes)
+
+    @classmethod
+    def joined(cls, sources: Sequence[ArrowSource]) -> ArrowSource | None:
+        """One source over the files of `sources`, in the order given (each keeping its own
+        order), reading no metadata again; None when they are on different filesystems or
+        have different schemas. A `cd.Mix` reads through it: one gather per batch."""
+        first = sources[0]
+        if any(s._fs.type_name != first._fs.type_name or s.schema != first.schema for s in sources):
+            return None
+        joined = cls.__new__(cls)
+        joined._setup(first._fs, [f for s in sources for f in s._files], first.schema, max(s._cache_bytes for s in sources))
+        return joined
+
+    def _setup(self, fs: pafs.FileSystem, files: list[_File], schema: pa.Schema, cache_bytes: int) -> None:
         self._fs = fs
         self._local = isinstance(fs, pafs.LocalFileSystem)
-        inspected = [_inspect(fs, p) for p in sorted(found)]
-        self._files = [f for f, _ in inspected]
-        self.schema = self._check_schemas(inspected, columns)
+        self._files = files
+        self.schema = schema
         self.columns = tuple(self.schema.names)
         self._cache_bytes = cache_bytes
         sizes = [(i, g, n) for i, f in enumerate(self._files) for g, n in enumerate(f.row_groups)]

@@ -6,6 +6,7 @@ loader becomes unreachable, and at interpreter exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import warnings
@@ -21,13 +22,14 @@ from jax.sharding import Mesh, PartitionSpec
 from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.placement import Placement
-from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError
+from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec.mix import Mix, same_stream
 from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import make_state, restore_position
+from colo_data.spec.state import make_state, restore
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
@@ -70,6 +72,7 @@ class _Runner:
         self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
         self.prefetch = prefetch
         self.position = position
+        self.first = position  # where this loader (or its last set_state) started
         self.run: Lifecycle | None = None
         self.batches: Iterator[GlobalBatch] | None = None
         self.prefetcher: Prefetcher[GlobalBatch] | None = None
@@ -81,7 +84,7 @@ class _Runner:
     def start(self) -> None:
         """Start a run at the current position: the backend's stream, prefetched."""
         if self.export is not None and not self.exporters:
-            self.exporters = start_exporters(self.export, self.meters.telemetry)
+            self.exporters = start_exporters(self.export, self.telemetry)
             for exporter in self.exporters:
                 self.owner.add(f"telemetry exporter {type(exporter).__name__}", _closer(exporter))
         self.meters.start()
@@ -89,6 +92,17 @@ class _Runner:
         stream = self.backend.open(self.position, self.run)
         self.prefetcher = Prefetcher(stream, self.prefetch, self.run) if self.prefetch else None
         self.batches = self.prefetcher or stream
+
+    def telemetry(self) -> Telemetry:
+        """The meters' telemetry, with a mixture's records per component since `first`."""
+        telemetry = self.meters.telemetry()
+        source = self.pipeline.source
+        if not isinstance(source, Mix):
+            return telemetry
+        order = source.bind(self.pipeline.order)
+        now, then = order.component_positions(self.position), order.component_positions(self.first)
+        counts = {name: q - p for name, q, p in zip(source.names, now, then, strict=True)}
+        return dataclasses.replace(telemetry, components=counts)
 
     def next(self) -> GlobalBatch:
         if not self._reading.acquire(blocking=False):
@@ -221,6 +235,7 @@ class Loader:
             )
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
+        pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state)
         self.pipeline = pipeline
         self.options: dict[str, Any] = {
             "backend": backend, "hosts": hosts, "workers": workers, "sidecar": sidecar, "shm_dir": shm_dir,
@@ -228,7 +243,6 @@ class Loader:
             "warmup": warmup,
             "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
-        position = 0 if state is None else restore_position(pipeline, state)
         check_index_column(pipeline, x64=jax.enable_x64.value)
         if sidecar is None and os.environ.get(SIDECAR_ENV) and backend in ("sidecar", "auto"):
             sidecar = os.environ[SIDECAR_ENV].split(",")
@@ -314,7 +328,7 @@ class Loader:
     def telemetry(self) -> Telemetry:
         """Input wait, throughput, per-stage times, worker CPU, queue depth and a verdict
         naming the bottleneck (see `cd.Telemetry`); cheap enough to call every few seconds."""
-        return self._runner.meters.telemetry()
+        return self._runner.telemetry()
 
     def step_trace(self) -> StepTrace:
         """Each kept step's call time, input wait and records (for plots)."""
@@ -337,11 +351,16 @@ class Loader:
         Args:
             state: what `get_state()` returned (also from another host or worker count).
         """
-        position = restore_position(self.pipeline, state)
+        rebased, position = restore(self.pipeline, state)
+        if isinstance(rebased.source, Mix) and not same_stream(rebased.source, self.pipeline.source):  # type: ignore[arg-type]
+            raise StateError(
+                "set_state: this state continues the mixture under other weights (or from another interleaving); make "
+                "a new loader for it: cd.Loader(pipeline, state=state, ...)"
+            )
         if self._runner.owner.state == "closed":
             raise LoaderClosedError("set_state on a closed Loader: make a new one with cd.Loader(pipeline, state=state, ...)")
         self._runner.stop()
-        self._runner.position = position
+        self._runner.position = self._runner.first = position
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         """Stop prefetching, the worker processes, the sidecar sessions and the sidecars

@@ -111,6 +111,30 @@ class GlobalOrder:
             )
         return self._block(epoch, positions)
 
+    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
+        """Record index at each stream position (epoch after epoch, each in its own order).
+
+        Args:
+            stream: positions in the stream of epochs, `>= 0`.
+        """
+        epochs, positions = np.divmod(np.asarray(stream, dtype=np.int64), self._len)
+        if epochs[0] == epochs[-1]:  # the usual case: one epoch
+            return self.indices(int(epochs[0]), positions)
+        indices = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            indices[mask] = self.indices(int(epoch), positions[mask])
+        return indices
+
+    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """`group_ranks` of the records at stream positions `stream` (any epochs)."""
+        epochs = np.asarray(stream, dtype=np.int64) // self._len
+        ranks = np.empty_like(indices)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            ranks[mask] = self.group_ranks(int(epoch), indices[mask])
+        return ranks
+
     def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This epoch's row-group permutation, the first position of each window, and each
         group's place in the permutation."""

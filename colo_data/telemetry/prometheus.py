@@ -76,6 +76,13 @@ def _metrics(t: Telemetry) -> Iterator[Metric]:
     items.add_metric(["handoff", "trainer"], t.handoff.items)
     nbytes.add_metric(["handoff", "trainer"], t.handoff.bytes)
     yield from (seconds, items, nbytes, cpu, workers, budget, ring, shm)
+    if t.components is not None:
+        mixed = CounterMetricFamily(
+            "colo_data_component_records", "A mixture's records of each component since the loader started.", labels=["component"]
+        )
+        for name, count in t.components.items():
+            mixed.add_metric([name], count)
+        yield mixed
 
 
 class _Collector(Collector):

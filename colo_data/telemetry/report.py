@@ -91,6 +91,7 @@ class Telemetry:
     input_bound: bool
     bottleneck: str | None
     verdict: str
+    components: dict[str, int] | None = None  # a cd.Mix's records of each component since the loader started
 
     def as_dict(self) -> dict[str, Any]:
         """Every field as plain, JSON-ready values (nested dataclasses become dicts)."""

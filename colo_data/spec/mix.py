@@ -1,0 +1,277 @@
+"""`Mix`: several named sources read as one endless stream, interleaved by weight. Stream
+position p maps in O(1) to (component, the component's own position) through a periodic
+schedule of `DENOMINATOR` slots, in which every prefix gives each component its weight's
+share to within one record. Each component runs through its own epochs in the pipeline's
+order (reseeded by the component's name), so the records a component yields, in their
+order, do not depend on the weights: the weights only interleave them. `start` says where
+the current weights took effect, so that a state restores under new weights with every
+component continuing where it stopped."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from colo_data.errors import ConfigError, SchemaError
+from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
+from colo_data.spec.order import GlobalOrder, Order
+
+DENOMINATOR = 1 << 16  # weights are rounded to multiples of 1/DENOMINATOR: one schedule period
+
+
+def integer_shares(weights: list[float]) -> tuple[int, ...]:
+    """Weights as whole slots of a period of `DENOMINATOR`, by largest remainder (a weight
+    above zero keeps at least one slot, so no component that was asked for is dropped)."""
+    w = np.asarray(weights, dtype=np.float64)
+    scaled = w / w.sum() * DENOMINATOR
+    shares = np.floor(scaled).astype(np.int64)
+    shares[(w > 0) & (shares == 0)] = 1
+    rest = DENOMINATOR - int(shares.sum())
+    order = np.argsort(-(scaled - shares), kind="stable")
+    if rest >= 0:
+        shares[order[:rest]] += 1
+    else:  # the slots given to tiny weights come out of the largest shares
+        for i in np.argsort(-shares, kind="stable")[: -rest]:
+            shares[i] -= 1
+    return tuple(int(s) for s in shares)
+
+
+@functools.lru_cache(maxsize=8)
+def schedule(shares: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One period: the component of each slot, and the slot's rank among its component's.
+
+    Earliest deadline first over each component's n-th record of the period, released at
+    floor((n - 1) * D / share) and due by ceil(n * D / share) (proportionate-fair windows):
+    with the shares summing to D, every record lands in its window, so in every prefix each
+    component's count is within one record of its exact share (the tests check it).
+    """
+    comp = np.empty(DENOMINATOR, np.int32)
+    rank = np.empty(DENOMINATOR, np.int64)
+    done = [0] * len(shares)
+    ready: list[tuple[int, int]] = []  # (deadline, component) of each component's next record
+    waiting = [(0, c) for c, s in enumerate(shares) if s]  # (release, component)
+    heapq.heapify(waiting)
+    for t in range(DENOMINATOR):
+        while waiting and waiting[0][0] <= t:
+            _, c = heapq.heappop(waiting)
+            heapq.heappush(ready, (-(-(done[c] + 1) * DENOMINATOR // shares[c]), c))
+        _, c = heapq.heappop(ready)
+        comp[t], rank[t] = c, done[c]
+        done[c] += 1
+        if done[c] < shares[c]:
+            heapq.heappush(waiting, (done[c] * DENOMINATOR // shares[c], c))
+    return comp, rank
+
+
+def component_seed(seed: int, name: str) -> int:
+    """The seed of a component's own order: from the pipeline's seed and the name alone."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # in [0, 2**63)
+
+
+@dataclass(frozen=True, eq=False)
+class Mix:
+    """Named sources mixed by weight into one endless stream (the pipeline's `epochs` must
+    be None). The interleaving follows the weights; each component's own sequence does not.
+
+    Args:
+        components: name -> source (anything a `Pipeline` takes as a source); every
+            component must have the same columns and types.
+        weights: name -> a non-negative number, normalised (0 leaves a component out).
+        component_column: a column holding each row's component (its place in
+            `components`, int32).
+        start: where these weights took effect: the stream position and each component's
+            position there. Set when a state is restored (`rebased`), not by hand.
+    """
+
+    components: Mapping[str, Any]
+    weights: Mapping[str, float]
+    component_column: str = "_component"
+    start: tuple[int, tuple[int, ...]] | None = None
+    names: tuple[str, ...] = field(init=False)
+    sources: tuple[Source, ...] = field(init=False)
+    shares: tuple[int, ...] = field(init=False)
+    _joined: ArrowSource | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.components, Mapping) or not self.components:
+            raise ConfigError("Mix(components=...): give a dict of name -> source with at least one entry")
+        names = tuple(self.components)
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"Mix(components=...): component names must be non-empty strings, got {name!r}")
+        if not isinstance(self.weights, Mapping) or set(self.weights) != set(names):
+            given = sorted(self.weights) if isinstance(self.weights, Mapping) else self.weights
+            raise ConfigError(f"Mix(weights={given!r}): give one weight for each component, {list(names)}")
+        weights = []
+        for name in names:
+            w = self.weights[name]
+            if isinstance(w, bool) or not isinstance(w, int | float | np.integer | np.floating) or not np.isfinite(w) or w < 0:
+                raise ConfigError(f"Mix(weights=...): the weight of {name!r} is {w!r}; weights are finite numbers >= 0")
+            weights.append(float(w))
+        if sum(weights) <= 0:
+            raise ConfigError("Mix(weights=...): every weight is 0; give at least one component a weight above 0")
+        sources = tuple(as_source(self.components[n]) for n in names)
+        for name, source in zip(names, sources, strict=True):
+            if len(source) == 0:
+                raise ConfigError(f"Mix: component {name!r} has no records")
+        columns = [tuple(getattr(s, "columns", ())) for s in sources]
+        for name, cols in zip(names[1:], columns[1:], strict=True):
+            if cols != columns[0]:
+                raise SchemaError(
+                    f"Mix: component {name!r} has the columns {list(cols)}, component {names[0]!r} {list(columns[0])}: "
+                    "every component must give the same columns (choose them with ArrowSource(columns=...))"
+                )
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "sources", sources)
+        arrow = all(isinstance(s, ArrowSource) for s in sources)
+        object.__setattr__(self, "_joined", ArrowSource.joined(sources) if arrow else None)  # type: ignore[arg-type]
+        object.__setattr__(self, "shares", integer_shares(weights))
+        if self.start is not None and len(self.start[1]) != len(names):
+            raise ConfigError(f"Mix(start={self.start!r}): one position for each of the {len(names)} components")
+
+    # -- the Source protocol: the components one after the other --
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """Where each component's records begin among the mixture's record indices."""
+        return np.concatenate([[0], np.cumsum([len(s) for s in self.sources])]).astype(np.int64)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(getattr(self.sources[0], "columns", ()))
+
+    @property
+    def row_group_sizes(self) -> np.ndarray:
+        return np.concatenate([np.asarray(s.row_group_sizes, dtype=np.int64) for s in self.sources])
+
+    def component_of(self, indices: np.ndarray) -> np.ndarray:
+        """The component of each mixture record index."""
+        return (np.searchsorted(self.offsets, indices, side="right") - 1).astype(np.int32)
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        indices = np.asarray(indices, dtype=np.int64)
+        if self._joined is not None:  # the components' files as one source: one gather
+            return self._joined.take(indices)
+        comps = self.component_of(indices)
+        tables, places = [], []
+        for c in np.unique(comps):
+            where = np.flatnonzero(comps == c)
+            tables.append(self.sources[c].take(indices[where] - self.offsets[c]))
+            places.append(where)
+        if len(tables) == 1:
+            return tables[0]
+        table = pa.concat_tables(tables, promote_options="none")
+        return table.take(np.argsort(np.concatenate(places), kind="stable"))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256("|".join(self.component_fingerprints()).encode()).hexdigest()[:16]
+
+    def component_fingerprints(self) -> list[str]:
+        """A short hash of each component's name and data, in order."""
+        pairs = zip(self.names, self.sources, strict=True)
+        return [hashlib.sha256(f"{n}:{s.fingerprint()}".encode()).hexdigest()[:8] for n, s in pairs]
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        if self._joined is not None:
+            self._joined.prefetch(indices)
+            return
+        comps = self.component_of(indices)
+        for c in np.unique(comps):
+            source = self.sources[c]
+            if isinstance(source, ReadAhead):
+                source.prefetch(indices[comps == c] - self.offsets[c])
+
+    def stop_read_ahead(self, timeout: float) -> None:
+        if self._joined is not None:
+            self._joined.stop_read_ahead(timeout)
+        for source in self.sources:
+            if isinstance(source, ReadAhead):
+                source.stop_read_ahead(timeout)
+
+    # -- the order --
+
+    def bind(self, order: Order) -> MixOrder:
+        """The stream order of this mixture under the pipeline's `order`."""
+        return MixOrder(self, order)
+
+    def rebased(self, position: int, component_positions: list[int]) -> Mix:
+        """This mixture with its weights taking effect at stream `position`, where each
+        component has delivered `component_positions` records."""
+        return Mix(
+            dict(zip(self.names, self.sources, strict=True)),
+            dict(self.weights),
+            self.component_column,
+            (int(position), tuple(int(q) for q in component_positions)),
+        )
+
+
+def same_stream(a: Mix, b: Mix) -> bool:
+    """Whether two mixtures give the same stream: the same components and weights, and
+    starts a whole number of schedule periods apart."""
+    if a.names != b.names or a.shares != b.shares:
+        return False
+    (sa, qa), (sb, qb) = (m.start or (0, (0,) * len(m.names)) for m in (a, b))
+    periods, rest = divmod(sb - sa, DENOMINATOR)
+    return rest == 0 and all(y == x + periods * s for x, y, s in zip(qa, qb, a.shares, strict=True))
+
+
+class MixOrder:
+    """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices."""
+
+    def __init__(self, mix: Mix, order: Order) -> None:
+        self.mix = mix
+        self.orders = [
+            GlobalOrder(
+                Order(order.shuffle, component_seed(order.seed, name), order.window), np.asarray(s.row_group_sizes, np.int64)
+            )
+            for name, s in zip(mix.names, mix.sources, strict=True)
+        ]
+        self._comp, self._rank = schedule(mix.shares)
+        self._shares = np.asarray(mix.shares, dtype=np.int64)
+        start, positions = mix.start if mix.start is not None else (0, (0,) * len(mix.names))
+        self._start, self._begin = start, np.asarray(positions, dtype=np.int64)
+
+    @property
+    def locality(self) -> int:
+        return max(o.locality for o in self.orders)
+
+    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The component of each stream position, and that component's own position."""
+        periods, slots = np.divmod(np.asarray(stream, dtype=np.int64) - self._start, DENOMINATOR)
+        comps = self._comp[slots]
+        return comps, self._begin[comps] + periods * self._shares[comps] + self._rank[slots]
+
+    def component_positions(self, position: int) -> list[int]:
+        """Records each component has delivered before stream `position`."""
+        periods, slot = divmod(position - self._start, DENOMINATOR)
+        counts = np.bincount(self._comp[:slot], minlength=len(self._shares))
+        return [int(q) for q in self._begin + periods * self._shares + counts]
+
+    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
+        comps, own = self.positions(stream)
+        out = np.empty(len(comps), dtype=np.int64)
+        for c in np.unique(comps):
+            mask = comps == c
+            out[mask] = self.mix.offsets[c] + self.orders[c].stream_indices(own[mask])
+        return out
+
+    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        comps, own = self.positions(stream)
+        ranks = np.empty(len(comps), dtype=np.int64)
+        count = len(self.orders)
+        for c in np.unique(comps):
+            mask = comps == c
+            local = indices[mask] - self.mix.offsets[c]
+            ranks[mask] = self.orders[c].stream_group_ranks(own[mask], local) * count + c
+        return ranks
