@@ -23,6 +23,7 @@ benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/sidecar.py
 	$(VENV)/bin/python benchmarks/startup.py
 	$(VENV)/bin/python benchmarks/lm.py
+	$(VENV)/bin/python benchmarks/mixture.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -22,7 +22,7 @@ from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.mix import Mix
 from colo_data.spec.pack import POSITIONS, SEGMENT_IDS, Pack
-from colo_data.telemetry.counters import BATCH, ORDER, READ
+from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
 
 if TYPE_CHECKING:
     from colo_data.host.pipeline import HostPipeline
@@ -53,6 +53,8 @@ def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complet
 
 def _list_parts(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Offsets (one more than records) and values of a list column, as numpy."""
+    if isinstance(column, np.ndarray):
+        raise TransformError(f"cd.Pack({name!r}): column is a numpy array of {column.dtype}, expected a list column")
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         raise TransformError(f"cd.Pack({name!r}): column is {array.type}, expected a list column")
@@ -90,12 +92,19 @@ class _Window:
         table = source.take(indices)
         self.host.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
         self.host.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
-        if self.pack.column not in table.column_names:
-            raise ConfigError(f"cd.Pack: no column {self.pack.column!r} in the source; it has {table.column_names}")
-        offsets, values = _list_parts(table.column(self.pack.column), self.pack.column)
+        columns = table_to_columns(table)
+        t2 = perf_counter()
+        for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
+            columns = self.host.prepared(transform, columns, first)
+        if self.pack.prepare:
+            self.host.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
+        if self.pack.column not in columns:
+            where = "after Pack(prepare=...)" if self.pack.prepare else "in the source"
+            raise ConfigError(f"cd.Pack: no column {self.pack.column!r} {where}; there are {sorted(columns)}")
+        offsets, values = _list_parts(columns[self.pack.column], self.pack.column)
         lengths = np.minimum(np.diff(offsets), self.pack.length)
         if self.pack.keep is not None:
-            kept = np.asarray(self.pack.keep(table_to_columns(table)), dtype=bool)
+            kept = np.asarray(self.pack.keep(columns), dtype=bool)
             if kept.shape != (len(indices),):
                 raise TransformError(f"cd.Pack keep={self.pack.keep!r} returned shape {kept.shape}, expected ({len(indices)},)")
             lengths = np.where(kept, lengths, -1)

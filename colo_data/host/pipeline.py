@@ -187,20 +187,7 @@ class HostPipeline:
         rows = len(next(iter(columns.values())))
         t0 = perf_counter()
         for transform in self.pipeline.transforms:
-            try:
-                columns = transform(columns)
-            except ColoDataError:
-                raise
-            except Exception as e:
-                raise TransformError(
-                    f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
-                    f"{batch_position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
-                ) from e
-            if not isinstance(columns, Mapping):
-                raise TransformError(
-                    f"transform {transform!r} returned {type(columns).__name__}, not a dict of columns (batch at stream "
-                    f"position {batch_position}): a transform returns the batch, e.g. `return {{**batch, 'x': ...}}`"
-                )
+            columns = self._apply(transform, columns, batch_position)
         t1 = perf_counter()
         batch = _check_batch(columns, rows)
         nbytes = sum(column.nbytes for column in batch.values())
@@ -208,6 +195,38 @@ class HostPipeline:
         stages.add(TRANSFORM, t1 - t0, rows, nbytes)
         stages.add(BATCH, t2 - t1, rows, nbytes)
         return batch
+
+    def _apply(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
+        """One transform on a batch's columns; its failure or a result that is not a dict
+        of columns is a TransformError naming the transform, the host and the position."""
+        try:
+            out = transform(columns)
+        except ColoDataError:
+            raise
+        except Exception as e:
+            raise TransformError(
+                f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
+                f"{position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
+            ) from e
+        if not isinstance(out, Mapping):
+            raise TransformError(
+                f"transform {transform!r} returned {type(out).__name__}, not a dict of columns (batch at stream "
+                f"position {position}): a transform returns the batch, e.g. `return {{**batch, 'x': ...}}`"
+            )
+        return out
+
+    def prepared(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
+        """`cd.Pack(prepare=...)`'s transform on records read for packing, from stream
+        `position` on: as `_apply`, and it must keep one row per record."""
+        rows = len(next(iter(columns.values())))
+        out = self._apply(transform, columns, position)
+        for name, column in out.items():
+            if len(column) != rows:
+                raise TransformError(
+                    f"cd.Pack(prepare=...): {transform!r} made column {name!r} {len(column)} rows long from {rows} "
+                    f"records (stream position {position}); a prepare transform keeps one row per record"
+                )
+        return out
 
     def _packed(self, pack: Pack, start_position: int) -> Iterator[HostChunk]:
         """Packed host batches, transformed, each with the stream position after it."""

@@ -17,8 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from colo_data.io.sources import ArrowSource
+from colo_data.spec.mix import Mix
 from colo_data.spec.order import Order, Shuffle
+from colo_data.spec.pack import Pack
 from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.tokenize import tokenize
 from colo_data.spec.transforms import pad_or_truncate
 
 FILES, ROWS_PER_FILE, ROW_GROUP_SIZE = 8, 5_000, 1_000
@@ -215,3 +218,34 @@ def pipeline(
         epochs=epochs,
         index_column="_index",
     )
+
+
+def lm_pipeline(
+    data_dir: str | os.PathLike[str] | None = None,
+    weights: dict[str, float] | None = None,
+    seq_len: int = 1024,
+    global_batch_size: int = 32,
+    shuffle: Shuffle = "block",
+    seed: int = 0,
+) -> Pipeline:
+    """The language-model demo: the text demo's components mixed by `weights` (default
+    web 0.6, code 0.3, math 0.1), tokenized with its BPE as they are read and packed into
+    rows of `seq_len` tokens; `_index` and `_component` say which record of which component
+    each segment holds."""
+    directory = text_corpus() if data_dir is None else Path(data_dir)
+    chosen = weights if weights is not None else {"web": 0.6, "code": 0.3, "math": 0.1}
+    components = {name: ArrowSource(str(directory / name), columns=["text"]) for name in TEXT_COMPONENTS}
+    tokens = tokenize("text", str(directory / TOKENIZER_FILE), output="tokens")
+    return Pipeline(
+        source=Mix(components, chosen),
+        order=Order(shuffle=shuffle, seed=seed),
+        global_batch_size=global_batch_size,
+        epochs=None,
+        index_column="_index",
+        pack=Pack("tokens", seq_len, prepare=[tokens, _drop_text]),
+    )
+
+
+def _drop_text(batch: dict) -> dict:
+    """The text once it is tokenized: the batch holds numbers only."""
+    return {name: column for name, column in batch.items() if name != "text"}

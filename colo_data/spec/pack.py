@@ -3,7 +3,7 @@ filters records, as a declaration; `colo_data.host.packing` plans and builds the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +31,10 @@ class Pack:
         keep: a function of the record columns returning one bool per record; records it
             rejects are dropped (consumed, never placed).
         pad_value: the token that fills the rest of a row.
+        prepare: batch transforms run on the records as they are read, before they are
+            packed (and before `keep`): what makes the packed column, e.g.
+            `cd.tokenize("text", tokenizer, output="tokens")`. They must keep one row per
+            record. The pipeline's own transforms run on the packed batch.
     """
 
     column: str
@@ -38,6 +42,7 @@ class Pack:
     max_segments: int = 64
     keep: Callable[[Columns], np.ndarray] | None = None
     pad_value: int = 0
+    prepare: Sequence[Callable[[Columns], Columns]] = ()
 
     def __post_init__(self) -> None:
         for name in ("length", "max_segments"):
@@ -45,5 +50,9 @@ class Pack:
             if value is None or value < 1:
                 raise ConfigError(f"cd.Pack({self.column!r}): {name}={getattr(self, name)!r} must be an int >= 1")
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "prepare", tuple(self.prepare))
+        for t in self.prepare:
+            if not callable(t):
+                raise ConfigError(f"cd.Pack({self.column!r}): prepare={t!r} is not a batch transform (a callable)")
         if self.keep is not None and not callable(self.keep):
             raise ConfigError(f"cd.Pack({self.column!r}): keep={self.keep!r} must be a function of the record columns")
