@@ -2,11 +2,15 @@
 real `Loader`, once per host count, checks the promises a trainer relies on: every host
 count yields the same global batches, each record appears exactly once (through the
 pipeline's index column), in the order the seed defines, and a state saved at one step and
-restored with another host count continues identically. Each result is a `Check` whose
-detail names the first offending batch, row and record."""
+restored with another host count continues identically. For a `cd.Mix` the record is a
+(component, index) pair and the checks are per component: every prefix keeps each
+component within one record of its share, and each component's records come once per
+component epoch. Each result is a `Check` whose detail names the first offending batch,
+row and record."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -21,7 +25,7 @@ from colo_data.errors import ConfigError
 from colo_data.host.pipeline import HostPipeline
 from colo_data.io.columns import table_to_columns
 from colo_data.loader.loader import Loader
-from colo_data.spec.mix import Mix
+from colo_data.spec.mix import DENOMINATOR, Mix, schedule
 from colo_data.spec.pipeline import Pipeline
 from colo_data.testing import to_numpy
 
@@ -29,6 +33,7 @@ Status = Literal["PASS", "FAIL", "SKIP"]
 Batch = dict[str, np.ndarray]
 _KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects
 _PLACES_SHOWN = 4
+_MIX_DEFAULT_RECORDS = 1 << 20  # the longest default run of a mixture (a component of tiny weight takes long)
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,15 @@ def verify(
     resume_hosts: int | None = None,
 ) -> list[Check]:
     """Read `steps` global batches of `pipeline` (default: one epoch, also when it repeats
-    forever) with each host count in `hosts`, and check them; the first host count is the
-    reference. Its state after `resume_at` batches (default: half the run) is restored
-    with `resume_hosts` hosts (default: the last of `hosts` that runs) and must continue
-    as the uninterrupted run does. A host count that does not divide the global batch size
-    cannot run the pipeline at all: it gives a SKIP check. Raises ConfigError when the
-    pipeline cannot be verified (no index column) or a setting is impossible. A check
-    fails rather than raises; a pipeline that raises while running raises here too."""
+    forever; for a `cd.Mix`, until every component with a weight has run through its first
+    epoch, at most 2**20 records) with each host count in `hosts`, and check them; the
+    first host count is the reference. Its state after `resume_at` batches (default: half
+    the run) is restored with `resume_hosts` hosts (default: the last of `hosts` that runs)
+    and must continue as the uninterrupted run does. A host count that does not divide the
+    global batch size cannot run the pipeline at all: it gives a SKIP check. Raises
+    ConfigError when the pipeline cannot be verified (no index column, or a mixture's
+    component column dropped) or a setting is impossible. A check fails rather than
+    raises; a pipeline that raises while running raises here too."""
     _check_settings(pipeline, hosts, steps, resume_at, resume_hosts)
     size = pipeline.global_batch_size
     counts = list(dict.fromkeys(hosts))
@@ -83,12 +90,18 @@ def verify(
     resume_at = len(reference) // 2 if resume_at is None else resume_at
     _check_resume_at(resume_at, len(reference))
     expected = _expected(pipeline, max(run.end for run in runs))
-    covered = _covered(pipeline, reference, expected)
-    order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
+    if isinstance(pipeline.source, Mix):
+        checks = _mix_checks(pipeline, pipeline.source, runs, expected)
+    else:
+        covered = _covered(pipeline, reference, expected)
+        order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
+        checks = [
+            _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
+            _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
+        ]
     return skipped + [
         _identical(runs, difference),
-        _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
-        _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
+        *checks,
         _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts),
     ]
 
@@ -96,11 +109,6 @@ def verify(
 def _check_settings(
     pipeline: Pipeline, hosts: Sequence[int], steps: int | None, resume_at: int | None, resume_hosts: int | None
 ) -> None:
-    if isinstance(pipeline.source, Mix):
-        raise ConfigError(
-            "verify does not check a cd.Mix yet: verify each component as a pipeline of its own (the mixture's "
-            "shares, host counts, backends and restores under new weights are covered by colo-data's own tests)"
-        )
     if pipeline.index_column is None:
         raise ConfigError(
             "the pipeline has no index column, so verify cannot tell which record each row holds: add "
@@ -121,23 +129,45 @@ def _check_resume_at(resume_at: int | None, batches: int) -> None:
 
 def _run_steps(pipeline: Pipeline, steps: int | None) -> int | None:
     """Global batches to read: `steps`, at most what the stream holds; by default the
-    first epoch's full batches. None for packed pipelines without `steps`: their batches
-    take as many records as fit, so the run reads until it passes the first epoch."""
+    first epoch's full batches (a mixture's: the batches that reach `_default_end`). None
+    for packed pipelines without `steps`: their batches take as many records as fit, so
+    the run reads until it passes `_default_end`."""
     if steps is None:
-        return None if pipeline.pack is not None else pipeline.records_per_epoch // pipeline.global_batch_size
+        if pipeline.pack is not None:
+            return None
+        size = pipeline.global_batch_size
+        return -(-_default_end(pipeline) // size) if isinstance(pipeline.source, Mix) else _default_end(pipeline) // size
     available = pipeline.batches_from(0)
     return steps if available is None else min(steps, available)
+
+
+def _default_end(pipeline: Pipeline) -> int:
+    """The stream position a run without `steps` reads to: one epoch; for a mixture, until
+    every component with a weight has run through its first epoch (its own epoch 0), but at
+    most `_MIX_DEFAULT_RECORDS` records (a component of tiny weight would take too long)."""
+    mix = pipeline.source
+    if not isinstance(mix, Mix):
+        return pipeline.records_per_epoch
+    components, ranks = schedule(mix.shares)
+    end = 0
+    for c, (share, source) in enumerate(zip(mix.shares, mix.sources, strict=True)):
+        if share:  # its last record of epoch 0: the slot of rank (len - 1) % share, (len - 1) // share periods on
+            periods, rank = divmod(len(source) - 1, share)
+            slot = int(np.flatnonzero((components == c) & (ranks == rank))[0])
+            end = max(end, periods * DENOMINATOR + slot + 1)
+    return min(end, _MIX_DEFAULT_RECORDS)
 
 
 @dataclass
 class _Run:
     """What one host count's run delivered, as verify needs it: each batch's index column
-    and the loader state after each batch (`states[0]`: before the first), through JSON as
-    a checkpoint holds it."""
+    (and a mixture's component column) and the loader state after each batch (`states[0]`:
+    before the first), through JSON as a checkpoint holds it."""
 
     hosts: int
     records: list[np.ndarray] = field(default_factory=list)
     states: list[dict[str, Any]] = field(default_factory=list)
+    components: list[np.ndarray] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -154,7 +184,10 @@ class _Run:
 
 
 def _position(state: dict[str, Any]) -> int:
-    """The stream position a loader state (`colo_data.state.make_state`) points at."""
+    """The stream position a loader state (`colo_data.state.make_state`) points at (a
+    mixture's holds it as it is)."""
+    if "mix" in state:
+        return int(state["position"])
     return state["epoch"] * state["records"] + state["position"]
 
 
@@ -178,6 +211,8 @@ class _Stream:
             return None
         batch = to_numpy(arrays)
         self.run.records.append(_index_column(self.pipeline, batch))
+        if isinstance(self.pipeline.source, Mix):
+            self.run.components.append(_component_column(self.pipeline.source, batch, self.run.records[-1].shape))
         self.run.states.append(self._state())
         return batch
 
@@ -201,6 +236,24 @@ def _index_column(pipeline: Pipeline, batch: Batch) -> np.ndarray:
     return records.astype(np.int64)
 
 
+def _component_column(mix: Mix, batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
+    """A mixture's component column as int64, checked: the index column's shape."""
+    name = mix.component_column
+    if name not in batch:
+        raise ConfigError(
+            f"Mix(component_column={name!r}): the batches have no such column (they have {sorted(batch)}): a "
+            "transform drops it; keep it in the transforms' output so that verify can tell which component each "
+            "row comes from"
+        )
+    components = batch[name]
+    if components.shape != shape or components.dtype.kind not in "iu":
+        raise ConfigError(
+            f"Mix(component_column={name!r}): the batches hold it as {components.dtype} {components.shape}, expected "
+            f"integers of shape {shape}; keep it through the transforms as the pipeline adds it"
+        )
+    return components.astype(np.int64)
+
+
 def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> tuple[list[_Run], str | None]:
     """Read `steps` batches (None: until the first host count's stream passes the first
     epoch) with every host count in lockstep, comparing each batch with the first host
@@ -218,7 +271,7 @@ def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> t
             for stream, label in zip(streams[1:], labels[1:], strict=True):
                 got = stream.next() if len(stream.run) == step else None  # None: it ended before
                 difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
-            if want is None or (steps is None and reference.run.end >= pipeline.records_per_epoch):
+            if want is None or (steps is None and reference.run.end >= _default_end(pipeline)):
                 break
     return [stream.run for stream in streams], difference
 
@@ -242,11 +295,9 @@ def _batch_difference(
         return None
     row = int(min(first.values()))
     columns = ", ".join(repr(name) for name, r in first.items() if r == row)
-    index = pipeline.index_column
-    assert index is not None  # verify refuses a pipeline without one
     return (
-        f"batch {step} row {row} differs in {columns}: {_records(want[index][row])} {labels[0]}, "
-        f"{_records(got[index][row])} {labels[1]}"
+        f"batch {step} row {row} differs in {columns}: {_row_records(pipeline, want, row)} {labels[0]}, "
+        f"{_row_records(pipeline, got, row)} {labels[1]}"
     )
 
 
@@ -324,22 +375,26 @@ class _Delivered:
 
     records: np.ndarray
     places: np.ndarray
+    components: np.ndarray  # a mixture's component of each record; empty for other pipelines
 
 
 def _delivered(run: _Run) -> _Delivered:
     """The run's records in stream order; packed batches' -1 padding left out."""
-    records, places = [], []
+    records, places, components = [], [], []
     for batch, index in enumerate(run.records):
+        component = run.components[batch] if run.components else np.zeros(index.shape, np.int64)
         if index.ndim == 1:
             rows, segments = np.arange(len(index)), np.zeros(len(index), np.int64)
         else:
             rows, slots = np.nonzero(index != -1)  # row-major: the order the records were packed in
-            index, segments = index[rows, slots], slots + 1
+            index, component, segments = index[rows, slots], component[rows, slots], slots + 1
         records.append(index)
+        components.append(component)
         places.append(np.stack([np.full(len(index), batch), rows, segments], axis=1))
     if not records:  # a host count whose stream ended at once
-        return _Delivered(np.zeros(0, np.int64), np.zeros((0, 3), np.int64))
-    return _Delivered(np.concatenate(records), np.concatenate(places))
+        return _Delivered(np.zeros(0, np.int64), np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
+    mixed = np.concatenate(components) if run.components else np.zeros(0, np.int64)
+    return _Delivered(np.concatenate(records), np.concatenate(places), mixed)
 
 
 def _per_run(name: str, runs: list[_Run], problem_of: Callable[[_Run], str | None], passed: str) -> Check:
@@ -417,6 +472,198 @@ def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _MixExpected:
+    """What a mixture's order defines for stream positions `[0, len(components))`: each
+    position's component, the index of its record there, the component's own position
+    (its epoch is that // the component's length), and whether the pack's `keep` takes it."""
+
+    components: np.ndarray
+    indices: np.ndarray
+    own: np.ndarray
+    kept: np.ndarray
+
+    def delivered(self, end: int) -> np.ndarray:
+        """The stream positions of the records delivered from `[0, end)`, in stream order."""
+        return np.flatnonzero(self.kept[:end])
+
+
+def _mix_expected(pipeline: Pipeline, mix: Mix, expected: _Expected) -> _MixExpected:
+    """The mixture's order for the positions `expected` covers, from the order itself
+    (`Mix.bind`), not from what the loader computes with it."""
+    order = mix.bind(pipeline.order)
+    components, own = order.positions(np.arange(len(expected.records), dtype=np.int64))
+    indices = np.empty(len(own), np.int64)
+    for c in np.unique(components):
+        mine = components == c
+        indices[mine] = order.orders[c].stream_indices(own[mine])
+    return _MixExpected(components.astype(np.int64), indices, own, expected.kept)
+
+
+def _mix_checks(pipeline: Pipeline, mix: Mix, runs: list[_Run], expected: _Expected) -> list[Check]:
+    """A mixture's shares, exactly-once per component epoch and seed order, on every run."""
+    want, end = _mix_expected(pipeline, mix, expected), runs[0].end
+    weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(mix.names, mix.shares, strict=True) if s)
+    if want.kept.all():
+        passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
+        shares = _per_run("shares", runs, lambda run: _shares(mix, run), passed)
+    else:
+        shares = Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")
+    order = (
+        f"every record comes where the mixture's order (seed {pipeline.order.seed}, "
+        f"shuffle={pipeline.order.describe()}, each component's seed made with its name) puts it"
+    )
+    return [
+        shares,
+        _per_run("exactly once", runs, lambda run: _mix_exactly_once(pipeline, run, want), _mix_covered(mix, end, want)),
+        _per_run("seed order", runs, lambda run: _mix_in_order(mix, run, want), order),
+    ]
+
+
+def _unknown_component(mix: Mix, delivered: _Delivered) -> str | None:
+    unknown = (delivered.components < 0) | (delivered.components >= len(mix.names))
+    if not unknown.any():
+        return None
+    i = int(np.flatnonzero(unknown)[0])
+    return (
+        f"{_place(delivered.places[i])} holds component {delivered.components[i]}, not one of 0-{len(mix.names) - 1} "
+        f"({', '.join(map(repr, mix.names))})"
+    )
+
+
+def _shares(mix: Mix, run: _Run) -> str | None:
+    """The first prefix of the run in which a component's record count is more than one
+    record from its exact share, `records * share / DENOMINATOR` (counted in integers)."""
+    delivered = _delivered(run)
+    unknown = _unknown_component(mix, delivered)
+    if unknown:
+        return unknown
+    prefix = np.arange(1, len(delivered.components) + 1, dtype=np.int64)
+    first: tuple[int, int, int] | None = None  # (record, component, its count there)
+    for c, share in enumerate(mix.shares):
+        counts = np.cumsum(delivered.components == c)
+        off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > DENOMINATOR)
+        if len(off) and (first is None or off[0] < first[0]):
+            first = (int(off[0]), c, int(counts[off[0]]))
+    if first is None:
+        return None
+    i, c, count = first
+    exact = (i + 1) * mix.shares[c] / DENOMINATOR
+    return (
+        f"component {mix.names[c]!r} has {count} of the first {i + 1} records (through {_place(delivered.places[i])}), "
+        f"its share ({mix.shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"
+    )
+
+
+def _mix_exactly_once(pipeline: Pipeline, run: _Run, want: _MixExpected) -> str | None:
+    """What is wrong with each component's records: in each of the component's epochs (as
+    its own positions fall in the run) every record at most once, every one in an epoch
+    the run completes, and as many records as the order puts in the run."""
+    mix = pipeline.source
+    assert isinstance(mix, Mix)
+    delivered, positions = _delivered(run), want.delivered(run.end)
+    unknown = _unknown_component(mix, delivered)
+    problems = [unknown] if unknown else []
+    for c, name in enumerate(mix.names):
+        mine, wanted = delivered.components == c, positions[want.components[positions] == c]
+        reached = int(np.count_nonzero(want.components[: run.end] == c))  # own positions 0..reached-1 are in the run
+        got = _Delivered(delivered.records[mine], delivered.places[mine], delivered.components[mine])
+        where = functools.partial(_expected_place, pipeline, run)
+        problem = _component_once(name, len(mix.sources[c]), got, want, wanted, reached, where)
+        if problem:
+            problems.append(problem)
+    return "; ".join(problems) if problems else None
+
+
+def _component_once(
+    name: str,
+    size: int,
+    got: _Delivered,
+    want: _MixExpected,
+    positions: np.ndarray,
+    reached: int,
+    where: Callable[[int], str],
+) -> str | None:
+    """What is wrong with one component's records `got` (in stream order): the first record
+    repeated within an epoch, the first missing from a complete epoch, a wrong count;
+    against the stream `positions` at which the order puts its delivered records (`where`
+    names a stream position's place)."""
+    outside = (got.records < 0) | (got.records >= size)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        return f"{_place(got.places[i])} holds {name!r} record {got.records[i]}, not in 0..{size - 1}"
+    epochs = want.own[positions] // size
+    k = min(len(got.records), len(positions))
+    repeated = missing = None
+    for epoch in np.unique(epochs[:k]):
+        span = np.flatnonzero(epochs[:k] == epoch)
+        records = got.records[span]
+        values, first, counts = np.unique(records, return_index=True, return_counts=True)
+        if repeated is None and (counts > 1).any():
+            record = int(values[counts > 1][np.argmin(first[counts > 1])])
+            seen = _places(got.places[span][records == record])
+            times = _times(int(counts[values == record][0]))
+            repeated = f"{name!r} record {record} appears {times} in its epoch {epoch} ({seen})"
+        if missing is None and (epoch + 1) * size <= reached:  # the run completes this epoch: all its records
+            in_epoch = positions[epochs == epoch]
+            absent = np.flatnonzero(~np.isin(want.indices[in_epoch], records))
+            if len(absent):
+                position = int(in_epoch[absent[0]])
+                missing = (
+                    f"{name!r} record {want.indices[position]} is missing from its epoch {epoch} "
+                    f"(the order puts it at {where(position)})"
+                )
+    problems = [p for p in (repeated, missing) if p]
+    if len(got.records) != len(positions):
+        problems.append(f"{name!r}: {len(got.records)} records delivered, the mixture's order puts {len(positions)} in the run")
+    return "; ".join(problems) if problems else None
+
+
+def _mix_covered(mix: Mix, end: int, want: _MixExpected) -> str:
+    """What the exactly-once check covered: each component's whole epochs and part of the
+    next one."""
+    spans = []
+    for c, (name, source) in enumerate(zip(mix.names, mix.sources, strict=True)):
+        size = len(source)
+        epochs, rest = divmod(int(np.count_nonzero(want.components[:end] == c)), size)
+        if not epochs and not rest:
+            spans.append(f"{name!r} none")
+            continue
+        whole = ["epoch 0" if epochs == 1 else f"epochs 0-{epochs - 1}"] if epochs else []
+        spans.append(f"{name!r} " + " and ".join(whole + ([f"{rest} of epoch {epochs}'s {size}"] if rest else [])))
+    rejected = int((~want.kept[:end]).sum())
+    dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
+    return (
+        f"each component's records once per component epoch over stream positions 0-{end - 1}: "
+        f"{', '.join(spans)}{dropped}"
+    )
+
+
+def _mix_in_order(mix: Mix, run: _Run, want: _MixExpected) -> str | None:
+    """The first (component, record) that is not where the mixture's order puts it."""
+    delivered, positions = _delivered(run), want.delivered(run.end)
+    count = min(len(delivered.records), len(positions))
+    head = positions[:count]
+    wrong = np.flatnonzero(
+        (delivered.components[:count] != want.components[head]) | (delivered.records[:count] != want.indices[head])
+    )
+    if len(wrong):
+        i, position = int(wrong[0]), int(head[wrong[0]])
+        got = _mix_record(mix, int(delivered.components[i]), int(delivered.records[i]))
+        expected = _mix_record(mix, int(want.components[position]), int(want.indices[position]))
+        return f"{_place(delivered.places[i])} holds {got} where the mixture's order has {expected}"
+    if len(delivered.records) != len(positions):
+        span = f"stream positions 0-{run.end - 1}"
+        return f"{len(delivered.records)} records delivered; the mixture's order has {len(positions)} in {span}"
+    return None
+
+
+def _mix_record(mix: Mix, component: int, index: int) -> str:
+    if 0 <= component < len(mix.names):
+        return f"{mix.names[component]!r} record {index}"
+    return f"record {index} of component {component} (no such component)"
+
+
 def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
     """Where the order puts stream `position`: a batch and row, or for packed batches the
     batch whose stream positions include it."""
@@ -436,6 +683,19 @@ def _places(places: np.ndarray) -> str:
     if len(places) > _PLACES_SHOWN:
         return ", ".join(named) + f" and {len(places) - _PLACES_SHOWN} more"
     return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
+def _row_records(pipeline: Pipeline, batch: Batch, row: int) -> str:
+    """The record(s) a batch's row holds, a mixture's with their components."""
+    assert pipeline.index_column is not None  # verify refuses a pipeline without one
+    index, mix = batch[pipeline.index_column][row], pipeline.source
+    if not isinstance(mix, Mix):
+        return _records(index)
+    components = batch[mix.component_column][row]
+    if index.ndim == 0:
+        return _mix_record(mix, int(components), int(index))
+    pairs = zip(components.tolist(), index.tolist(), strict=True)
+    return "[" + ", ".join(_mix_record(mix, c, i) for c, i in pairs if i != -1) + "]"
 
 
 def _records(index: np.ndarray) -> str:
