@@ -34,7 +34,8 @@ def _host_counts(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 )
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None,
-    help="Global batches to read (default: one epoch, also for pipelines that repeat forever).",
+    help="Global batches to read (default: one epoch, also for pipelines that repeat forever; "
+    "for a cd.Mix, until every weighted component has finished one of its epochs).",
 )
 @click.option(
     "--resume-at", type=click.IntRange(min=0), default=None,
@@ -58,11 +59,13 @@ def verify(
     from colo_data.errors import ColoDataError, ConfigError
     from colo_data.ops.config import load_config
     from colo_data.ops.verify import verify as run_checks
+    from colo_data.spec.mix import Mix
 
     try:
         settings = load_config(config)
         pipeline = settings.build()
-        length = f"{steps} batches" if steps else "one epoch"
+        mixed = isinstance(pipeline.source, Mix)
+        length = f"{steps} batches" if steps else "one epoch of every component" if mixed else "one epoch"
         click.echo(
             f"verify {config} ({settings.pipeline}, global batch {pipeline.global_batch_size}): "
             f"{length}, hosts {', '.join(map(str, hosts))}"
