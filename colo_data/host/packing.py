@@ -54,7 +54,7 @@ def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complet
 def _list_parts(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Offsets (one more than records) and values of a list column, as numpy."""
     if isinstance(column, np.ndarray):
-        raise TransformError(f"cd.Pack({name!r}): column is a numpy array of {column.dtype}, expected a list column")
+        raise TransformError(f"cd.Pack({name!r}): column is {column.dtype}, expected a list column")
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         raise TransformError(f"cd.Pack({name!r}): column is {array.type}, expected a list column")
