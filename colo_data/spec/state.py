@@ -106,6 +106,8 @@ def restore(pipeline: Pipeline, state: dict[str, Any]) -> tuple[Pipeline, int]:
     at = [saved[n][2] for n in mix.names]
     if not (isinstance(position, int) and isinstance(phase, int) and position >= 0 and 0 <= phase < DENOMINATOR):
         raise StateError(f"loader state has position={position!r}, phase={phase!r}: not a position of a mixture")
+    if not all(isinstance(q, int) and q >= 0 for q in at):
+        raise StateError(f"loader state has component positions {at!r}: each must be an int >= 0")
     if state.get("weights") == _weights_id(mix):  # the same interleaving goes on
         comp, _ = schedule(mix.shares)
         before = np.bincount(comp[:phase], minlength=len(mix.names))
