@@ -799,3 +799,17 @@ def test_fingerprint(parquet_dir: Path, ipc_dir: Path, tmp_path: Path) -> None:
     assert cd.ArrowSource(str(copy)).fingerprint() != fp
     (copy / "part-9.parquet").unlink()
     assert cd.ArrowSource(str(copy)).fingerprint() != fp
+
+
+def test_a_uri_with_a_filesystem_of_its_kind_reads_and_of_another_kind_is_a_config_error(tmp_path: Path) -> None:
+    """`ArrowSource("file:///...", filesystem=LocalFileSystem())` reads the same records as
+    the plain path (it was a raw ArrowInvalid); a URI whose scheme is not the filesystem's
+    kind is one ConfigError naming both, never a read from the wrong store."""
+    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "a.parquet", row_group_size=4)
+    plain = cd.ArrowSource(str(tmp_path))
+    uri = cd.ArrowSource(f"file://{tmp_path}/*.parquet", filesystem=pafs.LocalFileSystem())
+    assert uri.files == plain.files and uri.take(np.arange(10)).equals(plain.take(np.arange(10)))
+    with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem"):
+        cd.ArrowSource("s3://bucket/data/*.parquet", filesystem=pafs.LocalFileSystem())
+    with pytest.raises(cd.ConfigError, match="give the path inside that filesystem"):
+        cd.ArrowSource(f"file://{tmp_path}", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))

@@ -19,6 +19,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from colo_data.errors import (
+    ConfigError,
     CorruptFileError,
     RecordIndexError,
     SchemaError,
@@ -71,9 +72,23 @@ class _File:
     size: int  # bytes when the source was made: reads check that the file still has them
 
 
+_SCHEMES = {"file": "local", "s3": "s3", "gs": "gcs", "gcs": "gcs", "hdfs": "hdfs"}  # URI scheme -> pyarrow type_name
+
+
 def _split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and the path in it: `filesystem` when given (a URI of its kind loses
+    its scheme), else the URI's, else the local one."""
     if filesystem is not None:
-        return filesystem, path
+        if "://" not in path:
+            return filesystem, path
+        scheme, inner = path.split("://", 1)
+        if _SCHEMES.get(scheme.lower()) != filesystem.type_name:
+            raise ConfigError(
+                f"{path!r} is a {scheme}:// URI but filesystem= is a {type(filesystem).__name__} "
+                f"({filesystem.type_name}): give the path inside that filesystem (e.g. 'bucket/dir/*.parquet'), "
+                "or the URI without filesystem= to use the URI's own"
+            )
+        return filesystem, inner if scheme.lower() != "file" else posixpath.abspath(inner)
     if "://" in path:
         fs, inner = pafs.FileSystem.from_uri(path)
         return fs, inner
