@@ -47,19 +47,19 @@ print("took a batch", flush=True)
 """  # a trainer that takes a batch and ends
 
 
-class SlowOnce:
-    """A transform that sleeps `SLOW_S` the first time it runs after `marker` appears
-    (it removes the marker), so that one batch in the middle of a stream takes that long."""
+class SlowSecondChunk:
+    """A transform that sleeps `SLOW_S` on its second call in the process that runs it: the
+    sidecar computes the stream's first chunk (42 batches) at once and the second one takes
+    40 s, so a batch in the middle of the stream waits that long. (A marker file the test
+    touched later raced the sidecar, which computes chunks ahead as its ring allows.)"""
 
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
+    def __init__(self) -> None:
+        self.calls = 0
 
     def __call__(self, columns: dict) -> dict:
-        try:
-            os.remove(self.marker)
-        except FileNotFoundError:
-            return columns
-        time.sleep(SLOW_S)
+        self.calls += 1
+        if self.calls == 2:
+            time.sleep(SLOW_S)
         return columns
 
 
@@ -86,20 +86,18 @@ def standalone(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]
 def test_a_frozen_sidecar_is_an_error_within_30_s_and_a_40_s_batch_is_not(token_corpus: Path, tmp_path: Path) -> None:
     """Side by side: a sidecar stopped with SIGSTOP mid-stream, and one whose pipeline
     takes 40 s for a batch in the middle of its stream, both with the default timeout."""
-    marker = tmp_path / "slow-now"
     frozen_shm, slow_shm = tmp_path / "frozen", tmp_path / "slow"
     frozen_shm.mkdir()
     slow_shm.mkdir()
-    slow_pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SlowOnce(marker)])
+    slow_pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SlowSecondChunk()])
     slow_result: dict[str, object] = {}
 
     def read_through_the_slow_batch() -> None:
         try:
             with cd.Loader(slow_pipeline, backend="sidecar", shm_dir=str(slow_shm), workers=0) as loader:
                 next(loader)
-                marker.touch()  # the next batch the sidecar computes takes 40 s
                 longest = 0.0
-                for _ in range(60):  # 6 epochs of 10 batches: the slow one comes within
+                for _ in range(60):  # the first chunk is 42 batches: the 43rd waits for the slow second
                     started = time.monotonic()
                     next(loader)
                     longest = max(longest, time.monotonic() - started)
