@@ -25,6 +25,19 @@ def token_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def mix_corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One small token corpus per component of the mixture tests (`MIX_SIZES` records; ids =
+    the record's index in its component)."""
+    from pipelines import MIX_SIZES
+
+    root = tmp_path_factory.mktemp("mix")
+    return {
+        name: demo.write_corpus(root / name, files=1, rows_per_file=rows, row_group_size=5, min_tokens=1, max_tokens=6)
+        for name, rows in MIX_SIZES.items()
+    }
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The container tests run last, and their image is built by a detached process from
     now on, so that its minutes of downloads and unpacking overlap the other tests."""

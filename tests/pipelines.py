@@ -8,6 +8,7 @@ from pathlib import Path
 import colo_data as cd
 
 BATCH = 12  # divisible by 1, 2, 3 and 4 hosts and by the 4 test devices
+MIX_SIZES = {"web": 60, "code": 25, "math": 7}  # the mixture tests' components; math: fewer records than a batch
 
 
 def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipeline:

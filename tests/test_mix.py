@@ -17,22 +17,13 @@ from colo_data.ops import demo
 from colo_data.spec.mix import DENOMINATOR, integer_shares, schedule
 from colo_data.testing import to_numpy
 
+from pipelines import MIX_SIZES
+
 BATCH = 12
-SIZES = {"web": 60, "code": 25, "math": 7}  # math: fewer records than a batch
 
 
-@pytest.fixture(scope="module")
-def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One small token corpus per component (ids = the record's index in its component)."""
-    root = tmp_path_factory.mktemp("mix")
-    return {
-        name: demo.write_corpus(root / name, files=1, rows_per_file=rows, row_group_size=5, min_tokens=1, max_tokens=6)
-        for name, rows in SIZES.items()
-    }
-
-
-def mix_pipeline(corpora: dict[str, Path], weights: dict[str, float], shuffle: str = "global") -> cd.Pipeline:
-    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+def mix_pipeline(mix_corpora: dict[str, Path], weights: dict[str, float], shuffle: str = "global") -> cd.Pipeline:
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     return cd.Pipeline(
         source=cd.Mix(components, weights),
         order=cd.Order(shuffle=shuffle, seed=3, window=2),
@@ -71,8 +62,8 @@ def test_every_prefix_gives_each_component_its_share_within_one_record(weights: 
         assert np.array_equal(rank[mine], np.arange(share)), "ranks count each component's slots in order"
 
 
-def test_shares_hold_in_the_loader_stream(corpora: dict[str, Path]) -> None:
-    rows = read(cd.Loader(mix_pipeline(corpora, {"web": 0.6, "code": 0.3, "math": 0.1})), 25)
+def test_shares_hold_in_the_loader_stream(mix_corpora: dict[str, Path]) -> None:
+    rows = read(cd.Loader(mix_pipeline(mix_corpora, {"web": 0.6, "code": 0.3, "math": 0.1})), 25)
     shares = integer_shares([0.6, 0.3, 0.1])
     for c, share in enumerate(shares):
         counts = np.cumsum(rows["_component"] == c)
@@ -81,12 +72,12 @@ def test_shares_hold_in_the_loader_stream(corpora: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("shuffle", ["global", "block", "none"])
-def test_each_component_runs_through_its_own_epochs(corpora: dict[str, Path], shuffle: str) -> None:
+def test_each_component_runs_through_its_own_epochs(mix_corpora: dict[str, Path], shuffle: str) -> None:
     """Every record of a component once per component epoch, in another order each epoch
     (math, 7 records, goes through many epochs)."""
-    rows = read(cd.Loader(mix_pipeline(corpora, {"web": 1, "code": 1, "math": 1}, shuffle)), 30)
+    rows = read(cd.Loader(mix_pipeline(mix_corpora, {"web": 1, "code": 1, "math": 1}, shuffle)), 30)
     assert np.array_equal(rows["id"], rows["_index"]), "the index column is the record's index in its component"
-    for c, (name, size) in enumerate(SIZES.items()):
+    for c, (name, size) in enumerate(MIX_SIZES.items()):
         seq = sequences(rows)[c]
         epochs = [seq[i : i + size] for i in range(0, len(seq) - size + 1, size)]
         assert epochs, name
@@ -96,17 +87,17 @@ def test_each_component_runs_through_its_own_epochs(corpora: dict[str, Path], sh
             assert epochs[0] != epochs[1], f"{name}: reshuffled between its epochs"
 
 
-def test_a_components_sequence_does_not_depend_on_the_weights(corpora: dict[str, Path]) -> None:
-    a = sequences(read(cd.Loader(mix_pipeline(corpora, {"web": 0.7, "code": 0.2, "math": 0.1})), 20))
-    b = sequences(read(cd.Loader(mix_pipeline(corpora, {"web": 0.1, "code": 0.5, "math": 0.4})), 20))
+def test_a_components_sequence_does_not_depend_on_the_weights(mix_corpora: dict[str, Path]) -> None:
+    a = sequences(read(cd.Loader(mix_pipeline(mix_corpora, {"web": 0.7, "code": 0.2, "math": 0.1})), 20))
+    b = sequences(read(cd.Loader(mix_pipeline(mix_corpora, {"web": 0.1, "code": 0.5, "math": 0.4})), 20))
     for c in a:
         n = min(len(a[c]), len(b[c]))
         assert n > 5 and a[c][:n] == b[c][:n], f"component {c}"
 
 
 @pytest.mark.parametrize("hosts", [2, 3])
-def test_batches_are_the_same_for_any_host_count(corpora: dict[str, Path], hosts: int) -> None:
-    pipeline = mix_pipeline(corpora, {"web": 0.5, "code": 0.3, "math": 0.2})
+def test_batches_are_the_same_for_any_host_count(mix_corpora: dict[str, Path], hosts: int) -> None:
+    pipeline = mix_pipeline(mix_corpora, {"web": 0.5, "code": 0.3, "math": 0.2})
     one = read(cd.Loader(pipeline), 12)
     many = read(cd.Loader(pipeline, hosts=hosts), 12)
     for k in one:
@@ -114,8 +105,8 @@ def test_batches_are_the_same_for_any_host_count(corpora: dict[str, Path], hosts
 
 
 @pytest.mark.parametrize("backend, workers", [("inprocess", 2), ("sidecar", 0), ("colocated", 0)])
-def test_batches_are_the_same_on_every_backend(corpora: dict[str, Path], tmp_path: Path, backend: str, workers: int) -> None:
-    pipeline = mix_pipeline(corpora, {"web": 0.5, "code": 0.3, "math": 0.2}, "block")
+def test_batches_are_the_same_on_every_backend(mix_corpora: dict[str, Path], tmp_path: Path, backend: str, workers: int) -> None:
+    pipeline = mix_pipeline(mix_corpora, {"web": 0.5, "code": 0.3, "math": 0.2}, "block")
     one = read(cd.Loader(pipeline), 12)
     options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
     other = read(cd.Loader(pipeline, backend=backend, workers=workers, **options), 12)
@@ -123,20 +114,20 @@ def test_batches_are_the_same_on_every_backend(corpora: dict[str, Path], tmp_pat
         assert np.array_equal(one[k], other[k]), f"{backend}: {k}"
 
 
-def test_a_state_saved_under_some_weights_restores_under_others(corpora: dict[str, Path]) -> None:
+def test_a_state_saved_under_some_weights_restores_under_others(mix_corpora: dict[str, Path]) -> None:
     """Saved under weights A on 2 hosts, restored under weights B on 3: every component
     continues exactly where it stopped, and the shares follow B from there."""
-    a = mix_pipeline(corpora, {"web": 0.7, "code": 0.2, "math": 0.1})
-    b = mix_pipeline(corpora, {"web": 0.1, "code": 0.3, "math": 0.6})
+    a = mix_pipeline(mix_corpora, {"web": 0.7, "code": 0.2, "math": 0.1})
+    b = mix_pipeline(mix_corpora, {"web": 0.1, "code": 0.3, "math": 0.6})
     loader = cd.Loader(a, hosts=2)
     before = read_open(loader, 9)
     state = json.loads(json.dumps(loader.get_state()))
     loader.close()
     after = read(cd.Loader(b, hosts=3, state=state), 15)
-    for c, name in enumerate(SIZES):
+    for c, name in enumerate(MIX_SIZES):
         seen = sequences(before).get(c, []) + sequences(after).get(c, [])
-        alone = {n: float(n == name) for n in SIZES}  # this component's own sequence: weight 1, the others 0
-        own = read(cd.Loader(mix_pipeline(corpora, alone)), -(-len(seen) // BATCH))["_index"].tolist()
+        alone = {n: float(n == name) for n in MIX_SIZES}  # this component's own sequence: weight 1, the others 0
+        own = read(cd.Loader(mix_pipeline(mix_corpora, alone)), -(-len(seen) // BATCH))["_index"].tolist()
         assert len(seen) > 20 and seen == own[: len(seen)], f"{name} continues exactly where it stopped"
     shares = integer_shares([0.1, 0.3, 0.6])
     for c, share in enumerate(shares):
@@ -149,8 +140,8 @@ def read_open(loader: cd.Loader, steps: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
-def test_a_state_restores_the_same_stream_under_the_same_weights(corpora: dict[str, Path]) -> None:
-    pipeline = mix_pipeline(corpora, {"web": 0.5, "code": 0.3, "math": 0.2})
+def test_a_state_restores_the_same_stream_under_the_same_weights(mix_corpora: dict[str, Path]) -> None:
+    pipeline = mix_pipeline(mix_corpora, {"web": 0.5, "code": 0.3, "math": 0.2})
     whole = read(cd.Loader(pipeline), 20)
     loader = cd.Loader(pipeline, hosts=3)
     read_open(loader, 7)
@@ -165,24 +156,24 @@ def test_a_state_restores_the_same_stream_under_the_same_weights(corpora: dict[s
         assert np.array_equal(to_numpy(next(again))["_index"], whole["_index"][7 * BATCH : 8 * BATCH])
 
 
-def test_a_state_names_a_component_added_removed_or_changed(corpora: dict[str, Path], tmp_path: Path) -> None:
-    pipeline = mix_pipeline(corpora, {"web": 1, "code": 1, "math": 1})
+def test_a_state_names_a_component_added_removed_or_changed(mix_corpora: dict[str, Path], tmp_path: Path) -> None:
+    pipeline = mix_pipeline(mix_corpora, {"web": 1, "code": 1, "math": 1})
     loader = cd.Loader(pipeline)
     next(loader)
     state = loader.get_state()
     loader.close()
-    fewer = mix_pipeline({k: corpora[k] for k in ("web", "code")}, {"web": 1, "code": 1})
+    fewer = mix_pipeline({k: mix_corpora[k] for k in ("web", "code")}, {"web": 1, "code": 1})
     with pytest.raises(cd.StateError, match="component 'math' of the state is not in the pipeline"):
         cd.Loader(fewer, state=state)
     other = demo.write_corpus(tmp_path / "other", files=1, rows_per_file=9, row_group_size=5, min_tokens=1, max_tokens=6)
-    changed = mix_pipeline({**corpora, "math": other}, {"web": 1, "code": 1, "math": 1})
+    changed = mix_pipeline({**mix_corpora, "math": other}, {"web": 1, "code": 1, "math": 1})
     with pytest.raises(cd.StateError, match="component 'math' has other data"):
         cd.Loader(changed, state=state)
-    more = mix_pipeline({**corpora, "more": other}, {"web": 1, "code": 1, "math": 1, "more": 1})
+    more = mix_pipeline({**mix_corpora, "more": other}, {"web": 1, "code": 1, "math": 1, "more": 1})
     with pytest.raises(cd.StateError, match="component 'more' is not in the state"):
         cd.Loader(more, state=state)
     with pytest.raises(cd.StateError, match="make a new loader"):
-        with cd.Loader(mix_pipeline(corpora, {"web": 3, "code": 1, "math": 1})) as open_loader:
+        with cd.Loader(mix_pipeline(mix_corpora, {"web": 3, "code": 1, "math": 1})) as open_loader:
             open_loader.set_state(state)
 
 
@@ -210,19 +201,19 @@ def test_the_state_stays_small_for_16_components(tmp_path: Path) -> None:
         (lambda c: cd.Mix(c, {"web": 0, "code": 0, "math": 0}), "every weight is 0"),
     ],
 )
-def test_bad_mixtures_are_config_errors(corpora: dict[str, Path], make: object, match: str) -> None:
-    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+def test_bad_mixtures_are_config_errors(mix_corpora: dict[str, Path], make: object, match: str) -> None:
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     with pytest.raises(cd.ConfigError, match=match):
         make(components)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_a_packed_mixture_names_each_segments_component_and_index(
-    corpora: dict[str, Path], tmp_path: Path, backend: str
+    mix_corpora: dict[str, Path], tmp_path: Path, backend: str
 ) -> None:
     """Packed rows of a mixture: the index and component columns say, per segment, which
     record of which component it holds, and the records come in the mixture's order."""
-    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     weights = {"web": 0.5, "code": 0.3, "math": 0.2}
     packed = cd.Pipeline(
         source=cd.Mix(components, weights), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,
@@ -233,15 +224,15 @@ def test_a_packed_mixture_names_each_segments_component_and_index(
     placed = rows["_component"] >= 0
     assert np.array_equal(placed, rows["_index"] >= 0) and placed.any()
     got = list(zip(rows["_component"][placed].tolist(), rows["_index"][placed].tolist(), strict=True))
-    plain = read(cd.Loader(mix_pipeline(corpora, weights)), 12)  # the same mixture, unpacked
+    plain = read(cd.Loader(mix_pipeline(mix_corpora, weights)), 12)  # the same mixture, unpacked
     want = list(zip(plain["_component"].tolist(), plain["_index"].tolist(), strict=True))
     assert len(got) > BATCH and got == want[: len(got)], "packing keeps the mixture's record order"
 
 
-def test_telemetry_counts_each_components_records(corpora: dict[str, Path]) -> None:
-    with cd.Loader(mix_pipeline(corpora, {"web": 0.5, "code": 0.3, "math": 0.2})) as loader:
+def test_telemetry_counts_each_components_records(mix_corpora: dict[str, Path]) -> None:
+    with cd.Loader(mix_pipeline(mix_corpora, {"web": 0.5, "code": 0.3, "math": 0.2})) as loader:
         rows = read_open(loader, 10)
         counts = loader.telemetry().components
-    assert counts == {name: int((rows["_component"] == c).sum()) for c, name in enumerate(SIZES)}, counts
-    with cd.Loader(cd.Pipeline(source=cd.ArrowSource(str(corpora["web"])), global_batch_size=4)) as single:
+    assert counts == {name: int((rows["_component"] == c).sum()) for c, name in enumerate(MIX_SIZES)}, counts
+    with cd.Loader(cd.Pipeline(source=cd.ArrowSource(str(mix_corpora["web"])), global_batch_size=4)) as single:
         assert single.telemetry().components is None

@@ -14,31 +14,19 @@ import numpy as np
 import pytest
 
 import colo_data as cd
-from colo_data.ops import demo
 from colo_data.ops import verify as verify_module
 from colo_data.ops.verify import Check, verify
 
 BATCH = 12
-SIZES = {"web": 60, "code": 25, "math": 7}  # math: fewer records than a batch
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@pytest.fixture(scope="module")
-def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One small token corpus per component (ids = the record's index in its component)."""
-    root = tmp_path_factory.mktemp("mix")
-    return {
-        name: demo.write_corpus(root / name, files=1, rows_per_file=rows, row_group_size=5, min_tokens=1, max_tokens=6)
-        for name, rows in SIZES.items()
-    }
-
-
 def mix_pipeline(
-    corpora: dict[str, Path], transforms: tuple[Transform, ...] = (), weights: dict[str, float] = WEIGHTS
+    mix_corpora: dict[str, Path], transforms: tuple[Transform, ...] = (), weights: dict[str, float] = WEIGHTS
 ) -> cd.Pipeline:
-    """The mixture of the three corpora by `weights`, endless, padded to 4 tokens."""
-    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+    """The mixture of the three mix_corpora by `weights`, endless, padded to 4 tokens."""
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     return cd.Pipeline(
         source=cd.Mix(components, weights),
         order=cd.Order(shuffle="global", seed=3, window=2),
@@ -53,10 +41,10 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
-def test_a_sound_mixture_passes_every_check(corpora: dict[str, Path]) -> None:
+def test_a_sound_mixture_passes_every_check(mix_corpora: dict[str, Path]) -> None:
     """The default run: until every component has run through its first epoch (web, 60
     records at half the stream, is the last: 120 positions, 10 batches)."""
-    checks = verify(mix_pipeline(corpora), hosts=(1, 2, 3))
+    checks = verify(mix_pipeline(mix_corpora), hosts=(1, 2, 3))
     assert [(c.name, c.status) for c in checks] == [
         ("identical batches", "PASS"), ("shares", "PASS"), ("exactly once", "PASS"), ("seed order", "PASS"),
         ("resume", "PASS"),
@@ -74,10 +62,10 @@ def test_a_sound_mixture_passes_every_check(corpora: dict[str, Path]) -> None:
     assert found["resume"].detail.startswith("state after 5 batches with 1 host, restored with 3 hosts")
 
 
-def test_the_default_run_is_capped(corpora: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_run_is_capped(mix_corpora: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A component of tiny weight would make the default run long: it stops at the cap."""
     monkeypatch.setattr(verify_module, "_MIX_DEFAULT_RECORDS", 4 * BATCH)
-    checks = by_name(verify(mix_pipeline(corpora, weights={"web": 1, "code": 1e-3, "math": 1}), hosts=(1, 2)))
+    checks = by_name(verify(mix_pipeline(mix_corpora, weights={"web": 1, "code": 1e-3, "math": 1}), hosts=(1, 2)))
     assert checks["identical batches"].detail.startswith("hosts 1, 2 give the same 4 batches")
     assert "'web' 24 of epoch 0's 60, 'code' none, " in checks["exactly once"].detail
     assert not any(c.failed for c in checks.values())
@@ -90,8 +78,8 @@ def relabel_math_as_web(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**batch, "_component": component}
 
 
-def test_a_relabelled_component_fails_naming_it(corpora: dict[str, Path]) -> None:
-    checks = by_name(verify(mix_pipeline(corpora, (relabel_math_as_web,)), hosts=(1, 2, 3), steps=6))
+def test_a_relabelled_component_fails_naming_it(mix_corpora: dict[str, Path]) -> None:
+    checks = by_name(verify(mix_pipeline(mix_corpora, (relabel_math_as_web,)), hosts=(1, 2, 3), steps=6))
     assert checks["identical batches"].status == "PASS"  # every host count relabels the same way
     assert checks["shares"].failed and checks["shares"].detail.startswith("1 host: component 'web' has ")
     exactly_once = checks["exactly once"]
@@ -120,11 +108,11 @@ class CopyOver:
         return out
 
 
-def test_a_record_lost_on_one_host_count_fails_naming_its_component(corpora: dict[str, Path]) -> None:
+def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora: dict[str, Path]) -> None:
     """Host 1 of 2 copies its next row over a 'web' record of batch 3 (rows 6-10: the next
     row is in the same host piece); the run completes web's epoch 0, so the record is
     missing from it. Hosts 1 and 3 transform pieces of other sizes and are sound."""
-    pipeline = mix_pipeline(corpora)
+    pipeline = mix_pipeline(mix_corpora)
     mix = pipeline.source
     assert isinstance(mix, cd.Mix)
     order = mix.bind(pipeline.order)
@@ -132,7 +120,7 @@ def test_a_record_lost_on_one_host_count_fails_naming_its_component(corpora: dic
     row = int(np.flatnonzero(components == 0)[0])
     record = int(order.orders[0].stream_indices(own[row : row + 1])[0])
     rows = cd.HostPipeline(pipeline, 1, 2).chunk * BATCH // 2
-    checks = by_name(verify(mix_pipeline(corpora, (CopyOver(0, record, rows),)), hosts=(1, 2, 3), resume_at=2))
+    checks = by_name(verify(mix_pipeline(mix_corpora, (CopyOver(0, record, rows),)), hosts=(1, 2, 3), resume_at=2))
     identical = checks["identical batches"].detail
     assert identical.startswith(f"batch 3 row {6 + row} differs in ") and identical.endswith(" with 2 hosts")
     assert f": 'web' record {record} with 1 host, " in identical
@@ -149,16 +137,16 @@ def drop_component(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: column for name, column in batch.items() if name != "_component"}
 
 
-def test_a_dropped_component_column_is_a_config_error(corpora: dict[str, Path]) -> None:
+def test_a_dropped_component_column_is_a_config_error(mix_corpora: dict[str, Path]) -> None:
     with pytest.raises(cd.ConfigError, match=r"Mix\(component_column='_component'\): the batches have no such column"):
-        verify(mix_pipeline(corpora, (drop_component,)), hosts=(1, 2), steps=3)
+        verify(mix_pipeline(mix_corpora, (drop_component,)), hosts=(1, 2), steps=3)
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_a_packed_mixture_passes(corpora: dict[str, Path], keep: bool) -> None:
+def test_a_packed_mixture_passes(mix_corpora: dict[str, Path], keep: bool) -> None:
     """Packed: every segment's (component, record) checked; with a keep that rejects
     records the delivered shares are not the weights', so that check is skipped."""
-    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in corpora.items()}
+    components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     pack = cd.Pack("tokens", 8, max_segments=4, keep=(lambda columns: np.asarray(columns["id"]) % 3 != 0) if keep else None)
     pipeline = cd.Pipeline(
         source=cd.Mix(components, WEIGHTS), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,

@@ -188,8 +188,7 @@ def _host_rows(
     batch: Columns = {pack.column: tokens, SEGMENT_IDS: segment_ids, POSITIONS: positions}
     indices = window.indices[mine]
     if mix is not None:
-        components = mix.component_of(indices)
-        indices = indices - mix.offsets[components]
+        components, indices = mix.locate(indices)
         placed_components = np.full((height, pack.max_segments), -1, np.int32)
         placed_components[rows, segment - 1] = components
         batch[mix.component_column] = placed_components

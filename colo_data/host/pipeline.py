@@ -173,9 +173,9 @@ class HostPipeline:
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         source = self.pipeline.source
         if isinstance(source, Mix):  # the index within the component, and the component
-            components = source.component_of(indices)
+            components, local = source.locate(indices)
             if self.pipeline.index_column is not None:
-                columns[self.pipeline.index_column] = indices - source.offsets[components]
+                columns[self.pipeline.index_column] = local
             columns[source.component_column] = components
         elif self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices

@@ -156,19 +156,21 @@ class Mix:
     def row_group_sizes(self) -> np.ndarray:
         return np.concatenate([np.asarray(s.row_group_sizes, dtype=np.int64) for s in self.sources])
 
-    def component_of(self, indices: np.ndarray) -> np.ndarray:
-        """The component of each mixture record index."""
-        return (np.searchsorted(self.offsets, indices, side="right") - 1).astype(np.int32)
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The component of each mixture record index (int32), and the record's index
+        within that component."""
+        components = (np.searchsorted(self.offsets, indices, side="right") - 1).astype(np.int32)
+        return components, indices - self.offsets[components]
 
     def take(self, indices: np.ndarray) -> pa.Table:
         indices = np.asarray(indices, dtype=np.int64)
         if self._joined is not None:  # the components' files as one source: one gather
             return self._joined.take(indices)
-        comps = self.component_of(indices)
+        comps, local = self.locate(indices)
         tables, places = [], []
         for c in np.unique(comps):
             where = np.flatnonzero(comps == c)
-            tables.append(self.sources[c].take(indices[where] - self.offsets[c]))
+            tables.append(self.sources[c].take(local[where]))
             places.append(where)
         if len(tables) == 1:
             return tables[0]
@@ -187,11 +189,11 @@ class Mix:
         if self._joined is not None:
             self._joined.prefetch(indices)
             return
-        comps = self.component_of(indices)
+        comps, local = self.locate(np.asarray(indices, dtype=np.int64))
         for c in np.unique(comps):
             source = self.sources[c]
             if isinstance(source, ReadAhead):
-                source.prefetch(indices[comps == c] - self.offsets[c])
+                source.prefetch(local[comps == c])
 
     def stop_read_ahead(self, timeout: float) -> None:
         if self._joined is not None:
