@@ -261,12 +261,19 @@ def render(runs: Runs, rounds: int, files: int) -> tuple[str, dict[str, float]]:
     return "\n".join(lines), ratios
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """`--rounds N` and `--out DIR`, the options of the side-by-side benchmarks (`doc`'s first
+    line is the help); absl's flags marked parsed, as Grain needs."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     flags.FLAGS.mark_as_parsed()
+    return args
+
+
+def main() -> None:
+    args = arguments(__doc__)
     directory = demo.corpus()
     files = sorted(str(p) for p in directory.glob("*.parquet"))
     jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings

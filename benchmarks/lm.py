@@ -11,7 +11,6 @@ and the median is reported, so that a noisy neighbour hits every contender alike
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections.abc import Callable, Iterator
@@ -22,8 +21,7 @@ import jax
 import numpy as np
 import psutil
 import pyarrow.parquet as pq
-from absl import flags
-from core import AFTER_FIRST, WHOLE, measure, numpy_pad  # the core benchmark's timing and pad
+from core import AFTER_FIRST, WHOLE, arguments, measure, numpy_pad  # the core benchmark's timing, pad and options
 from tokenizers import Tokenizer
 
 import colo_data as cd
@@ -127,11 +125,7 @@ def render(runs: Runs, rounds: int, records: int, tokens: int) -> tuple[str, dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
-    flags.FLAGS.mark_as_parsed()
+    args = arguments(__doc__)
     directory = demo.text_corpus()
     files = sorted(str(p) for p in directory.rglob("*.parquet"))
     tokenizer = Tokenizer.from_file(str(directory / demo.TOKENIZER_FILE))

@@ -9,14 +9,13 @@ Goal: mixture / single source >= 0.9x records/s after the first batch. Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
-from absl import flags
+from core import AFTER_FIRST, arguments, measure  # the core benchmark's timing and options
 
 import colo_data as cd
 from colo_data.ops import demo
@@ -38,33 +37,24 @@ def pipelines(directory: Path, shuffle: str) -> dict[str, cd.Pipeline]:
     return {"single source": single, "3-component mixture": mixed}
 
 
-def measure(pipeline: cd.Pipeline, batches: int) -> dict[str, float]:
-    """Records/s after the first batch (and the first batch's time) over `batches` batches."""
-    t0 = time.perf_counter()
+def read(pipeline: cd.Pipeline, batches: int) -> Iterator[int]:
+    """`batches` global batches of the (endless) pipeline through cd.Loader, on the devices."""
     with cd.Loader(pipeline) as loader:
-        jax.block_until_ready(next(loader))
-        first = time.perf_counter()
-        for _ in range(batches - 1):
-            jax.block_until_ready(next(loader))
-        end = time.perf_counter()
-    return {"first_batch_s": first - t0, "after_first_per_s": (batches - 1) * BATCH / (end - first)}
+        for _ in range(batches):
+            yield len(jax.block_until_ready(next(loader))["tokens"])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
-    flags.FLAGS.mark_as_parsed()
+    args = arguments(__doc__)
     directory = demo.corpus()
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     for r in range(args.rounds):
         for shuffle in ("block", "global"):
             for name, pipeline in pipelines(directory, shuffle).items():
                 batches = len(pipeline.source) // BATCH
-                result = measure(pipeline, batches)
+                result = measure(lambda p=pipeline, n=batches: read(p, n))
                 runs.setdefault(shuffle, {}).setdefault(name, []).append(result)
-                print(f"round {r + 1}/{args.rounds}  {shuffle}  {name}: {result['after_first_per_s']:,.0f} records/s", flush=True)
+                print(f"round {r + 1}/{args.rounds}  {shuffle}  {name}: {result[AFTER_FIRST]:,.0f} records/s", flush=True)
     lines = [
         f"Mixture against a single source, the same {len(pipelines(directory, 'block')['single source'].source):,} demo "
         f"records (8 files; the mixture: files 0-2, 3-5, 6-7 weighted by size), pad to {SEQ_LEN}, batch {BATCH}, "
@@ -76,13 +66,13 @@ def main() -> None:
     ratios: dict[str, dict[str, float]] = {}
     for shuffle, by_name in runs.items():
         for name, results in by_name.items():
-            rates = [x["after_first_per_s"] for x in results]
+            rates = [x[AFTER_FIRST] for x in results]
             first = statistics.median(x["first_batch_s"] for x in results)
             lines.append(
                 f"| {shuffle} | {name} | {statistics.median(rates):,.0f} | {min(rates):,.0f}..{max(rates):,.0f} | {first:.2f} |"
             )
         per_round = [
-            m["after_first_per_s"] / s["after_first_per_s"]
+            m[AFTER_FIRST] / s[AFTER_FIRST]
             for m, s in zip(by_name["3-component mixture"], by_name["single source"], strict=True)
         ]
         ratios[shuffle] = {"median": statistics.median(per_round), "low": min(per_round), "high": max(per_round)}
