@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError
 from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
-from colo_data.spec.order import GlobalOrder, Order, _epoch_seed
+from colo_data.spec.order import GlobalOrder, Order, epoch_seed
 from colo_data.spec.permute import permute
 
 DENOMINATOR = 1 << 16  # weights are rounded to multiples of 1/DENOMINATOR: one schedule period
@@ -238,7 +238,7 @@ class ComponentOrder(GlobalOrder):
     def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if self.order.shuffle != "global":
             return super().indices(epoch, positions)
-        seed = int(_epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
+        seed = int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
         return permute(positions, len(self), seed)
 
 

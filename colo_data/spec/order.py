@@ -55,7 +55,14 @@ class Order:
         return GlobalOrder(self, np.asarray(row_group_sizes, dtype=np.int64))
 
 
-def _epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
+def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
+    """The seed sequence of one epoch (and window) of an order's seed.
+
+    Args:
+        seed: the order's seed.
+        epoch: the epoch.
+        *more: further keys, e.g. a shuffle window.
+    """
     # The seed is the entropy and (epoch, *more) the spawn key: an entropy list like
     # [seed, epoch, *more] is ambiguous (trailing zeros are ignored, so [s, e, 0] == [s, e],
     # and a seed >= 2**32 spans two words, so [s + e * 2**32] == [s, e]).
@@ -101,7 +108,7 @@ class GlobalOrder:
         if self.order.shuffle == "none":
             return positions.copy()
         if self.order.shuffle == "global":
-            seed = int(_epoch_seed(self.order.seed, epoch).generate_state(1)[0])
+            seed = int(epoch_seed(self.order.seed, epoch).generate_state(1)[0])
             top = self._len - 1
             shuffle = index_shuffle()
             return np.fromiter(
@@ -139,7 +146,7 @@ class GlobalOrder:
         """This epoch's row-group permutation, the first position of each window, and each
         group's place in the permutation."""
         if self._epoch_layout is None or self._epoch_layout[0] != epoch:
-            perm = np.random.default_rng(_epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
+            perm = np.random.default_rng(epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
             window_sizes = np.add.reduceat(self._sizes[perm], np.arange(0, len(perm), self.order.window))
             starts = np.concatenate([[0], np.cumsum(window_sizes)]).astype(np.int64)
             ranks = np.empty_like(perm)
@@ -166,7 +173,7 @@ class GlobalOrder:
         key = (epoch, window)
         perm = self._windows.get(key)
         if perm is None:
-            perm = np.random.default_rng(_epoch_seed(self.order.seed, epoch, window)).permutation(size)
+            perm = np.random.default_rng(epoch_seed(self.order.seed, epoch, window)).permutation(size)
             self._windows[key] = perm
             if len(self._windows) > self._WINDOW_CACHE:
                 self._windows.popitem(last=False)
