@@ -24,6 +24,7 @@ benchmarks: $(STAMP)
 	$(VENV)/bin/python benchmarks/startup.py
 	$(VENV)/bin/python benchmarks/lm.py
 	$(VENV)/bin/python benchmarks/mixture.py
+	$(VENV)/bin/python benchmarks/remote.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -14,3 +14,11 @@ LOCAL_SIDECAR_DIR_PREFIX = "colo-data-sidecar-"  # a trainer's own sidecar's soc
 # `sidecar_timeout` while it waits takes the sidecar for frozen.
 HEARTBEAT_S = 1.0
 SIDECAR_TIMEOUT_S = 20.0
+# Object storage (ArrowSource): row-group reads in flight per reading process (a request
+# costs tens of milliseconds before its first byte), decode threads beside them, retries
+# of a transient failure, spans of records read ahead, and cache_dir's default size.
+IO_CONCURRENCY = 16
+DECODE_THREADS = 2
+READ_RETRIES = 5
+REMOTE_LOOKAHEAD = 4
+CACHE_DIR_BYTES = 16 * 2**30

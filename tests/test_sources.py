@@ -508,11 +508,11 @@ def test_concurrent_takes(parquet_dir: Path, parquet_expected: pa.Table) -> None
     assert not errors, errors
 
 
-def counting_loader(tables: dict[int, pa.Table]) -> tuple[Callable[[int], pa.Table], dict[int, int], set[int]]:
+def counting_loader(tables: dict[int, pa.Table]) -> tuple[Callable[[int, object], pa.Table], dict[int, int], set[int]]:
     calls: dict[int, int] = {}
     threads: set[int] = set()
 
-    def load(group: int) -> pa.Table:
+    def load(group: int, _fetched: object) -> pa.Table:
         calls[group] = calls.get(group, 0) + 1
         threads.add(threading.get_ident())
         return tables[group]
@@ -560,7 +560,7 @@ def test_rowgroup_cache_errors_propagate_and_are_not_cached() -> None:
     attempts = []
     broken = True
 
-    def load(group: int) -> pa.Table:
+    def load(group: int, _fetched: object) -> pa.Table:
         attempts.append(group)
         if broken:
             raise cd.CorruptFileError(f"group {group} is bad")

@@ -92,6 +92,7 @@ class _Window:
         table = source.take(indices)
         self.host.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
         self.host.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+        self.host.count_reads(self.host.stages)
         columns = table_to_columns(table)
         t2 = perf_counter()
         for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it

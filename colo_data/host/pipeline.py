@@ -28,6 +28,8 @@ from colo_data.spec.pack import Pack
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import (
     BATCH,
+    DECODE,
+    IO_WAIT,
     ORDER,
     READ,
     TRANSFORM,
@@ -83,6 +85,8 @@ class HostPipeline:
         self.stages = StageTimes()
         self.cpu: CpuMeter | None = None
         self.pool: WorkerPool | None = None  # given by whoever keeps workers across streams
+        self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
+        self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
 
     @property
     def order(self) -> GlobalOrder | MixOrder:
@@ -125,18 +129,43 @@ class HostPipeline:
         return np.flatnonzero(ranks % share.workers == share.worker)
 
     def _read_ahead(self, batch_position: int, count: int, share: Share | None) -> None:
-        """Ask the source to start decoding what the same span one locality ahead reads (of
-        it, the row groups that are `share`'s)."""
+        """Ask the source to start loading what the stream reads after this chunk, as far
+        as the order lets it see: one locality (the block order's window) ahead for local
+        files; on object storage, `source.lookahead` localities or chunks, whichever is
+        longer (the global order's next chunks). Only the span not asked for by the chunk
+        before is new (of it, the row groups that are `share`'s)."""
         source = self.pipeline.source
-        size = self.pipeline.global_batch_size
-        ahead = -(-self.order.locality // size) * size
-        total = self.pipeline.total_records
-        past_the_end = total is not None and batch_position + ahead + count * size > total
-        if not isinstance(source, ReadAhead) or not ahead or past_the_end:
+        if not isinstance(source, ReadAhead):
             return
-        stream = self._stream(batch_position + ahead, count)
+        size = self.pipeline.global_batch_size
+        span = count * size
+        locality = -(-self.order.locality // size) * size
+        reach = (locality if source.lookahead == 1 else max(locality, span)) * source.lookahead
+        first, stop = batch_position + span, batch_position + span + reach
+        total = self.pipeline.total_records
+        if total is not None:
+            stop = min(stop, total // size * size)
+        last, asked = self._asked
+        begin = max(first, asked) if last <= batch_position <= asked else first
+        self._asked = (batch_position, max(stop, begin))
+        if begin >= stop:
+            return
+        stream = self._stream(begin, (stop - begin) // size)
         indices = self.stream_indices(stream)
         source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
+
+    def count_reads(self, stages: StageTimes) -> None:
+        """Add what loading row groups cost the source since the last count (I/O wait and
+        bytes fetched, decode time and bytes) to `stages`."""
+        source = self.pipeline.source
+        if not isinstance(source, ReadAhead):
+            return
+        now = source.read_stats()
+        seen = self._read_seen or (0.0,) * len(now)
+        self._read_seen = now
+        wait, requests, fetched, decode, decoded, decoded_bytes = (a - b for a, b in zip(now, seen, strict=True))
+        stages.add(IO_WAIT, wait, int(requests), int(fetched))
+        stages.add(DECODE, decode, int(decoded), int(decoded_bytes))
 
     def batch(self, batch_position: int, count: int = 1, stages: StageTimes | None = None) -> HostBatch:
         """This host's rows of `count` consecutive global batches (one after the other), the
@@ -171,6 +200,7 @@ class HostPipeline:
         table = self.pipeline.source.take(indices)
         columns = table_to_columns(table)
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+        self.count_reads(stages)
         source = self.pipeline.source
         if isinstance(source, Mix):  # the index within the component, and the component
             components, local = source.locate(indices)

@@ -1,95 +1,251 @@
-"""`RowGroupCache`: decoded row groups kept in a byte-bounded LRU, decoded on one background
-thread. `prefetch` asks for groups that upcoming positions need, so that decoding (Arrow
-releases the GIL) overlaps the gather and transform work of the current batch. `close()`
-stops the thread within a deadline; the cache starts a new one when used again."""
+"""`RowGroupCache`: decoded row groups kept in a byte-bounded LRU and loaded in the
+background. Local files are decoded on one thread. Files on object storage go through two
+stages: `fetch` (the bytes; many requests in flight on threads that mostly wait) and
+`decode` (from memory, on a pool sized to the CPU). `prefetch` asks for the groups that
+upcoming positions need, nearest first, as far as the byte budget allows, so that the
+reads overlap the gather and transform work of the current batch. `close()` stops the
+threads within a deadline; the cache starts new ones when used again."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
 
+@dataclass
+class ReadStats:
+    """What loading row groups cost so far. `io_wait_s`: time readers were blocked on a
+    group still being fetched; `fetch_s` and `decode_s`: time the fetch and decode stages
+    took (on their own threads, summed); `fetched`/`decoded`: groups through each stage."""
+
+    io_wait_s: float = 0.0
+    fetch_s: float = 0.0
+    fetched: int = 0
+    decode_s: float = 0.0
+    decoded: int = 0
+    decoded_bytes: int = 0
+    decoded_rows: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **amounts: float) -> None:
+        with self.lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+
+@dataclass
+class _Pending:
+    result: Future[pa.Table]
+    fetch: Future[Any] | None  # object storage: the fetch stage (done before `result` starts)
+    reserved: int  # bytes held back for it from the budget until it is cached
+
+
 class RowGroupCache:
-    """Row groups by global row-group number. Decodes never overlap, so `load` may use
-    readers that are not thread-safe.
+    """Row groups by global row-group number.
 
     Args:
-        load: decodes one row group, given its global number.
+        decode: loads one row group given its global number and, on object storage, what
+            `fetch` returned for it (None for local files, where decodes never overlap, so
+            it may use readers that are not thread-safe).
         max_bytes: once the decoded bytes pass this, the least recently used groups are
-            dropped (the newest group always stays).
+            dropped (the newest group always stays); read-ahead stops short of it.
+        fetch: object storage: fetches one row group's bytes (safe from many threads).
+        io_threads: fetches in flight at most.
+        decode_threads: decodes at once at most (object storage).
+        estimate: a guess of a row group's decoded bytes, for the read-ahead's budget.
     """
 
-    def __init__(self, load: Callable[[int], pa.Table], max_bytes: int) -> None:
-        self._load = load
+    def __init__(
+        self,
+        decode: Callable[[int, Any], pa.Table],
+        max_bytes: int,
+        fetch: Callable[[int], Any] | None = None,
+        io_threads: int = 1,
+        decode_threads: int = 1,
+        estimate: Callable[[int], int] | None = None,
+    ) -> None:
+        self._decode = decode
+        self._fetch = fetch
         self._max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self._io_threads = io_threads
+        self._decode_threads = decode_threads
+        self._estimate = estimate
+        self._lock = threading.RLock()  # a fetch that is done at once calls back under it
         self._decoding = threading.Lock()
         self._tables: OrderedDict[int, pa.Table] = OrderedDict()
         self._bytes = 0
-        self._pending: dict[int, Future[pa.Table]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._reserved = 0
+        self._pending: dict[int, _Pending] = {}
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self.stats = ReadStats()
 
-    def _submit(self, group: int) -> Future[pa.Table]:
-        """Under the lock: the decode of `group`, scheduled once."""
-        future = self._pending.get(group)
-        if future is None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="colo-data-read")
-            future = self._pending[group] = self._pool.submit(self._fill, group)
-        return future
+    def _pool(self, name: str, threads: int) -> ThreadPoolExecutor:
+        """Under the lock: the pool `name`, started on first use."""
+        pool = self._pools.get(name)
+        if pool is None:
+            pool = self._pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"colo-data-{name}")
+        return pool
 
-    def _fill(self, group: int) -> pa.Table:
+    def _submit(self, group: int, reserve: int = 0) -> _Pending:
+        """Under the lock: the load of `group`, scheduled once."""
+        pending = self._pending.get(group)
+        if pending is not None:
+            return pending
+        if self._fetch is None:
+            pending = _Pending(self._pool("read", 1).submit(self._load_local, group), None, reserve)
+        else:
+            result: Future[pa.Table] = Future()
+            fetch = self._pool("fetch", self._io_threads).submit(self._timed_fetch, group)
+            pending = _Pending(result, fetch, reserve)
+            fetch.add_done_callback(lambda done: self._fetched(group, done, result))
+        self._reserved += reserve
+        self._pending[group] = pending
+        return pending
+
+    def _timed_fetch(self, group: int) -> Any:
+        assert self._fetch is not None
+        t0 = time.perf_counter()
+        data = self._fetch(group)
+        self.stats.add(fetch_s=time.perf_counter() - t0, fetched=1)
+        return data
+
+    def _fetched(self, group: int, fetch: Future[Any], result: Future[pa.Table]) -> None:
+        """The fetch of `group` ended: decode it on the decode pool, or pass on its failure."""
+        if fetch.cancelled() or fetch.exception() is not None:
+            self._forget(group)
+            if fetch.cancelled():
+                result.cancel()
+            else:
+                result.set_exception(fetch.exception())
+            return
+        try:
+            with self._lock:
+                pool = self._pool("decode", self._decode_threads) if self._pools else None
+            if pool is None:
+                raise RuntimeError("closed")
+            pool.submit(self._decode_into, group, fetch.result(), result)
+        except RuntimeError:  # closed meanwhile
+            self._forget(group)
+            result.cancel()
+
+    def _decode_into(self, group: int, data: Any, result: Future[pa.Table]) -> None:
+        if not result.set_running_or_notify_cancel():
+            self._forget(group)
+            return
+        try:
+            table = self._timed_decode(group, data)
+        except BaseException as e:
+            self._forget(group)
+            result.set_exception(e)
+            return
+        self._insert(group, table)
+        result.set_result(table)
+
+    def _timed_decode(self, group: int, data: Any) -> pa.Table:
+        t0 = time.perf_counter()
+        table = self._decode(group, data)
+        self.stats.add(decode_s=time.perf_counter() - t0, decoded=1, decoded_bytes=table.nbytes, decoded_rows=table.num_rows)
+        return table
+
+    def _load_local(self, group: int) -> pa.Table:
         try:
             with self._decoding:
-                table = self._load(group)
-            with self._lock:
+                table = self._timed_decode(group, None)
+        except BaseException:
+            self._forget(group)
+            raise
+        self._insert(group, table)
+        return table
+
+    def _forget(self, group: int) -> None:
+        with self._lock:
+            pending = self._pending.pop(group, None)
+            if pending is not None:
+                self._reserved -= pending.reserved
+
+    def _insert(self, group: int, table: pa.Table) -> None:
+        with self._lock:
+            pending = self._pending.pop(group, None)
+            if pending is not None:
+                self._reserved -= pending.reserved
+            if group not in self._tables:
                 self._tables[group] = table
                 self._bytes += table.nbytes
-                while self._bytes > self._max_bytes and len(self._tables) > 1:
-                    _, dropped = self._tables.popitem(last=False)
-                    self._bytes -= dropped.nbytes
-            return table
-        finally:
-            with self._lock:
-                self._pending.pop(group, None)
+            while self._bytes > self._max_bytes and len(self._tables) > 1:
+                _, dropped = self._tables.popitem(last=False)
+                self._bytes -= dropped.nbytes
 
     def get(self, group: int) -> pa.Table:
-        """Row group `group`, from the cache or decoded now (waiting for a decode under way)."""
-        with self._lock:
-            table = self._tables.get(group)
-            if table is not None:
-                self._tables.move_to_end(group)
-                return table
-            future = self._submit(group)
-        try:
-            return future.result()
-        except CancelledError:  # closed meanwhile (by another loader sharing the source): decode here
-            return self._fill(group)
+        """Row group `group`, from the cache or loaded now (waiting for a load under way)."""
+        return self.get_many([group])[0]
 
-    def prefetch(self, groups: Iterable[int]) -> None:
-        """Start decoding the groups that are neither cached nor on their way."""
+    def get_many(self, groups: Sequence[int]) -> list[pa.Table]:
+        """Row groups `groups`, in that order: the missing ones are all asked for at once
+        (on object storage, fetched concurrently), then waited for."""
+        out: list[pa.Table | None] = []
+        waits: list[tuple[int, int, _Pending]] = []
         with self._lock:
             for group in groups:
-                if group not in self._tables:
-                    self._submit(group)
+                table = self._tables.get(group)
+                if table is not None:
+                    self._tables.move_to_end(group)
+                else:
+                    waits.append((len(out), group, self._submit(group)))
+                out.append(table)
+        for place, group, pending in waits:
+            out[place] = self._wait(group, pending)
+        return out
+
+    def _wait(self, group: int, pending: _Pending) -> pa.Table:
+        if pending.fetch is not None and not pending.fetch.done():
+            t0 = time.perf_counter()
+            try:
+                pending.fetch.result()
+            except Exception:
+                pass  # the result says what happened
+            self.stats.add(io_wait_s=time.perf_counter() - t0)
+        try:
+            return pending.result.result()
+        except CancelledError:  # closed meanwhile (by another loader sharing the source): load it here
+            if self._fetch is None:
+                with self._decoding:
+                    table = self._timed_decode(group, None)
+            else:
+                table = self._timed_decode(group, self._timed_fetch(group))
+            self._insert(group, table)
+            return table
+
+    def prefetch(self, groups: Iterable[int]) -> None:
+        """Start loading the groups that are neither cached nor on their way, in the order
+        given, while the cached and reserved bytes stay within the budget."""
+        with self._lock:
+            for group in groups:
+                if group in self._tables or group in self._pending:
+                    continue
+                reserve = self._estimate(group) if self._estimate is not None else 0
+                if self._pending and self._bytes + self._reserved + reserve > self._max_bytes:
+                    break
+                self._submit(group, reserve)
 
     def close(self, timeout: float) -> None:
-        """Cancel the decodes not started, wait up to `timeout` seconds for the one running,
-        and end the thread; TimeoutError if it is still decoding then."""
+        """Cancel the loads not started, wait up to `timeout` seconds for those running,
+        and end the threads; TimeoutError if one is still running then."""
         with self._lock:
-            pool, self._pool = self._pool, None
-            self._pending.clear()
-        if pool is None:
-            return
-        threads = list(pool._threads)  # noqa: SLF001 - shutdown(wait=True) has no timeout
-        pool.shutdown(wait=False, cancel_futures=True)
+            pools, self._pools = list(self._pools.values()), {}
+            self._pending.clear()  # a reader waiting on one of them loads it itself if it is cancelled
+            self._reserved = 0
+        threads = [t for pool in pools for t in pool._threads]  # noqa: SLF001 - shutdown(wait=True) has no timeout
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                raise TimeoutError(f"row-group decode thread {thread.name} still running after {timeout:.1f} s")
+                raise TimeoutError(f"row-group read thread {thread.name} still running after {timeout:.1f} s")

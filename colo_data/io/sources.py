@@ -9,15 +9,15 @@ import hashlib
 import os
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
+from colo_data import defaults
 from colo_data.errors import (
     ConfigError,
     CorruptFileError,
@@ -26,12 +26,23 @@ from colo_data.errors import (
     SourceError,
 )
 from colo_data.io.columns import table_to_columns, to_records
+from colo_data.io.disk_cache import DiskCache
+from colo_data.io.files import (
+    DataFile,
+    Kept,
+    changed,
+    inspect_file,
+    layout,
+    open_reader,
+    row_group_count,
+    size_now,
+    unreadable,
+)
 from colo_data.io.gather import gather
+from colo_data.io.remote import RemoteFiles
+from colo_data.io.retry import Exhausted, with_retries
 from colo_data.io.rowgroup_cache import RowGroupCache
 
-_PARQUET_MAGIC = b"PAR1"
-_IPC_FILE_MAGIC = b"ARROW1"
-_IPC_STREAM_MAGIC = b"\xff\xff\xff\xff"
 _DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
 _GLOB_CHARS = "*?["
 
@@ -56,20 +67,19 @@ class Source(Protocol):
 
 @runtime_checkable
 class ReadAhead(Protocol):
-    """A source that decodes upcoming records on a thread of its own: the loader that uses
-    it says what comes next and stops the thread when it closes."""
+    """A source that loads upcoming records on threads of its own: the loader that uses it
+    says what comes next, reads its costs and stops the threads when it closes."""
+
+    @property
+    def lookahead(self) -> int:
+        """How many spans of records ahead it pays to say (1 for local files; more on object
+        storage, where a read takes tens of milliseconds before its first byte)."""
 
     def prefetch(self, indices: np.ndarray) -> None: ...
 
     def stop_read_ahead(self, timeout: float) -> None: ...
 
-
-@dataclass(frozen=True)
-class _File:
-    path: str
-    format: str  # "parquet" or "ipc"
-    row_groups: tuple[int, ...]
-    size: int  # bytes when the source was made: reads check that the file still has them
+    def read_stats(self) -> tuple[float, ...]: ...
 
 
 _SCHEMES = {"file": "local", "s3": "s3", "gs": "gcs", "gcs": "gcs", "hdfs": "hdfs"}  # URI scheme -> pyarrow type_name
@@ -130,124 +140,37 @@ def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
     return []
 
 
-def _detect_format(fs: pafs.FileSystem, path: str) -> str:
-    with fs.open_input_file(path) as f:
-        head = f.read(6)
-    if head.startswith(_PARQUET_MAGIC):
-        return "parquet"
-    if head.startswith(_IPC_FILE_MAGIC):
-        return "ipc"
-    if head.startswith(_IPC_STREAM_MAGIC):
-        raise SourceError(
-            f"{path}: Arrow IPC stream format, which has no random access. "
-            "Rewrite it as an IPC file (pyarrow.ipc.new_file) or as Parquet."
-        )
-    raise CorruptFileError(
-        f"{path}: neither Parquet nor Arrow IPC (starts with {head!r}). Remove it from the paths or rewrite it."
-    )
+@dataclass(frozen=True)
+class _Reading:
+    """An ArrowSource's read settings (see its arguments)."""
+
+    cache_bytes: int
+    io_concurrency: int
+    retries: int
+    disk: DiskCache | None
 
 
-def _open(fs: pafs.FileSystem, path: str, fmt: str) -> tuple[pq.ParquetFile | ipc.RecordBatchFileReader, int]:
-    """A reader of the file, and the file's size in bytes. A local IPC file is
-    memory-mapped: its record batches are views of the file, read only where used (copying
-    them cost the demo pipeline over half its throughput from IPC files). Parquet is
-    decoded into memory anyway: reading it through a mapping saved about 1% of the decode,
-    but a rewrite in place that cut the file short during a decode killed the process
-    (SIGBUS, not an exception)."""
-    if not isinstance(fs, pafs.LocalFileSystem):
-        handle = fs.open_input_file(path)
-    else:
-        handle = pa.memory_map(path) if fmt == "ipc" else pa.OSFile(path)
-    reader = pq.ParquetFile(handle) if fmt == "parquet" else ipc.open_file(handle)
-    return reader, handle.size()
+def _inspect_all(
+    fs: pafs.FileSystem, paths: list[str], reading: _Reading, kept: dict[str, Kept]
+) -> list[tuple[DataFile, pa.Schema]]:
+    """`inspect_file` of every path: one after the other for local files; on object storage
+    `io_concurrency` at a time, each retried on transient errors, what later reads can use
+    kept in `kept`."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return [inspect_file(fs, p) for p in paths]
 
+    def one(path: str) -> tuple[DataFile, pa.Schema]:
+        try:
+            return with_retries(lambda: inspect_file(fs, path, kept), reading.retries)
+        except Exhausted as e:
+            raise SourceError(
+                f"{fs.type_name}: {path}: reading its metadata failed after {e}; the last error: {e.__cause__}. "
+                "Check that the object store is reachable from this host and the credentials (taken from the "
+                "environment as pyarrow reads them) allow reading it."
+            ) from e.__cause__
 
-def _layout(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> tuple[int, ...]:
-    """Rows of each row group (IPC record batch): from the footer for Parquet, from every
-    batch's header for IPC (which reads every batch of a file that is not memory-mapped)."""
-    if isinstance(reader, pq.ParquetFile):
-        meta = reader.metadata
-        return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    return tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-
-
-def _groups(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> int:
-    """Row groups (IPC record batches) of the file, from its footer."""
-    return reader.num_row_groups if isinstance(reader, pq.ParquetFile) else reader.num_record_batches
-
-
-def _unreadable(path: str, error: PermissionError) -> SourceError:
-    return SourceError(
-        f"{path}: permission denied ({error.strerror or error}). The file is fine as far as colo-data knows: give "
-        "this process read access (its user or group), or leave the file out of the paths."
-    )
-
-
-def _inspect(fs: pafs.FileSystem, path: str) -> tuple[_File, pa.Schema]:
-    try:
-        fmt = _detect_format(fs, path)
-    except PermissionError as e:
-        raise _unreadable(path, e) from e
-    try:
-        reader, size = _open(fs, path, fmt)
-        sizes = _layout(reader)
-        schema = reader.schema_arrow if isinstance(reader, pq.ParquetFile) else reader.schema
-        schema.names  # noqa: B018 - decoded lazily: damaged metadata can hold names that are not UTF-8
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-        raise CorruptFileError(
-            f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
-        ) from e
-    return _File(path, fmt, sizes, size), schema
-
-
-_DO_NOT_REWRITE = (
-    "Rebuild the pipeline (and its loader) to read the file as it is now, and do not rewrite files "
-    "in place under a running job: write new files and point a new pipeline at them."
-)
-
-
-def _size_now(fs: pafs.FileSystem, path: str) -> int | None:
-    """The file's size in bytes now; None when it is gone."""
-    info = fs.get_file_info(path)
-    return info.size if info.type == pafs.FileType.File else None
-
-
-def _changed(fs: pafs.FileSystem, file: _File, group: int) -> SourceError:
-    """The error for a file that is no longer the one indexed when the source was made,
-    found while reading its row group `group`: what differs, from a fresh look at the file
-    (an error path: its cost does not matter)."""
-    then = f"{sum(file.row_groups)} rows in {len(file.row_groups)} row groups then"
-    size = _size_now(fs, file.path)
-    if size is None:
-        return SourceError(
-            f"{file.path} was removed after the pipeline was built ({then}; row group {group} was still to be "
-            f"read). {_DO_NOT_REWRITE}"
-        )
-    try:
-        now, _ = _inspect(fs, file.path)
-    except CorruptFileError as e:
-        reason = e.__cause__ if e.__cause__ is not None else e
-        return CorruptFileError(
-            f"{file.path} changed after the pipeline was built and is no longer a readable {file.format} file "
-            f"({file.size} bytes then, {size} now: {reason}); row group {group} was still to be read. It was "
-            f"truncated, replaced or is being written. {_DO_NOT_REWRITE}"
-        )
-    old, new = file.row_groups, now.row_groups
-    differ = [g for g in range(max(len(old), len(new))) if old[g : g + 1] != new[g : g + 1]]
-    g = group if group in differ else differ[0] if differ else -1
-    if g < 0:
-        what = f"{file.size} bytes then, {now.size} now, in the same row groups"
-    elif g >= len(old):
-        what = f"{len(new)} row groups found, {len(old)} expected"
-    elif g >= len(new):
-        what = f"row group {g}: {old[g]} rows expected, but the file has only {len(new)} row groups now"
-    else:
-        what = f"row group {g}: {old[g]} rows expected, {new[g]} found"
-    effect = "other values than the rows read before" if g < 0 else "other rows than the pipeline's index says"
-    return SourceError(
-        f"{file.path} changed after the pipeline was built: {what} ({sum(new)} rows in {len(new)} row groups now, "
-        f"{then}). Reading it would give {effect}. {_DO_NOT_REWRITE}"
-    )
+    with ThreadPoolExecutor(min(reading.io_concurrency, len(paths)), thread_name_prefix="colo-data-inspect") as pool:
+        return list(pool.map(one, paths))
 
 
 class ArrowSource:
@@ -261,10 +184,21 @@ class ArrowSource:
         columns: the columns to read; None reads every column of the first file.
         filesystem: the `pyarrow.fs` filesystem to read the paths from, instead of the
             local one or the URI's.
-        cache_bytes: decoded row groups are cached up to this many bytes.
+        cache_bytes: decoded row groups are cached up to this many bytes; read-ahead
+            stops short of it.
+        io_concurrency: object storage: row-group reads in flight at once in each process
+            that reads (the trainer, a sidecar, each worker); also the files whose metadata
+            is read at once when the source is made. Not used for local files.
+        cache_dir: object storage: a local directory where fetched row groups are kept for
+            later epochs and runs, shared by the processes of a host; None keeps none.
+        cache_dir_bytes: the most `cache_dir` holds; least recently used entries go first.
+        retries: object storage: how often a read that fails with a transient error (HTTP
+            5xx or 429, a reset connection, a timeout) is tried again, with exponential
+            backoff and jitter, before it is a `SourceError`.
 
     Raises:
-        SourceError: no file matches, the paths span filesystems, or `cache_bytes` is not positive.
+        SourceError: no file matches, the paths span filesystems, or an object cannot be read.
+        ConfigError: a setting is out of range, or `cache_dir` is not a writable directory.
         CorruptFileError: a file's metadata cannot be read.
         SchemaError: a column is missing from a file, or files disagree on its type.
     """
@@ -275,9 +209,19 @@ class ArrowSource:
         columns: Sequence[str] | None = None,
         filesystem: pafs.FileSystem | None = None,
         cache_bytes: int = 512 * 2**20,
+        io_concurrency: int = defaults.IO_CONCURRENCY,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir_bytes: int = defaults.CACHE_DIR_BYTES,
+        retries: int = defaults.READ_RETRIES,
     ) -> None:
         if not isinstance(cache_bytes, int) or cache_bytes < 1:
             raise SourceError(f"cache_bytes={cache_bytes!r}: must be a positive number of bytes of decoded row groups")
+        if not isinstance(io_concurrency, int) or io_concurrency < 1:
+            raise ConfigError(f"io_concurrency={io_concurrency!r}: must be a positive number of reads in flight")
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries={retries!r}: must be 0 or more retries of a transient read failure")
+        disk = DiskCache(cache_dir, cache_dir_bytes) if cache_dir is not None else None
+        reading = _Reading(cache_bytes, io_concurrency, retries, disk)
         patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
         if not patterns:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
@@ -297,8 +241,11 @@ class ArrowSource:
                 f"no Parquet or Arrow IPC files match {patterns!r} on {type(fs).__name__}: "
                 "check the path, the glob, or the filesystem argument."
             )
-        inspected = [_inspect(fs, p) for p in sorted(found)]
-        self._setup(fs, [f for f, _ in inspected], self._check_schemas(inspected, columns), cache_bytes)
+        kept: dict[str, Kept] = {}
+        inspected = _inspect_all(fs, sorted(found), reading, kept)
+        files = [f for f, _ in inspected]
+        by_index = {i: kept[f.path] for i, f in enumerate(files) if f.path in kept}
+        self._setup(fs, files, self._check_schemas(inspected, columns), reading, by_index)
 
     @classmethod
     def joined(cls, sources: Sequence[ArrowSource]) -> ArrowSource | None:
@@ -309,26 +256,38 @@ class ArrowSource:
         if any(s._fs.type_name != first._fs.type_name or s.schema != first.schema for s in sources):
             return None
         joined = cls.__new__(cls)
-        joined._setup(first._fs, [f for s in sources for f in s._files], first.schema, max(s._cache_bytes for s in sources))
+        reading = replace(first._reading, cache_bytes=max(s._reading.cache_bytes for s in sources))
+        starts = np.cumsum([0] + [len(s._files) for s in sources])
+        kept = {int(at) + i: k for s, at in zip(sources, starts, strict=False) for i, k in s._kept.items()}
+        joined._setup(first._fs, [f for s in sources for f in s._files], first.schema, reading, kept)
         return joined
 
-    def _setup(self, fs: pafs.FileSystem, files: list[_File], schema: pa.Schema, cache_bytes: int) -> None:
+    def _setup(
+        self,
+        fs: pafs.FileSystem,
+        files: list[DataFile],
+        schema: pa.Schema,
+        reading: _Reading,
+        kept: dict[int, Kept],
+    ) -> None:
         self._fs = fs
         self._local = isinstance(fs, pafs.LocalFileSystem)
         self._files = files
         self.schema = schema
         self.columns = tuple(self.schema.names)
-        self._cache_bytes = cache_bytes
+        self._reading = reading
         sizes = [(i, g, n) for i, f in enumerate(self._files) for g, n in enumerate(f.row_groups)]
         self._rg_file = np.array([i for i, _, _ in sizes], dtype=np.int64)
         self._rg_local = np.array([g for _, g, _ in sizes], dtype=np.int64)
         self._rg_sizes = np.array([n for _, _, n in sizes], dtype=np.int64)
         self._rg_start = np.concatenate([[0], np.cumsum(self._rg_sizes)]).astype(np.int64)
         self._readers: dict[int, Any] = {}
+        self._remote: RemoteFiles | None = None
+        self._kept = kept  # object storage: what making the source read, for this process only
         self._cache: RowGroupCache | None = None
 
     @staticmethod
-    def _check_schemas(inspected: list[tuple[_File, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
+    def _check_schemas(inspected: list[tuple[DataFile, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
         first_file, first = inspected[0]
         wanted = list(columns) if columns is not None else first.names
         for file, schema in inspected:
@@ -349,7 +308,7 @@ class ArrowSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_readers"], state["_cache"] = {}, None
+        state["_readers"], state["_remote"], state["_kept"], state["_cache"] = {}, None, {}, None
         return state
 
     def __len__(self) -> int:
@@ -375,11 +334,11 @@ class ArrowSource:
         h.update(self.schema.to_string().encode())
         return h.hexdigest()[:16]
 
-    def _decode(self, group: int) -> pa.Table:
-        """Row group `group`, decoded from its file, which must still be the file indexed
-        when the source was made: same size before each decode (a stat, local files only:
-        on object storage it would be a request), same size and row groups when the file is
-        opened, same rows in the group decoded. A file replaced by a rename keeps being read
+    def _decode_local(self, group: int, _: None) -> pa.Table:
+        """Row group `group`, decoded from its local file, which must still be the file
+        indexed when the source was made: same size before each decode (a stat), same size
+        and row groups when the file is opened, same rows in the group decoded (object
+        storage: `RemoteFiles`). A file replaced by a rename keeps being read
         from the file that was opened, as it was. Not noticed: new values written in place
         in the same layout and size (as by `fingerprint`), and a rewrite in place of an IPC
         file whose batches are cached (views of the file: they show the new bytes, or the
@@ -387,15 +346,15 @@ class ArrowSource:
         file_index, local = int(self._rg_file[group]), int(self._rg_local[group])
         file = self._files[file_index]
         try:
-            if self._local and os.stat(file.path).st_size != file.size:  # before a mapping is read past its end
-                raise _changed(self._fs, file, local)
+            if os.stat(file.path).st_size != file.size:  # before a mapping is read past its end
+                raise changed(self._fs, file, local)
             reader = self._readers.get(file_index)
             if reader is None:
-                reader, size = _open(self._fs, file.path, file.format)
-                if size != file.size or _groups(reader) != len(file.row_groups):
-                    raise _changed(self._fs, file, local)
-                if file.format == "parquet" and _layout(reader) != file.row_groups:  # from the footer: free
-                    raise _changed(self._fs, file, local)
+                reader, size = open_reader(self._fs, file.path, file.format)
+                if size != file.size or row_group_count(reader) != len(file.row_groups):
+                    raise changed(self._fs, file, local)
+                if file.format == "parquet" and layout(reader) != file.row_groups:  # from the footer: free
+                    raise changed(self._fs, file, local)
                 self._readers[file_index] = reader
             if file.format == "parquet":
                 table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
@@ -404,34 +363,73 @@ class ArrowSource:
                 batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
                 table = pa.Table.from_batches([batch])
             if table.num_rows != file.row_groups[local]:  # rewritten while it was open
-                raise _changed(self._fs, file, local)
+                raise changed(self._fs, file, local)
         except PermissionError as e:  # its permissions changed since the source was opened
-            raise _unreadable(file.path, e) from e
+            raise unreadable(file.path, e) from e
         except (pa.ArrowException, OSError) as e:
-            if _size_now(self._fs, file.path) != file.size:
-                raise _changed(self._fs, file, local) from e
-            raise CorruptFileError(
-                f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file."
-            ) from e
+            if size_now(self._fs, file.path) != file.size:
+                raise changed(self._fs, file, local) from e
+            raise CorruptFileError(f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file.") from e
         return table.combine_chunks()
 
     @property
     def _row_groups(self) -> RowGroupCache:
         if self._cache is None:
-            self._cache = RowGroupCache(self._decode, self._cache_bytes)
+            reading = self._reading
+            if self._local:
+                self._cache = RowGroupCache(self._decode_local, reading.cache_bytes)
+            else:
+                remote = self._remote = RemoteFiles(self._fs, self._files, self.schema, reading.retries, reading.disk, self._kept)
+                self._cache = RowGroupCache(
+                    lambda group, fetched: remote.decode(int(self._rg_file[group]), int(self._rg_local[group]), fetched),
+                    reading.cache_bytes,
+                    fetch=lambda group: remote.fetch(int(self._rg_file[group]), int(self._rg_local[group])),
+                    io_threads=reading.io_concurrency,
+                    decode_threads=defaults.DECODE_THREADS,
+                    estimate=self._estimate,
+                )
         return self._cache
 
+    def _estimate(self, group: int) -> int:
+        """A guess of row group `group`'s decoded bytes: its rows times the bytes per row
+        decoded so far (before the first decode, four times its file's bytes per row)."""
+        rows = int(self._rg_sizes[group])
+        stats = self._row_groups.stats
+        if stats.decoded:
+            per_row = stats.decoded_bytes / max(1, stats.decoded_rows)
+        else:
+            file = self._files[int(self._rg_file[group])]
+            per_row = 4 * file.size / max(1, sum(file.row_groups))
+        return int(rows * per_row)
+
+    @property
+    def lookahead(self) -> int:
+        return 1 if self._local else defaults.REMOTE_LOOKAHEAD
+
     def prefetch(self, indices: np.ndarray) -> None:
-        """Start decoding, in the background, the row groups that these records live in."""
+        """Start loading, in the background, the row groups that these records live in,
+        in the order the records need them (as far as `cache_bytes` allows)."""
         idx = np.asarray(indices, dtype=np.int64)
         idx = idx[(idx >= 0) & (idx < len(self))]
-        self._row_groups.prefetch(np.unique(np.searchsorted(self._rg_start, idx, side="right") - 1).tolist())
+        groups = np.searchsorted(self._rg_start, idx, side="right") - 1
+        _, first = np.unique(groups, return_index=True)
+        self._row_groups.prefetch(groups[np.sort(first)].tolist())
 
     def stop_read_ahead(self, timeout: float) -> None:
-        """Stop the decode thread within `timeout` seconds (decoded row groups stay cached;
-        the next read starts a new thread)."""
+        """Stop the read threads within `timeout` seconds (loaded row groups stay cached;
+        the next read starts new threads)."""
         if self._cache is not None:
             self._cache.close(timeout)
+
+    def read_stats(self) -> tuple[float, ...]:
+        """What loading row groups cost this source in this process so far: seconds readers
+        waited for I/O, requests and bytes fetched (object storage), seconds spent decoding,
+        row groups and bytes decoded."""
+        if self._cache is None:
+            return (0.0,) * 6
+        stats, remote = self._cache.stats, self._remote
+        requests, fetched = (remote.requests, remote.fetched_bytes) if remote is not None else (0, 0)
+        return (stats.io_wait_s, requests, fetched, stats.decode_s, stats.decoded, stats.decoded_bytes)
 
     def take(self, indices: np.ndarray | Sequence[int]) -> pa.Table:
         """The records at these global indices, in the order given: each needed row group is
@@ -455,7 +453,7 @@ class ArrowSource:
             return self.schema.empty_table()
         groups = np.searchsorted(self._rg_start, idx, side="right") - 1
         needed, group_of = np.unique(groups, return_inverse=True)
-        tables = [self._row_groups.get(int(g)) for g in needed]
+        tables = self._row_groups.get_many(needed.tolist())
         return gather(tables, group_of, idx - self._rg_start[groups])
 
     def __getitem__(self, index: int) -> dict[str, Any]:

@@ -185,6 +185,20 @@ class Mix:
         pairs = zip(self.names, self.sources, strict=True)
         return [hashlib.sha256(f"{n}:{s.fingerprint()}".encode()).hexdigest()[:8] for n, s in pairs]
 
+    def _read_ahead_sources(self) -> list[ReadAhead]:
+        """The sources that load ahead: the joined one, else the components that do."""
+        if self._joined is not None:
+            return [self._joined]
+        return [source for source in self.sources if isinstance(source, ReadAhead)]
+
+    @property
+    def lookahead(self) -> int:
+        return max((source.lookahead for source in self._read_ahead_sources()), default=1)
+
+    def read_stats(self) -> tuple[float, ...]:
+        stats = [source.read_stats() for source in self._read_ahead_sources()]
+        return tuple(float(sum(column)) for column in zip(*stats, strict=True)) if stats else (0.0,) * 6
+
     def prefetch(self, indices: np.ndarray) -> None:
         if self._joined is not None:
             self._joined.prefetch(indices)

@@ -21,10 +21,15 @@ from colo_data.runtime.prefetch import close_iterator
 
 T = TypeVar("T")
 
-STAGES = ("order", "read", "transform", "batch", "shm_write", "handoff")
-STAGE_LABELS = dict(zip(STAGES, ("order", "read", "transform", "batch", "shared-memory write", "hand-off"), strict=True))
-ORDER, READ, TRANSFORM, BATCH, SHM_WRITE, HANDOFF = range(len(STAGES))
+STAGES = ("order", "read", "io_wait", "decode", "transform", "batch", "shm_write", "handoff")
+_LABELS = ("order", "read", "read: waiting for I/O", "read: decode", "transform", "batch", "shared-memory write", "hand-off")
+STAGE_LABELS = dict(zip(STAGES, _LABELS, strict=True))
+ORDER, READ, IO_WAIT, DECODE, TRANSFORM, BATCH, SHM_WRITE, HANDOFF = range(len(STAGES))
 WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker processes share out
+# Parts of the read stage, not stages of their own: `io_wait` is time the read waited for
+# row groups still being fetched (items: requests, bytes: bytes fetched from storage);
+# `decode` is time decoding row groups, mostly on background threads (items: row groups).
+READ_PARTS = (IO_WAIT, DECODE)
 HISTORY = 2**20  # steps kept for percentiles and plots (24 bytes each); totals count every step
 CPU_EVERY_S = 0.5
 

@@ -12,6 +12,9 @@ import numpy as np
 
 from colo_data.telemetry.counters import (
     HANDOFF,
+    IO_WAIT,
+    READ,
+    READ_PARTS,
     STAGE_LABELS,
     STAGES,
     WORKER_STAGES,
@@ -180,10 +183,13 @@ def _short_source(source: str | None) -> str:
 def _critical_seconds(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> dict[str, float]:
     """Each stage's time on the critical path: a stage that worker processes share out
     counts once per worker, hosts with their own processes run side by side (the slowest
-    counts), hosts sharing the trainer's one thread add up."""
-    out = {name: 0.0 for name in STAGES}
+    counts), hosts sharing the trainer's one thread add up. The read stage's parts
+    (`READ_PARTS`) are inside it: not counted."""
+    out = {name: 0.0 for i, name in enumerate(STAGES) if i not in READ_PARTS}
     for host in hosts:
         for i, stage in enumerate(host.stages):
+            if i in READ_PARTS:
+                continue
             seconds = stage.seconds / host.workers if host.worker_processes and i in WORKER_STAGES else stage.seconds
             out[stage.name] = out[stage.name] + seconds if shared_thread else max(out[stage.name], seconds)
     out["handoff"] += handoff.seconds
@@ -217,6 +223,11 @@ def verdict(
         return True, None, f"input-bound: wait {share:.1%} of step time; host stages not measured on this backend"
     stage = max(critical, key=lambda name: critical[name])
     parts = [f"input-bound: {STAGE_LABELS[stage]} stage"]
+    if stage == "read":
+        read = sum(h.stages[READ].seconds for h in hosts)
+        io_wait = sum(h.stages[IO_WAIT].seconds for h in hosts)
+        if read > 0 and io_wait > 0:
+            parts[0] += f" ({io_wait / read:.0%} of it waiting for I/O)"
     cpus = [h.worker_cpu for h in hosts if h.worker_cpu is not None]
     workers = sum(h.workers for h in hosts) if not shared_thread else hosts[0].workers
     noun = "worker" if workers == 1 else "workers"
