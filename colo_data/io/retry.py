@@ -27,7 +27,7 @@ _TRANSIENT = re.compile(
     r"SLOW_DOWN|SlowDown|SERVICE_UNAVAILABLE|ServiceUnavailable|INTERNAL_FAILURE|InternalError|THROTTL|Throttl|"
     r"REQUEST_TIMEOUT|RequestTimeout|NETWORK_CONNECTION|curlCode|UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|"
     r"\bINTERNAL\b|\bABORTED\b|[Cc]onnection (reset|refused|aborted|closed)|[Bb]roken pipe|[Tt]imed? ?out|"
-    r"[Tt]emporar|\b(HTTP|status|code|response code)[^0-9]{0,3}(429|5\d\d)\b|\b(429|50[0234])\b"
+    r"[Tt]emporar|\b(HTTP|status|code|response code)[^0-9]{0,3}(429|5\d\d)\b"
 )
 
 
