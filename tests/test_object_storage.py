@@ -183,6 +183,8 @@ def test_a_lasting_failure_is_a_source_error_naming_the_object(store: ObjectStor
     message = str(outcome[0])
     scheme = "s3" if store.kind == "s3" else "gs"
     assert f"{scheme}://{BUCKET}/part-" in message and "3 attempt(s)" in message and "the last error" in message, message
+    with pytest.raises(cd.SourceError, match=rf"{scheme}://{BUCKET}: listing the files failed after 3 attempt"):
+        remote(store, proxy, client_retries=False, retries=2)  # a source made while the store fails
 
 
 def test_cache_dir_serves_later_epochs_and_restarts_without_fetching(store: ObjectStore, corpus: Path, tmp_path: Path) -> None:

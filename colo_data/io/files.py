@@ -128,6 +128,12 @@ def object_version(handle: pa.NativeFile) -> str | None:
     return None
 
 
+def object_uri(fs: pafs.FileSystem, path: str) -> str:
+    """An object's name as a user writes it (`gs://bucket/key`, `s3://bucket/key`)."""
+    scheme = {"gcs": "gs", "s3": "s3"}.get(fs.type_name)
+    return f"{scheme}://{path}" if scheme else path
+
+
 def open_object(fs: pafs.FileSystem, path: str) -> pa.NativeFile:
     """The object at `path` opened for reading. A handle that comes back closed (GCS, after
     a connection reset while opening) is a ConnectionError: transient, worth a retry."""

@@ -25,6 +25,7 @@ from colo_data.io.files import (
     Kept,
     changed,
     layout,
+    object_uri,
     object_version,
     open_object,
     parquet_footer,
@@ -101,7 +102,8 @@ class RemoteFiles:
                 raise changed(self._fs, file, group) from last
             kind = "a transient error that lasted" if e.transient else "an error that is not transient"
             raise SourceError(
-                f"{self._uri(file)}: {what} failed after {e} ({kind}); the last error: {type(last).__name__}: {last}. "
+                f"{object_uri(self._fs, file.path)}: {what} failed after {e} ({kind}); "
+                f"the last error: {type(last).__name__}: {last}. "
                 "Check that the object store is reachable from this host and the credentials (taken from the "
                 "environment as pyarrow reads them) allow reading it."
             ) from last
@@ -116,11 +118,6 @@ class RemoteFiles:
         except (OSError, pa.ArrowException):
             return True
         return handle.size() == file.size and object_version(handle) == file.version
-
-    def _uri(self, file: DataFile) -> str:
-        """The object's name as a user writes it (`gs://bucket/key`, `s3://bucket/key`)."""
-        scheme = {"gcs": "gs", "s3": "s3"}.get(self._fs.type_name)
-        return f"{scheme}://{file.path}" if scheme else file.path
 
     def _open(self, index: int) -> _Opened:
         """File `index`, opened once (later calls wait for the first), checked against the index."""

@@ -33,6 +33,7 @@ from colo_data.io.files import (
     changed,
     inspect_file,
     layout,
+    object_uri,
     open_reader,
     row_group_count,
     size_now,
@@ -40,7 +41,7 @@ from colo_data.io.files import (
 )
 from colo_data.io.gather import gather
 from colo_data.io.remote import RemoteFiles
-from colo_data.io.retry import Exhausted, with_retries
+from colo_data.io.retry import Exhausted, transient, with_retries
 from colo_data.io.rowgroup_cache import RowGroupCache
 
 _DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
@@ -113,7 +114,9 @@ def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
         base = "/".join(fixed) or "/"
         try:
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        except OSError:
+        except OSError as e:
+            if transient(e):  # the store did not answer: retried by the caller, not "no files"
+                raise
             return []
         pattern = path.lstrip("/")  # filesystems differ on whether the paths they list start with "/"
         patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
@@ -150,6 +153,24 @@ class _Reading:
     disk: DiskCache | None
 
 
+def _listed(fs: pafs.FileSystem, path: str, retries: int) -> list[str]:
+    """`_expand`, on object storage retried on transient errors.
+
+    Raises:
+        SourceError: the listing failed for good: names the place and the last error.
+    """
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _expand(fs, path)
+    try:
+        return with_retries(lambda: _expand(fs, path), retries)
+    except Exhausted as e:
+        raise SourceError(
+            f"{object_uri(fs, path)}: listing the files failed after {e}; the last error: {e.__cause__}. "
+            "Check that the object store is reachable from this host and the credentials (taken from the "
+            "environment as pyarrow reads them) allow listing it."
+        ) from e.__cause__
+
+
 def _inspect_all(
     fs: pafs.FileSystem, paths: list[str], reading: _Reading, kept: dict[str, Kept]
 ) -> list[tuple[DataFile, pa.Schema]]:
@@ -164,7 +185,7 @@ def _inspect_all(
             return with_retries(lambda: inspect_file(fs, path, kept), reading.retries)
         except Exhausted as e:
             raise SourceError(
-                f"{fs.type_name}: {path}: reading its metadata failed after {e}; the last error: {e.__cause__}. "
+                f"{object_uri(fs, path)}: reading its metadata failed after {e}; the last error: {e.__cause__}. "
                 "Check that the object store is reachable from this host and the credentials (taken from the "
                 "environment as pyarrow reads them) allow reading it."
             ) from e.__cause__
@@ -235,7 +256,7 @@ class ArrowSource:
                     "one ArrowSource reads from one filesystem; make one source per filesystem."
                 )
             fs = pattern_fs
-            found.update(_expand(fs, inner))
+            found.update(_listed(fs, inner, reading.retries))
         if not found:
             raise SourceError(
                 f"no Parquet or Arrow IPC files match {patterns!r} on {type(fs).__name__}: "
