@@ -17,7 +17,7 @@ SIDECAR_TIMEOUT_S = 20.0
 # Object storage (ArrowSource): row-group reads in flight per reading process (a request
 # costs tens of milliseconds before its first byte), decode threads beside them, retries
 # of a transient failure, spans of records read ahead, and cache_dir's default size.
-IO_CONCURRENCY = 16
+IO_CONCURRENCY = 32
 DECODE_THREADS = 2
 READ_RETRIES = 5
 REMOTE_LOOKAHEAD = 4
