@@ -579,6 +579,26 @@ def test_rowgroup_cache_errors_propagate_and_are_not_cached() -> None:
     assert len(attempts) == tried + 1 and set(attempts) == {4}
 
 
+def test_rowgroup_cache_two_stages_forget_a_failed_fetch_however_fast_it_fails() -> None:
+    """Object storage's fetch then decode: a fetch that fails before its callback is even
+    registered (the callback then runs at once, on the asking thread) is not left behind as
+    a failure that every later read of the group gets again."""
+    for round_ in range(300):
+        broken = [True]
+
+        def fetch(group: int, broken: list[bool] = broken) -> bytes:
+            if broken[0]:
+                raise OSError(f"group {group}: no such object")
+            return b"x"
+
+        cache = RowGroupCache(lambda group, data: pa.table({"v": [group]}), 10**6, fetch=fetch, io_threads=4)
+        with pytest.raises(OSError, match="no such object"):
+            cache.get(round_)
+        broken[0] = False
+        assert cache.get(round_).column("v").to_pylist() == [round_]
+        cache.close(5)
+
+
 # --------------------------------------------------------------------------------------
 # errors
 

@@ -98,15 +98,15 @@ class RowGroupCache:
         pending = self._pending.get(group)
         if pending is not None:
             return pending
-        if self._fetch is None:
-            pending = _Pending(self._pool("read", 1).submit(self._load_local, group), None, reserve)
-        else:
-            result: Future[pa.Table] = Future()
-            fetch = self._pool("fetch", self._io_threads).submit(self._timed_fetch, group)
-            pending = _Pending(result, fetch, reserve)
-            fetch.add_done_callback(lambda done: self._fetched(group, done, result))
         self._reserved += reserve
-        self._pending[group] = pending
+        if self._fetch is None:  # a failure is forgotten on the pool's thread, after the lock is let go
+            pending = _Pending(self._pool("read", 1).submit(self._load_local, group), None, reserve)
+            self._pending[group] = pending
+        else:  # registered before the callback, which runs here at once if the fetch has already ended
+            result: Future[pa.Table] = Future()
+            pending = self._pending[group] = _Pending(result, None, reserve)
+            pending.fetch = self._pool("fetch", self._io_threads).submit(self._timed_fetch, group)
+            pending.fetch.add_done_callback(lambda done: self._fetched(group, done, result))
         return pending
 
     def _timed_fetch(self, group: int) -> Any:
