@@ -22,12 +22,10 @@ import pyarrow as pa
 @dataclass
 class ReadStats:
     """What loading row groups cost so far. `io_wait_s`: time readers were blocked on a
-    group still being fetched; `fetch_s` and `decode_s`: time the fetch and decode stages
-    took (on their own threads, summed); `fetched`/`decoded`: groups through each stage."""
+    group still being fetched; `decode_s`: time decoding took (mostly on the decode
+    threads, summed); `decoded`, `decoded_bytes`, `decoded_rows`: what came out of it."""
 
     io_wait_s: float = 0.0
-    fetch_s: float = 0.0
-    fetched: int = 0
     decode_s: float = 0.0
     decoded: int = 0
     decoded_bytes: int = 0
@@ -105,16 +103,9 @@ class RowGroupCache:
         else:  # registered before the callback, which runs here at once if the fetch has already ended
             result: Future[pa.Table] = Future()
             pending = self._pending[group] = _Pending(result, None, reserve)
-            pending.fetch = self._pool("fetch", self._io_threads).submit(self._timed_fetch, group)
+            pending.fetch = self._pool("fetch", self._io_threads).submit(self._fetch, group)
             pending.fetch.add_done_callback(lambda done: self._fetched(group, done, result))
         return pending
-
-    def _timed_fetch(self, group: int) -> Any:
-        assert self._fetch is not None
-        t0 = time.perf_counter()
-        data = self._fetch(group)
-        self.stats.add(fetch_s=time.perf_counter() - t0, fetched=1)
-        return data
 
     def _fetched(self, group: int, fetch: Future[Any], result: Future[pa.Table]) -> None:
         """The fetch of `group` ended: decode it on the decode pool, or pass on its failure."""
@@ -218,7 +209,7 @@ class RowGroupCache:
                 with self._decoding:
                     table = self._timed_decode(group, None)
             else:
-                table = self._timed_decode(group, self._timed_fetch(group))
+                table = self._timed_decode(group, self._fetch(group))
             self._insert(group, table)
             return table
 
