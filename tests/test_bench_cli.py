@@ -6,6 +6,7 @@ and no shared-memory segment behind."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -47,12 +48,28 @@ def test_bench_end_to_end_with_json_plot_and_grain(token_corpus: Path, tmp_path:
     for text in ("records/s", "input wait, share of wall time", "wait p50 / p90 / p99 (ms)", "transform", "hand-off", "CPU budget", "verdict: "):
         assert text in run.stdout, text
     assert "Grain" in run.stdout and "ratio" in run.stdout
+    assert "no training step was simulated" not in run.stdout  # a step was: the verdict answers
     report = json.loads(out_json.read_text())
     assert report["colo-data"]["steps"] == 30 and report["grain"]["steps"] == 30  # 3 epochs of 10 batches
     assert report["colo-data"]["steady"]["steps"] == 27 and report["ratio_records_per_s"] > 0
     assert report["colo-data"]["verdict"] and report["settings"]["step_time_ms"] == 1
     assert {s["name"] for s in report["colo-data"]["hosts"][0]["stages"]} >= {"order", "read", "transform", "batch"}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_with_no_step_reports_capacity_not_a_verdict(token_corpus: Path, tmp_path: Path) -> None:
+    """With no simulated step every loader waits for input all the time: the report says so
+    and gives the pipeline's capacity and what limits it, not "input-bound"."""
+    run = bench(str(config(tmp_path, token_corpus)), "--warmup", "3")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "no training step was simulated" in out and "verdict: " not in out and "input-bound" not in out, out
+    capacity = re.search(r"capacity: ([\d,]+) records/s, ([\d,.]+) batches/s \(one every ([\d.]+) ms\): a training step", out)
+    assert capacity, out
+    records, batches, every = (float(g.replace(",", "")) for g in capacity.groups())
+    assert records > 0 and batches > 0 and every == pytest.approx(1000 / batches, abs=0.006)  # both printed rounded
+    assert re.search(r"what limits it: the (order|read|transform|batch|hand-off) stage; \d+ worker", out), out
+    assert "add --step-time MS" in out
 
 
 @pytest.mark.parametrize(

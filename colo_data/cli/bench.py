@@ -124,7 +124,7 @@ def bench(
     except KeyboardInterrupt:  # before the first batch: nothing to report
         click.echo("interrupted before the first batch", err=True)
         sys.exit(128 + signal.SIGINT)
-    click.echo("\n" + runner.report(runs))
+    click.echo("\n" + runner.report(runs, step_ms))
     details = {
         "config": settings.path, "pipeline": settings.pipeline, "args": settings.args, "backend": chosen, "hosts": hosts,
         "workers": count, "warmup": warmup, "steps": steps, "step_time_ms": step_ms, "compare": compare,

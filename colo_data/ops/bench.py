@@ -24,7 +24,7 @@ from colo_data.host.pipeline import _check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
 from colo_data.spec.pipeline import Pipeline
-from colo_data.telemetry.counters import STAGE_LABELS, STAGES, StepClock
+from colo_data.telemetry.counters import READ_PARTS, STAGE_LABELS, STAGES, StepClock
 from colo_data.telemetry.report import StepTrace, Telemetry, cpus_text, summarize
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
@@ -238,9 +238,32 @@ def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
     ]
 
 
-def report(runs: Sequence[Run]) -> str:
+def capacity(telemetry: Telemetry) -> list[str]:
+    """What a run with no simulated training step can say: every loader then waits for its
+    input all the time, so instead of "input-bound" the pipeline's capacity (records/s,
+    batches/s, the shortest step it keeps under 1% input wait) and what limits it."""
+    steady = telemetry.steady if telemetry.steady.steps else telemetry.warmup
+    if not steady.steps or steady.records_per_s <= 0:
+        return ["capacity: no batch was read, so nothing to measure"]
+    batches = steady.steps / steady.seconds if steady.seconds > 0 else 0.0
+    parts = [part for part in telemetry.verdict.split("; ") if not part.startswith("wait ")]
+    limit = "; ".join([parts[0].replace("input-bound: ", "the "), *parts[1:]]) if parts else "not measured"
+    return [
+        "no training step was simulated: with none, every loader waits for its input all the time, so the input "
+        "wait above says nothing about your job",
+        f"capacity: {steady.records_per_s:,.0f} records/s, {batches:,.1f} batches/s (one every {1000 / batches:.2f} ms): "
+        f"a training step of about {1000 / batches:.2f} ms or longer waits for input under 1% of the time"
+        if batches
+        else "capacity: unknown",
+        f"what limits it: {limit}",
+        "add --step-time MS (your training step) to see whether it keeps up with your job",
+    ]
+
+
+def report(runs: Sequence[Run], step_ms: float) -> str:
     """The report table: throughput, input wait, percentiles and warm-up per contender (and
-    their ratio), then colo-data's stage breakdown, hosts and verdict."""
+    their ratio), then colo-data's stage breakdown and hosts; then, with a simulated step of
+    `step_ms`, the verdict, and with none the pipeline's capacity and what limits it."""
     lines = []
     if any(run.interrupted for run in runs):
         done = ", ".join(f"{r.telemetry.steps} {r.name} steps" for r in runs)
@@ -276,14 +299,23 @@ def report(runs: Sequence[Run]) -> str:
     colo = runs[0].telemetry
     steps = max(1, colo.steady.steps if colo.steady.steps else colo.warmup.steps)
     stages = colo.stages
-    busy = sum(s.seconds for s in stages) or 1.0
+    parts = {STAGES[i] for i in READ_PARTS}  # inside the read stage (decode mostly on other threads): not added
+    busy = sum(s.seconds for s in stages if s.name not in parts) or 1.0
     lines += ["", f"colo-data stages ({'steady state' if colo.steady.steps else 'warm-up'}, all hosts; hand-off in the trainer)"]
     stage_rows = [["stage", "ms/batch", "share", "records", "MB"]]
     for s in stages:
         if s.name != "handoff" and (not colo.hosts or (s.name == "shm_write" and colo.backend != "sidecar")):
             continue  # a stage this backend does not have (or, colocated, does not measure)
+        if s.name in parts and not s.items:
+            continue  # no object storage (I/O wait) or nothing decoded in the background
         stage_rows.append(
-            [STAGE_LABELS[s.name], f"{s.seconds * 1000 / steps:.3f}", f"{s.seconds / busy:.0%}", f"{s.items:,}", _mb(s.bytes)]
+            [
+                STAGE_LABELS[s.name],
+                f"{s.seconds * 1000 / steps:.3f}",
+                "-" if s.name in parts else f"{s.seconds / busy:.0%}",
+                f"{s.items:,}",
+                _mb(s.bytes),
+            ]
         )
     lines += _table(stage_rows, [False, True, True, True, True])
     lines.append("")
@@ -307,7 +339,7 @@ def report(runs: Sequence[Run]) -> str:
         lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
     for run in runs[1:]:
         lines += [f"{run.name}: {note}" for note in run.notes]
-    lines += ["", f"verdict: {colo.verdict}"]
+    lines += ["", f"verdict: {colo.verdict}"] if step_ms else ["", *capacity(colo)]
     return "\n".join(lines)
 
 
