@@ -202,4 +202,4 @@ def test_close_and_stop_leave_nothing_behind(kind: str) -> None:
     store.stop()
     assert store.process.poll() is not None
     assert refused(store.endpoint)
-    assert set(threading.enumerate()) == threads
+    assert not set(threading.enumerate()) - threads, "a thread of the proxy or the server is left"  # others may end meanwhile
