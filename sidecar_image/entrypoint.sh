@@ -4,7 +4,7 @@
 # config's, else /dev/shm), print its report to the log, and refuse to start with the
 # doctor's message on a fatal misconfiguration (exit 78);
 # then exec the command: `colo-data sidecar serve` by default, or whatever the arguments say
-# (on Pathways: the base image's colocated-Python server, see README "The sidecar image").
+# (on Pathways: the base image's colocated-Python server, see docs/deployment.md, "2. The image").
 # COLO_DATA_SKIP_DOCTOR=1 skips the check.
 set -eu
 if [ "$#" -eq 0 ]; then

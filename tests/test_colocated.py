@@ -1,6 +1,7 @@
 """The colocated-Python backend on a CPU-only JAX, where colocated calls run in this
 process: each CPU device stands for a host. Host identity comes from the mesh, batches equal
-the in-process backend's, resume works through it, errors are colo-data errors, and closing
+the in-process backend's, resume works through it, errors are colo-data errors naming the
+host they came from, a sidecar's warnings reach the trainer naming theirs, and closing
 releases the colocated objects. The 8-host check runs in a fresh Python whose JAX starts
 with 8 CPU devices (this session's JAX has 4)."""
 
@@ -14,8 +15,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import jax
 import numpy as np
@@ -229,6 +233,101 @@ def test_remote_failures_become_colo_data_errors() -> None:
     error = colocated._as_colo_data_error(RuntimeError("UNAVAILABLE: connection reset; KeyError: 3"), hosts)
     assert type(error) is cd.SidecarError
     assert "4 hosts" in str(error) and "UNAVAILABLE" in str(error) and "colo-data" in str(error)
+
+
+def bad_record_7(batch: dict) -> dict:
+    if 7 in batch["_index"]:  # with no shuffle, host 2's rows 6 to 8 of the first batch
+        raise ValueError("bad record 7")
+    return batch
+
+
+def test_a_hosts_transform_error_names_the_host_and_carries_its_traceback(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), bad_record_7])
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        with pytest.raises(cd.TransformError) as failed:
+            next(hosts.batches(0))
+    message = str(failed.value)
+    assert "--- raised in the colocated-Python sidecar of host 2 of 4 ---" in message
+    assert "Traceback (most recent call last)" in message and "ValueError: bad record 7" in message
+    assert 'raise ValueError("bad record 7")' in message  # the remote traceback's lines
+    # Under Pathways the controller gets the sidecar's text of the exception: the same type comes back.
+    remote = RuntimeError("INTERNAL: " + "".join(traceback.format_exception(failed.value)))
+    again = colocated._as_colo_data_error(remote, jax.devices())
+    assert type(again) is cd.TransformError and "sidecar of host 2 of 4" in str(again)
+
+
+class _LostRowGroup(cd.HostPipeline):
+    def chunks(self, start_position: int, owner: Any = None) -> Any:
+        if self.host == 1:
+            raise KeyError("row group 3")
+        return super().chunks(start_position, owner)
+
+
+def test_any_other_failure_of_a_hosts_work_is_a_sidecar_error_naming_the_host(
+    token_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(colocated, "HostPipeline", _LostRowGroup)
+    with ColocatedHosts(make_pipeline(token_corpus), mesh_of(jax.devices())) as hosts:
+        with pytest.raises(cd.SidecarError) as failed:
+            next(hosts.batches(0))
+    message = str(failed.value)
+    assert message.startswith("KeyError: 'row group 3'\n--- raised in the colocated-Python sidecar of host 1 of 4 ---")
+    assert "Traceback (most recent call last)" in message and 'raise KeyError("row group 3")' in message
+
+
+class OddRecordWarning(UserWarning):
+    """A category of the pipeline's own."""
+
+
+def warn_of_record_4(batch: dict) -> dict:
+    if 4 in batch["_index"]:  # with no shuffle, host 1's rows 3 to 5 of the first batch
+        warnings.warn("record 4 looks odd", OddRecordWarning, stacklevel=1)
+    return batch
+
+
+def test_warnings_of_a_hosts_work_reach_the_trainer_naming_the_host(token_corpus: Path) -> None:
+    """In a sidecar's process (here: told it is in one) a host's warnings are kept and
+    re-issued in the trainer's, naming the host; in the trainer's own process they need no
+    carrying."""
+    pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), warn_of_record_4])
+    gc.collect()
+    before = [o for o in gc.get_objects() if isinstance(o, colocated._HostSide)]
+    with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
+        gc.collect()
+        (side,) = [o for o in gc.get_objects() if isinstance(o, colocated._HostSide) and not any(o is b for b in before)]
+        assert not side.carries_warnings
+        side.carries_warnings = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [to_numpy(b) for b in hosts.batches(0)]
+    assert_batches_equal(reference(make_pipeline(token_corpus, "none")), got, "with warnings")
+    (warning,) = [w for w in caught if issubclass(w.category, UserWarning)]
+    assert warning.category is OddRecordWarning
+    text = str(warning.message)
+    assert text.startswith("host 1 of 4, in its colocated-Python sidecar: record 4 looks odd (")
+    assert f"{Path(__file__).name}:" in text  # where the transform warned
+
+
+def test_carried_warnings_fit_their_note() -> None:
+    """Each host's warnings of a call travel in a fixed-size note; what does not fit is
+    counted, and the trainer is told to read the sidecar's log for it."""
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        for i in range(500):
+            warnings.warn(f"warning {i} " + "x" * 50, RuntimeWarning, stacklevel=1)
+    with warnings.catch_warnings(record=True) as logged:  # here: the sidecar's stderr
+        note = colocated._note(raised)
+    assert note.dtype == np.uint8 and note.shape == (colocated.NOTE_BYTES,)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        colocated._reissue(np.stack([np.zeros_like(note), note]))
+    texts = [str(w.message) for w in caught]
+    assert all(t.startswith("host 1 of 2, in its colocated-Python sidecar: ") for t in texts)
+    assert "warning 0 x" in texts[0] and all(w.category is RuntimeWarning for w in caught[:-1])
+    assert 10 < len(texts) < 500 and texts[-1].endswith(
+        f"{501 - len(texts)} more warning(s) did not fit the note the sidecar sends; its log has them"
+    )
+    assert [str(w.message) for w in logged] == [str(w.message) for w in raised[len(texts) - 1 :]]
 
 
 def test_batch_not_divisible_by_hosts(token_corpus: Path) -> None:

@@ -1,11 +1,13 @@
 """The start-up gate on a real 64 MB tmpfs (root): `colo-data doctor CONFIG` sizes the
 config's shared-memory ring exactly as a sidecar session does and fails, after its report,
 when the ring cannot fit; `colo-data sidecar serve CONFIG` fails at start with the same
-message, before it listens."""
+message, before it listens. On a Pathways client (JAX_PLATFORMS=proxy) the doctor warns of
+compiler flags and a JAX cache directory set where they do nothing, and does not fail."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -100,3 +102,69 @@ def test_serve_fails_at_start_when_the_ring_cannot_fit(token_corpus: Path, small
     assert "Traceback" not in server.stderr and "COLO_DATA_HOSTS" in server.stderr
     assert not socket.exists(), "it never listened"
 
+
+
+def doctor_process(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`colo-data doctor ARGS` as a process with this environment, less any JAX_*, XLA_FLAGS
+    or LIBTPU_INIT_ARGS of the test run's own, plus `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k not in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+    return subprocess.run([str(COLO), "doctor", *args], env=base | env, capture_output=True, text=True, timeout=300)
+
+
+CLIENT_ENV = {  # flags XLA's CPU backend takes, so that only where they are set matters
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=2  --xla_dump_hlo_as_text",
+    "LIBTPU_INIT_ARGS": "--xla_tpu_enable_latency_hiding_scheduler=true",
+    "JAX_COMPILATION_CACHE_DIR": "/tmp/jax-cache",
+}
+
+
+def test_doctor_on_a_pathways_client_warns_of_settings_that_do_not_reach_the_compiler() -> None:
+    """JAX_PLATFORMS=proxy without a proxy to reach: the JAX part is reported unavailable,
+    the warnings name the flags and the cache directory, and the exit status stays 0."""
+    result = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"}, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["jax"]["pathways"] and report["jax"]["backend"] is None and report["jax"]["devices"] == []
+    assert "Unable to initialize backend 'proxy'" in report["jax"]["error"]
+    xla, libtpu, cache, scratch = report["warnings"]
+    assert xla.startswith("XLA_FLAGS is set in this JAX client's environment ")
+    assert "(--xla_force_host_platform_device_count=2 --xla_dump_hlo_as_text)" in xla
+    assert "do not reach the compiler" in xla and "pathways-proxy" in xla
+    assert "--set xla_flags='--xla_force_host_platform_device_count=2 --xla_dump_hlo_as_text'" in xla
+    assert libtpu.startswith("LIBTPU_INIT_ARGS is set") and "xla_flags='--xla_tpu_enable_latency_hiding_scheduler=true'" in libtpu
+    assert cache.startswith("JAX_COMPILATION_CACHE_DIR is set (/tmp/jax-cache)") and "pathwaysutils.initialize()" in cache
+    assert scratch.startswith("no Pathways persistent compilation cache location is set") and "--gcs_scratch_location" in scratch
+    assert "--set gcs_scratch=gs://BUCKET/pathways" in scratch and "COLO_DATA_PATHWAYS_SCRATCH" in scratch
+
+    text = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"})
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    warned = [line.split()[1] for line in lines if line.startswith("warning ")]
+    assert warned == ["XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_COMPILATION_CACHE_DIR", "no"]
+    assert any(line.startswith("jax backend") and "unavailable: Unable to initialize backend 'proxy'" in line for line in lines)
+
+
+def test_doctor_finds_the_pathways_compilation_cache_location_in_the_environment_or_the_config(tmp_path: Path) -> None:
+    """The location comes from the variable the JobSet gives the trainer, or from CONFIG's
+    [deploy] gcs_scratch; one that is not on GCS is a warning of its own."""
+    proxy = {"JAX_PLATFORMS": "proxy"}
+    given = doctor_process({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "gs://bucket/pathways"}, "--json")
+    assert given.returncode == 0 and json.loads(given.stdout)["warnings"] == [], given.stdout + given.stderr
+    local = doctor_process({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "/tmp/pathways"}, "--json")
+    (warning,) = json.loads(local.stdout)["warnings"]
+    assert warning.startswith("the Pathways persistent compilation cache location is '/tmp/pathways', not a gs:// location")
+    config = tmp_path / "train.toml"
+    config.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[args]\nseq_len = 64\n[deploy]\ngcs_scratch = "gs://bucket/p"\n')
+    from_config = doctor_process(proxy, str(config), "--json")
+    assert from_config.returncode == 0 and json.loads(from_config.stdout)["warnings"] == [], from_config.stderr
+
+
+def test_doctor_off_pathways_gives_no_warnings() -> None:
+    result = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "cpu"}, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["warnings"] == [] and report["jax"]["error"] is None
+    assert report["jax"]["backend"] == "cpu" and len(report["jax"]["devices"]) == 2  # XLA_FLAGS reached this compiler
+    text = doctor_process(CLIENT_ENV)
+    assert text.returncode == 0, text.stderr
+    assert "warning" not in text.stdout and "jax backend" in text.stdout

@@ -1,5 +1,6 @@
-"""The README's runnable examples, run as a user would: `examples/multihost.py` starts two
-`jax.distributed` processes on the demo corpus, each computing only its own host."""
+"""The programs of examples/, run as a user would: `examples/multihost.py` (whose worker
+docs/multi-host.md shows) starts two `jax.distributed` processes on the demo corpus, each
+computing only its own host."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import colo_data as cd
-from colo_data import demo  # the form the README shows
+from colo_data import demo  # the form docs/checkpointing.md shows
 
 if __name__ == "__main__":
     shuffle, backend, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -4,7 +4,7 @@ JobSet's own fields by hand), share memory and sockets between trainer and sidec
 the code expects, give the sidecar the CPU budget for the expected workers, size shared
 memory from the batch, and use the images of colo_data/versions.py; bad [deploy] values
 are errors naming the key; and the version coupling agrees with the Dockerfile, pyproject
-and README."""
+and the deployment docs."""
 
 from __future__ import annotations
 
@@ -231,6 +231,69 @@ def test_pathways_shares_memory_between_worker_and_sidecar(tiny: Config) -> None
     assert "--instance_count=2" in container(head, "pathways-rm")["args"]
 
 
+def head_containers(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The JobSet's pathways-head pod's containers and init containers, by name."""
+    (jobset,) = objects
+    head = next(job for job in jobset["spec"]["replicatedJobs"] if job["name"] == "pathways-head")
+    spec = pod(head["template"])
+    return {c["name"]: c for c in spec["initContainers"] + spec["containers"]}
+
+
+PROXY_ARGS = [
+    "--server_port=29000", "--resource_manager_address=$(PATHWAYS_HEAD):29001",
+    "--gcs_scratch_location=gs://bucket/pathways", "--sidecar_name=external",
+]
+FLAGS = ["--xla_tpu_enable_latency_hiding_scheduler=true", "--xla_dump_to=/tmp/xla", "--xla_tpu_use_enhanced_launch_barrier"]
+
+
+@pytest.mark.parametrize("flags", [" ".join(FLAGS), FLAGS], ids=["string", "list"])
+def test_pathways_xla_flags_are_the_proxys_args_not_the_trainers_environment(flags: Any) -> None:
+    objects = render(load_config(DEMO), "pathways", {**SLICE, "xla_flags": flags})
+    check_jobset(objects[0])
+    containers = head_containers(objects)
+    assert containers["pathways-proxy"]["args"] == PROXY_ARGS + FLAGS
+    assert "--xla_dump_to=/tmp/xla" not in containers["pathways-rm"]["args"]
+    assert not {"XLA_FLAGS", "LIBTPU_INIT_ARGS"} & set(env(containers["trainer"]))
+    workers = pod(pathways_worker(objects)["template"])
+    for c in workers["initContainers"] + workers["containers"]:
+        assert not {"XLA_FLAGS", "LIBTPU_INIT_ARGS"} & set(env(c)) and not set(FLAGS) & set(c.get("args", [])), c["name"]
+
+
+def test_pathways_trainer_is_told_where_the_compilation_cache_lives() -> None:
+    """The servers' --gcs_scratch_location (their compilation cache is under it) reaches the
+    trainer's environment, where `colo-data doctor` looks for it."""
+    containers = head_containers(render(load_config(DEMO), "pathways", SLICE))
+    assert f"--gcs_scratch_location={SLICE['gcs_scratch']}" in containers["pathways-proxy"]["args"]
+    assert env(containers["trainer"])["COLO_DATA_PATHWAYS_SCRATCH"] == SLICE["gcs_scratch"]
+
+
+def test_pathways_without_xla_flags_adds_none() -> None:
+    for flags in ({}, {"xla_flags": ""}, {"xla_flags": []}):
+        objects = render(load_config(DEMO), "pathways", {**SLICE, **flags})
+        assert head_containers(objects)["pathways-proxy"]["args"] == PROXY_ARGS, flags
+
+
+def test_xla_flags_from_the_deploy_table(tmp_path: Path, token_corpus: Path) -> None:
+    table = '[deploy]\nxla_flags = ["--xla_a=1", "--xla_b"]\nshm_size = "64Mi"\n'
+    config = write_config(tmp_path, token_corpus, table, seq_len=8, global_batch_size=16)
+    assert head_containers(render(config, "pathways", SLICE))["pathways-proxy"]["args"] == PROXY_ARGS + ["--xla_a=1", "--xla_b"]
+
+
+@pytest.mark.parametrize(
+    ("deploy", "variable"), [({}, "XLA_FLAGS"), ({"tpu_type": "v5p", "topology": "2x2x4"}, "LIBTPU_INIT_ARGS")]
+)
+def test_multi_controller_xla_flags_are_the_trainers_environment(deploy: dict[str, Any], variable: str) -> None:
+    """There the trainer compiles: XLA_FLAGS, or on TPU hosts libtpu's LIBTPU_INIT_ARGS."""
+    _, job = render(load_config(DEMO), "multi-controller", {**deploy, "xla_flags": FLAGS})
+    strict(job, "V1Job")
+    trainer, sidecar = container(pod(job), "trainer"), container(pod(job), "colo-data-sidecar")
+    assert env(trainer)[variable] == " ".join(FLAGS)
+    assert not {"XLA_FLAGS", "LIBTPU_INIT_ARGS"} - {variable} & set(env(trainer))
+    assert not {"XLA_FLAGS", "LIBTPU_INIT_ARGS"} & set(env(sidecar))
+    _, job = render(load_config(DEMO), "multi-controller", deploy)
+    assert not {"XLA_FLAGS", "LIBTPU_INIT_ARGS"} & set(env(container(pod(job), "trainer")))
+
+
 @pytest.fixture
 def tiny_without_hosts(tmp_path: Path, token_corpus: Path) -> Config:
     """Batches of 16 (2 rows a host on 2 slices of 4 hosts), no [deploy] table."""
@@ -336,6 +399,13 @@ def test_sidecar_cpu_limit_gives_the_expected_workers(
         ("pathways", {**SLICE, "gcs_scratch": "s3://b"}, r"\[deploy\] gcs_scratch = 's3://b': give a Cloud Storage path"),
         ("pathways", {**SLICE, "hosts": 4}, r"\[deploy\] hosts: under Pathways"),
         ("pathways", {**SLICE, "slices": 0}, r"\[deploy\] slices = 0: give an int >= 1"),
+        (
+            "pathways", {**SLICE, "xla_flags": "--xla_a=1 xla_b=2"},
+            r"\[deploy\] xla_flags = '--xla_a=1 xla_b=2': give flags \"--name=value\" or \"--name\" .*\('xla_b=2' is not one\)",
+        ),
+        ("pathways", {**SLICE, "xla_flags": ["--xla_a=1 --xla_b=2"]}, r"xla_flags = \['--xla_a=1 --xla_b=2'\]: .*is not one"),
+        ("pathways", {**SLICE, "xla_flags": 3}, r"\[deploy\] xla_flags = 3: give flags \"--name=value\" or \"--name\""),
+        ("multi-controller", {"xla_flags": "-xla_a"}, r"\[deploy\] xla_flags = '-xla_a': give flags .*\('-xla_a' is not one\)"),
     ],
 )
 def test_bad_deploy_values_are_errors_naming_the_key(target: str, deploy: dict[str, Any], message: str) -> None:
@@ -392,6 +462,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     [
         ("multi-controller", ["--set", "hosts=2"]),
         ("pathways", ["--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/p"]),
+        (
+            "pathways",
+            ["--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/p",
+             "--set", "xla_flags=--xla_a=1 --xla_b"],
+        ),
     ],
 )
 def test_cli_prints_the_rendered_yaml(target: str, sets: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,7 +516,7 @@ def test_pyproject_admits_the_jax_of_versions() -> None:
     assert pinned("jax").specifier.contains(versions.JAX_VERSION)
 
 
-def test_readme_names_the_coupled_versions() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_deployment_docs_name_the_coupled_versions() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
     for text in (versions.SIDECAR_BASE_IMAGE, f"JAX {versions.JAX_VERSION}", f"pathwaysutils {versions.PATHWAYSUTILS_VERSION}"):
-        assert text in readme, text
+        assert text in page, text

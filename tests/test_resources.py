@@ -352,11 +352,12 @@ def test_doctor_json_reports_what_this_process_sees(monkeypatch: pytest.MonkeyPa
     out = _doctor("--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert set(report) == {"cpu", "memory_limit", "shm", "jax", "versions"}
+    assert set(report) == {"cpu", "memory_limit", "shm", "jax", "versions", "warnings"}
+    assert report["warnings"] == []  # off Pathways there are none
     assert report["cpu"] == dataclasses.asdict(cpu_budget())
     assert report["memory_limit"] == memory_limit()
     assert report["shm"]["directory"] == "/dev/shm" and report["shm"]["free_bytes"] > 0
-    assert report["jax"] == {"backend": "cpu", "devices": ["cpu:0", "cpu:1", "cpu:2"], "pathways": False}
+    assert report["jax"] == {"backend": "cpu", "devices": ["cpu:0", "cpu:1", "cpu:2"], "pathways": False, "error": None}
     assert report["versions"]["colo-data"] == importlib.metadata.version("colo-data")
     assert report["versions"]["python"] == platform.python_version()
     packages = {"colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy", "python"}

@@ -2,12 +2,23 @@
 sidecar of that host (`jax.experimental.colocated_python`), on the CPU device colocated
 with the host's accelerators, and its rows come back as the shards of global `jax.Array`s
 on those CPU devices. Host h is the h-th CPU device of the mesh, never `jax.process_index()`
-(always 0 under Pathways). On a CPU-only JAX the same calls run in this process."""
+(always 0 under Pathways). On a CPU-only JAX the same calls run in this process.
+
+What goes wrong on a host reaches the trainer: an exception as the same colo-data error
+type naming the host, with its traceback; warnings raised in the sidecar's process (which
+would stay in its log) in a note beside each call's batches, re-issued in the trainer
+naming their host. Warnings of worker processes (`workers` > 0) stay in the sidecar's log."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+import traceback
+import uuid
+import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from time import perf_counter
 from typing import Any, cast
 
@@ -34,6 +45,9 @@ from colo_data.telemetry.report import HostCounters, HostInfo
 
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
+NOTE_BYTES = 4096  # a host's warnings of one call, as zero-padded JSON: fetched by the trainer each call
+_MESSAGE_CHARS = 1000  # of one warning's message in a note
+_PROCESS = uuid.uuid4().hex  # this interpreter: a colocated object compares it with its controller's
 
 
 def colocated_hosts(mesh: Mesh) -> list[jax.Device]:
@@ -60,10 +74,13 @@ class _HostSide:
     of `count` consecutive global batches; the shard a host holds says which host it is.
     Consecutive requests continue each host's chunk stream (its worker processes and
     row-group cache); any other position restarts it. The requests of a stream ask for
-    the same count (`ColocatedHosts.batches_per_call`), but the last one."""
+    the same count (`ColocatedHosts.batches_per_call`), but the last one. `controller` is
+    the controller's `_PROCESS`: in another process (a sidecar's) this object carries each
+    host's warnings back in the calls' notes; in the controller's own they show there."""
 
-    def __init__(self, pipeline: Pipeline, workers: int) -> None:
+    def __init__(self, pipeline: Pipeline, workers: int, controller: str) -> None:
         self.pipeline, self.workers = pipeline, workers
+        self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostPipeline] = {}
         self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
         self._owner = Lifecycle("colocated host side")
@@ -97,31 +114,57 @@ class _HostSide:
         ]
         return jax.make_array_from_single_device_arrays((hosts,), _batch_sharding(request), pieces)
 
-    def batches(self, request: jax.Array) -> list[dict[str, jax.Array]]:
+    def batches(self, request: jax.Array) -> tuple[list[dict[str, jax.Array]], jax.Array | None]:
         """The requested global batches, each a dict of arrays of shape (global batch size,
-        ...) whose shard on host h's CPU device is host h's rows. In JAX's 32-bit mode a
-        64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
+        ...) whose shard on host h's CPU device is host h's rows, and the hosts' notes: a
+        (hosts, NOTE_BYTES) uint8 array whose row h holds host h's warnings of this call
+        (`_note`), None when this object runs in the controller's process. In JAX's 32-bit
+        mode a 64-bit column is cast to 32 bits, or is a TransformError when a value would
+        change."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
         per_host: list[tuple[int, Any, HostBatch]] = []
         positions: dict[int, int] = {}
+        caught: dict[int, list[warnings.WarningMessage]] = {}
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)
-            positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
-            per_host.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
+            with self._work_of(host, hosts, caught):
+                positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
+                per_host.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
         _check_columns(per_host)
         x64 = jax.enable_x64.value  # read here: this process's JAX makes the arrays (and would narrow)
-        per_host = [
-            (h, d, jax_ready(c, x64, f"host {h}, batches from stream position {positions[h]}")) for h, d, c in per_host
-        ]
+        ready = []
+        for h, d, c in per_host:
+            with self._work_of(h, hosts, caught):
+                ready.append((h, d, jax_ready(c, x64, f"host {h}, batches from stream position {positions[h]}")))
         sharding = _batch_sharding(request)
         out: list[dict[str, jax.Array]] = [{} for _ in range(count)]
-        for name, first in per_host[0][2].items():
+        for name, first in ready[0][2].items():
             shape = (size, *first.shape[1:])
-            pieces = [jax.device_put(np.split(c[name], count), [d] * count) for _, d, c in per_host]  # one call per host
+            pieces = [jax.device_put(np.split(c[name], count), [d] * count) for _, d, c in ready]  # one call per host
             for i in range(count):
                 out[i][name] = jax.make_array_from_single_device_arrays(shape, sharding, [p[i] for p in pieces])
-        return out
+        if not self.carries_warnings:  # they showed in this process, the controller's
+            return out, None
+        notes = [jax.device_put(_note(caught.get(h, []))[None], d) for h, d, _ in ready]
+        return out, jax.make_array_from_single_device_arrays((hosts, NOTE_BYTES), sharding, notes)
+
+    @contextmanager
+    def _work_of(self, host: int, hosts: int, caught: dict[int, list[warnings.WarningMessage]]) -> Iterator[None]:
+        """Host `host`'s part of a call. An exception leaves it as `_raised_on` makes it;
+        warnings are kept in `caught` when this object carries them (not thread-safe, as
+        `warnings.catch_warnings`: a warning of another thread meanwhile is taken for the host's)."""
+        recording: AbstractContextManager[list[warnings.WarningMessage] | None] = (
+            warnings.catch_warnings(record=True) if self.carries_warnings else nullcontext()
+        )
+        with recording as records:
+            try:
+                yield
+            except Exception as e:
+                raise _raised_on(host, hosts, e) from e
+            finally:
+                if records:
+                    caught.setdefault(host, []).extend(records)
 
     def close(self, request: jax.Array) -> jax.Array:
         """Stop every host stream (and its worker processes)."""
@@ -129,6 +172,66 @@ class _HostSide:
             _close(stream)
         self._streams.clear()
         return self.open(request)
+
+
+def _raised_on(host: int, hosts: int, e: Exception) -> ColoDataError:
+    """`e`, raised by host `host`'s work, as the same colo-data error type (any other
+    exception: a SidecarError) whose text names the host and holds the traceback of where
+    it was raised: under Pathways the controller gets only the text (see `_as_colo_data_error`)."""
+    kind, text = (type(e), str(e)) if isinstance(e, ColoDataError) else (SidecarError, f"{type(e).__name__}: {e}")
+    where = "".join(traceback.format_tb(e.__traceback__))
+    return kind(
+        f"{text}\n--- raised in the colocated-Python sidecar of host {host} of {hosts} ---\n"
+        f"Traceback (most recent call last):\n{where}"
+    )
+
+
+def _note(records: Sequence[warnings.WarningMessage]) -> np.ndarray:
+    """A host's warnings of one call as `NOTE_BYTES` of zero-padded JSON (category, message,
+    where), as many as fit with the count of the others, which go to this process's
+    stderr (the sidecar's log); all zeros for none."""
+    note = np.zeros(NOTE_BYTES, np.uint8)
+    if not records:
+        return note
+    items, room = [], NOTE_BYTES - len('{"warnings": [], "dropped": 00000000}')
+    for w in records:
+        item = json.dumps([w.category.__module__, w.category.__qualname__, str(w.message)[:_MESSAGE_CHARS], w.filename, w.lineno])
+        room -= len(item) + 2
+        if room < 0:
+            break
+        items.append(item)
+    for w in records[len(items) :]:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    data = f'{{"warnings": [{", ".join(items)}], "dropped": {len(records) - len(items)}}}'.encode()
+    note[: len(data)] = np.frombuffer(data, np.uint8)
+    return note
+
+
+def _reissue(notes: np.ndarray) -> None:
+    """Issue here the warnings that the hosts' notes (`_note`, row h from host h) carry,
+    each naming its host and where it was raised."""
+    for host, note in enumerate(notes):
+        data = note.tobytes().rstrip(b"\0")
+        if not data:
+            continue
+        carried = json.loads(data)
+        prefix = f"host {host} of {len(notes)}, in its colocated-Python sidecar: "
+        for module, name, message, filename, lineno in carried["warnings"]:
+            warnings.warn(f"{prefix}{message} ({filename}:{lineno})", _category(module, name), stacklevel=2)
+        if carried["dropped"]:
+            warnings.warn(
+                f"{prefix}{carried['dropped']} more warning(s) did not fit the note the sidecar sends; its log has them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _category(module: str, name: str) -> type[Warning]:
+    """The warning class `module`.`name` if this process has imported it, else UserWarning."""
+    found: Any = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
 
 
 def _batch_sharding(request: jax.Array) -> NamedSharding:
@@ -221,7 +324,7 @@ class ColocatedHosts:
         # as long as a compiled method holds it, and a first call that fails holds nothing
         # (every later call would find no object), so this one cannot fail on the data.
         # jax types the wrapper `type[object]`, though it takes `_HostSide`'s arguments
-        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers)  # type: ignore[call-arg]
+        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers, _PROCESS)  # type: ignore[call-arg]
         try:
             seen = np.asarray(self._call("open", self._request(0, 1)))
         except BaseException:
@@ -245,7 +348,10 @@ class ColocatedHosts:
             if self._remote is None:
                 raise SidecarError("ColocatedHosts was closed while its batches were read: call batches() again")
             count = self.batches_per_call if left is None else min(self.batches_per_call, left)
-            yield from self._call("batches", self._request(position, count))
+            batches, notes = self._call("batches", self._request(position, count))
+            if notes is not None:
+                _reissue(np.asarray(notes))
+            yield from batches
             position += count * size
             left = None if left is None else left - count
 

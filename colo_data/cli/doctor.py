@@ -2,14 +2,18 @@
 workers, memory, shared memory) and what JAX sees, to check a container before a run.
 Given a CONFIG it also sizes the sidecar's shared-memory ring as the sidecar will, and
 exits non-zero (after the report) when the ring cannot fit: the sidecar image runs it
-before the sidecar and refuses to start on that."""
+before the sidecar and refuses to start on that. Where the trainer is a Pathways client
+(`JAX_PLATFORMS=proxy`) it also warns about settings of its environment that do not reach
+Pathways' compiler; warnings do not change the exit status."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
 import json
+import os
 import platform
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -21,6 +25,11 @@ from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
 from colo_data.ops.config import Config, load_config
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
+CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
+# Where the Pathways servers keep their files, the persistent compilation cache among them
+# (under its compilation_cache/): their --gcs_scratch_location, which colo-data's JobSet
+# also gives the trainer in this variable.
+SCRATCH_ENV = "COLO_DATA_PATHWAYS_SCRATCH"
 
 
 @click.command()
@@ -43,7 +52,7 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}
         directory = shm_dir or options.get("shm_dir", defaults.SHM_DIR)
-        report = _report(directory)
+        report = _report(directory, settings.deploy if settings else {})
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
     except ColoDataError as error:
@@ -80,26 +89,78 @@ def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, A
     }
 
 
-def _report(shm_dir: str = defaults.SHM_DIR) -> dict[str, Any]:
+def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),
         "shm": {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)},
         "jax": _jax(),
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
+        "warnings": pathways_warnings(os.environ, deploy or {}),
     }
 
 
 def _jax() -> dict[str, Any]:
     """What JAX sees: its backend, devices and whether they are Pathways'. JAX is imported
-    here, not with the module, so that the rest of the command line starts without it."""
+    here, not with the module, so that the rest of the command line starts without it. On
+    Pathways the proxy backend is registered first (`pathwaysutils.initialize()`, as the
+    Loader does); a backend that cannot start (no proxy at JAX_BACKEND_TARGET, a platform
+    this host lacks) is reported in `error`, with no backend and no devices."""
     import jax
 
-    return {
-        "backend": jax.default_backend(),
-        "devices": [str(device) for device in jax.devices()],
-        "pathways": _pathways_used(),
-    }
+    pathways = _pathways_used()
+    try:
+        if pathways:
+            import pathwaysutils
+
+            pathwaysutils.initialize()
+        backend, devices, error = jax.default_backend(), [str(device) for device in jax.devices()], None
+    except RuntimeError as e:  # jax.errors.JaxRuntimeError is one
+        backend, devices, error = None, [], str(e)
+    return {"backend": backend, "devices": devices, "pathways": pathways, "error": error}
+
+
+def pathways_warnings(environ: Mapping[str, str], deploy: Mapping[str, Any]) -> list[str]:
+    """Settings of a Pathways client's environment (`JAX_PLATFORMS=proxy`) that do nothing
+    there: compiler flags, read by the process that compiles (the pathways-proxy, not the
+    client), and JAX's own compilation cache, which pathwaysutils turns off under Pathways
+    (Pathways keeps its own); and a Pathways compilation cache location that is missing
+    (neither `SCRATCH_ENV` nor the config's `[deploy] gcs_scratch`) or not on GCS. None off
+    Pathways."""
+    if "proxy" not in environ.get("JAX_PLATFORMS", "").split(","):
+        return []
+    found = []
+    for name in CLIENT_FLAG_VARIABLES:
+        flags = " ".join(environ.get(name, "").split())
+        if flags:
+            found.append(
+                f"{name} is set in this JAX client's environment ({flags}), but under Pathways (JAX_PLATFORMS=proxy) "
+                "the pathways-proxy compiles, not this process: those flags do not reach the compiler. Put them on the "
+                f"proxy: colo-data manifest CONFIG --target pathways --set xla_flags='{flags}' (or [deploy] xla_flags), "
+                f"and unset {name} here."
+            )
+    cache = environ.get("JAX_COMPILATION_CACHE_DIR")
+    if cache:
+        found.append(
+            f"JAX_COMPILATION_CACHE_DIR is set ({cache}), but under Pathways JAX's own compilation cache is off: "
+            "pathwaysutils.initialize() (which the Loader calls) turns it off, because Pathways handles its own "
+            "compilation cache. Nothing is cached there; unset it."
+        )
+    scratch = environ.get(SCRATCH_ENV) or deploy.get("gcs_scratch")
+    if not scratch:
+        found.append(
+            "no Pathways persistent compilation cache location is set for this job: Pathways keeps its compilation "
+            "cache under its servers' --gcs_scratch_location (in compilation_cache/), and without a lasting one every "
+            "restart compiles from scratch. Give one with [deploy] gcs_scratch or colo-data manifest CONFIG --target "
+            f"pathways --set gcs_scratch=gs://BUCKET/pathways, which also sets {SCRATCH_ENV} for the trainer "
+            "(run colo-data doctor with that CONFIG, or in the trainer's container)."
+        )
+    elif not str(scratch).startswith("gs://"):
+        found.append(
+            f"the Pathways persistent compilation cache location is {scratch!r}, not a gs:// location: the Pathways "
+            "servers keep their compilation cache there (--gcs_scratch_location), on GCS; give gs://BUCKET/PATH."
+        )
+    return found
 
 
 def _pathways_used() -> bool:
@@ -129,8 +190,8 @@ def _text(report: dict[str, Any]) -> str:
         ("workers", str(cpu["workers"])),
         ("memory limit", memory),
         (f"shm {shm['directory']}", f"{_bytes(shm['free_bytes'])} free"),
-        ("jax backend", jax_info["backend"]),
-        ("jax devices", f"{len(jax_info['devices'])}: {', '.join(jax_info['devices'])}"),
+        ("jax backend", jax_info["backend"] or f"unavailable: {jax_info['error']}"),
+        ("jax devices", f"{len(jax_info['devices'])}: {', '.join(jax_info['devices'])}" if jax_info["devices"] else "none"),
         ("pathways proxy", "yes" if jax_info["pathways"] else "no"),
         *((f"version {name}", version or "not installed") for name, version in report["versions"].items()),
     ]
@@ -145,6 +206,7 @@ def _text(report: dict[str, Any]) -> str:
             ),
             ("ring fits", "yes" if ring["fits"] else "NO (see the error below)"),
         ]
+    rows += [("warning", warning) for warning in report["warnings"]]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

@@ -2,7 +2,7 @@
 saved state. The stream continues exactly, on any device or host count and with another
 global batch size where it divides, because the state is a record position. The glue to
 `pathwaysutils.elastic.Manager` is its two attributes, `slice_to_devices` and
-`active_slice_indices`; see the README's "Elastic resume" for the whole loop."""
+`active_slice_indices`; see docs/multi-host.md, "Elastic resume", for the whole loop."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ or an Indexed Job of multi-controller JAX pods with a colo-data sidecar next to 
 trainer.
 
 A template is plain YAML. A string that is exactly `${key}` becomes the key's value, of
-any type (a key whose value is None is left out); `${key}` inside a longer string is
+any type (a key whose value is None is left out; a list item whose value is a list is
+replaced by that list's items, none for an empty list); `${key}` inside a longer string is
 replaced by the value's text and `$$` by `$`. The sidecar's CPU limit is chosen so that
 its CPU budget gives the expected workers, and the shared-memory volume is sized from one
 measured host batch unless `[deploy] shm_size` says otherwise.
@@ -49,6 +50,7 @@ _TOPOLOGY = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
 _QUANTITY = re.compile(r"([1-9]\d*)(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _WHOLE = re.compile(r"\$\{(\w+)\}")
+_FLAG = re.compile(r"--[A-Za-z_]\w*(=\S*)?")  # what XLA's flag parsers take: --name or --name=value
 _CHIPS_PER_HOST = 4
 
 
@@ -76,7 +78,9 @@ class Deploy:
     running `colo-data bench CONFIG`); `hosts` the trainer pods (multi-controller);
     `tpu_type`/`topology`/`slices` the TPU slices; `gcs_scratch` Pathways' scratch bucket;
     `sidecar_cpus`/`sidecar_memory` the sidecar's limits; `shm_size` the shared-memory
-    volume (default: measured)."""
+    volume (default: measured); `xla_flags` the compiler's flags ("--a=1 --b" or a list of
+    flags): under Pathways the args of the `pathways-proxy` container, which compiles, else
+    the trainer's `LIBTPU_INIT_ARGS` (TPU hosts) or `XLA_FLAGS`."""
 
     name: str = "colo-data"
     image: str | None = None
@@ -90,6 +94,7 @@ class Deploy:
     sidecar_cpus: float | None = None
     sidecar_memory: str | None = None
     shm_size: str | None = None
+    xla_flags: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) or len(self.name) > _NAME_MAX:
@@ -122,6 +127,24 @@ class Deploy:
         for key in ("sidecar_memory", "shm_size"):
             if getattr(self, key) is not None:
                 quantity_bytes(key, getattr(self, key))
+        flags = self.xla_flags
+        written = list(flags) if isinstance(flags, tuple) else flags  # from_table makes a TOML list a tuple
+        allowed = 'flags "--name=value" or "--name" in one string separated by spaces, or a list of them'
+        if flags is not None and not (
+            isinstance(flags, str) or (isinstance(flags, tuple) and all(isinstance(f, str) for f in flags))
+        ):
+            _bad("xla_flags", written, allowed)
+        example = '"--xla_tpu_enable_latency_hiding_scheduler=true"'
+        for flag in self.xla_flag_list:
+            if not _FLAG.fullmatch(flag):
+                _bad("xla_flags", written, f"{allowed} ({flag!r} is not one), e.g. {example}")
+
+    @property
+    def xla_flag_list(self) -> list[str]:
+        """`xla_flags` one flag an item: a string is split at whitespace; none: []."""
+        if self.xla_flags is None:
+            return []
+        return self.xla_flags.split() if isinstance(self.xla_flags, str) else list(self.xla_flags)
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> Deploy:
@@ -131,8 +154,9 @@ class Deploy:
         if unknown:
             raise ConfigError(f"unknown key(s) {unknown} in [deploy]; allowed: {allowed}")
         values = dict(table)
-        if isinstance(values.get("command"), list):
-            values["command"] = tuple(values["command"])
+        for key in ("command", "xla_flags"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
         return cls(**values)
 
 
@@ -219,7 +243,14 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
         filled = {key: _fill(value, values) for key, value in node.items()}
         return {key: value for key, value in filled.items() if value is not None}
     if isinstance(node, list):
-        return [_fill(item, values) for item in node]
+        filled_items: list[Any] = []
+        for item in node:
+            whole = _WHOLE.fullmatch(item) if isinstance(item, str) else None
+            if whole and isinstance(values[whole.group(1)], list):
+                filled_items.extend(values[whole.group(1)])
+            else:
+                filled_items.append(_fill(item, values))
+        return filled_items
     if isinstance(node, str):
         whole = _WHOLE.fullmatch(node)
         if whole:
@@ -312,6 +343,7 @@ def _pathways(config: Config, deploy: Deploy) -> dict[str, Any]:
         "chips_per_host": str(chips),
         "server_image": versions.PATHWAYS_SERVER_IMAGE,
         "proxy_image": versions.PATHWAYS_PROXY_IMAGE,
+        "xla_flags": deploy.xla_flag_list,  # the proxy's args: it compiles, not the trainer (the JAX client)
     }
 
 
@@ -337,8 +369,12 @@ def _multi_controller(config: Config, deploy: Deploy) -> dict[str, Any]:
         }
         resources = {"limits": {"google.com/tpu": str(chips)}}
     values = _sidecar_values(config, deploy, "multi-controller", hosts)
+    # Here the trainer compiles: TPU flags go to libtpu, which reads LIBTPU_INIT_ARGS.
+    flags_variable = "XLA_FLAGS" if deploy.tpu_type is None else "LIBTPU_INIT_ARGS"
+    flags = deploy.xla_flag_list
     return values | {
         "hosts": hosts,
+        "xla_flags_env": [{"name": flags_variable, "value": " ".join(flags)}] if flags else [],
         "socket": SOCKET,
         "socket_dir": SOCKET_DIR,
         "node_selector": node_selector,
