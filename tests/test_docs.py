@@ -51,18 +51,19 @@ SKIPPED = [b for page in PAGES for b in blocks(page) if b.skip is not None]
 
 
 def script(page: Path) -> str:
-    """The page's runnable blocks as one script; each block's first line is marked so that a
-    traceback names the block by the page's own line number."""
-    parts = []
+    """The page's runnable blocks as one script, each line of code on its line of the page
+    (the rest blank), so that a traceback's line numbers are the page's."""
+    lines = [""] * (page.read_text().count("\n") + 1)
     for block in blocks(page):
         if block.skip is None:
-            parts.append(f"# --- {name(page)}, line {block.line + 1}\n{block.code}")
-    return "\n".join(parts)
+            for i, line in enumerate(block.code.splitlines()):
+                lines[block.line + i] = line
+    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("page", RUN, ids=name)
 def test_the_page_examples_run(page: Path, tmp_path: Path) -> None:
-    path = tmp_path / (page.stem + "_examples.py")
+    path = tmp_path / f"{page.name}.py"  # a traceback names the page, at the page's line
     path.write_text(script(page))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # a reader's JAX: one CPU device unless a page asks
     result = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
