@@ -209,17 +209,24 @@ def test_verdict_lines() -> None:
     calm = report.Phase(100, 10.0, 0.03, 0.003, 800, 80.0, 1.0, 0, 0, 0, 0, 0)
     warm = report.Phase(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     handoff = report.Stage("handoff", 1.0, 10, 10)
+
+    def verdict(phase: report.Phase, hosts: list[report.HostSide]) -> tuple[bool, str | None, str]:
+        return report.verdict(phase, warm, 3, report.limit(hosts, handoff, False))
+
     workers = [host({"transform": 3.9, "read": 1.0}, 2, True, 0.97)]
-    assert report.verdict(steady, warm, 3, workers, handoff, False)[2] == (
+    assert verdict(steady, workers)[2] == (
         "input-bound: transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup); wait 40.0% of step time"
     )
     # two worker processes share the transform out: 3.0 s of it is 1.5 s on the critical path, less
     # than the 2 s of shared-memory writes, which the sidecar's producer thread does alone
-    line = report.verdict(steady, warm, 3, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)], handoff, False)[2]
+    line = verdict(steady, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)])[2]
     assert line.startswith("input-bound: shared-memory write stage; 2 workers at 50% CPU")
-    assert report.verdict(steady, warm, 3, [host({"transform": 0.5}, 1, False, None)], handoff, False)[1] == "handoff"
-    assert report.verdict(calm, warm, 3, workers, handoff, False) == (False, None, "not input-bound: wait 0.3% of step time")
-    assert report.verdict(warm, warm, 3, workers, handoff, False)[2].startswith("warming up")
+    assert verdict(steady, [host({"transform": 0.5}, 1, False, None)])[1] == "handoff"
+    assert verdict(calm, workers) == (False, None, "not input-bound: wait 0.3% of step time")
+    assert verdict(warm, workers)[2].startswith("warming up")
+    # what limits the pipeline is named whether or not the trainer waits, and not where nothing was measured
+    assert report.limit(workers, handoff, False) == ("transform", "transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup)")
+    assert report.limit([], handoff, False) == (None, None)
 
 
 def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:

@@ -90,13 +90,14 @@ def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, A
 
 
 def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    jax_info = _jax()
     return {
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),
         "shm": {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)},
-        "jax": _jax(),
+        "jax": jax_info,
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
-        "warnings": pathways_warnings(os.environ, deploy or {}),
+        "warnings": _pathways_warnings(deploy or {}) if jax_info["pathways"] else [],
     }
 
 
@@ -120,18 +121,16 @@ def _jax() -> dict[str, Any]:
     return {"backend": backend, "devices": devices, "pathways": pathways, "error": error}
 
 
-def pathways_warnings(environ: Mapping[str, str], deploy: Mapping[str, Any]) -> list[str]:
+def _pathways_warnings(deploy: Mapping[str, Any]) -> list[str]:
     """Settings of a Pathways client's environment (`JAX_PLATFORMS=proxy`) that do nothing
     there: compiler flags, read by the process that compiles (the pathways-proxy, not the
     client), and JAX's own compilation cache, which pathwaysutils turns off under Pathways
     (Pathways keeps its own); and a Pathways compilation cache location that is missing
-    (neither `SCRATCH_ENV` nor the config's `[deploy] gcs_scratch`) or not on GCS. None off
-    Pathways."""
-    if "proxy" not in environ.get("JAX_PLATFORMS", "").split(","):
-        return []
+    (neither `SCRATCH_ENV` nor the config's `[deploy] gcs_scratch`) or not on GCS. Asked
+    only on Pathways."""
     found = []
     for name in CLIENT_FLAG_VARIABLES:
-        flags = " ".join(environ.get(name, "").split())
+        flags = " ".join(os.environ.get(name, "").split())
         if flags:
             found.append(
                 f"{name} is set in this JAX client's environment ({flags}), but under Pathways (JAX_PLATFORMS=proxy) "
@@ -139,14 +138,14 @@ def pathways_warnings(environ: Mapping[str, str], deploy: Mapping[str, Any]) -> 
                 f"proxy: colo-data manifest CONFIG --target pathways --set xla_flags='{flags}' (or [deploy] xla_flags), "
                 f"and unset {name} here."
             )
-    cache = environ.get("JAX_COMPILATION_CACHE_DIR")
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if cache:
         found.append(
             f"JAX_COMPILATION_CACHE_DIR is set ({cache}), but under Pathways JAX's own compilation cache is off: "
             "pathwaysutils.initialize() (which the Loader calls) turns it off, because Pathways handles its own "
             "compilation cache. Nothing is cached there; unset it."
         )
-    scratch = environ.get(SCRATCH_ENV) or deploy.get("gcs_scratch")
+    scratch = os.environ.get(SCRATCH_ENV) or deploy.get("gcs_scratch")
     if not scratch:
         found.append(
             "no Pathways persistent compilation cache location is set for this job: Pathways keeps its compilation "

@@ -246,11 +246,7 @@ def capacity(telemetry: Telemetry) -> list[str]:
     if not steady.steps or steady.records_per_s <= 0:
         return ["capacity: no batch was read, so nothing to measure"]
     batches = steady.steps / steady.seconds if steady.seconds > 0 else 0.0
-    if telemetry.bottleneck is None:  # stages not measured here, or the trainer hardly waited
-        limit = f"not named ({telemetry.verdict})"
-    else:  # the verdict without its wait share: "the read stage; 1 worker at 42% CPU; CPU budget 2.0 (...)"
-        parts = [part for part in telemetry.verdict.split("; ") if not part.startswith("wait ")]
-        limit = "; ".join([parts[0].replace("input-bound: ", "the "), *parts[1:]])
+    limit = f"the {telemetry.limit}" if telemetry.limit else "not named: host stages are not measured on this backend"
     return [
         "no training step was simulated: with none, every loader waits for its input all the time, so the input "
         "wait above says nothing about your job",

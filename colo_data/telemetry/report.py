@@ -94,6 +94,7 @@ class Telemetry:
     input_bound: bool
     bottleneck: str | None
     verdict: str
+    limit: str | None = None  # what limits the pipeline (`limit`), whether or not the trainer waits
     components: dict[str, int] | None = None  # a cd.Mix's records of each component since the loader started
 
     def as_dict(self) -> dict[str, Any]:
@@ -197,7 +198,7 @@ def _critical_seconds(hosts: Sequence[HostSide], handoff: Stage, shared_thread: 
 
 
 def verdict(
-    steady: Phase, warmup: Phase, warmup_steps: int, hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool
+    steady: Phase, warmup: Phase, warmup_steps: int, limited: tuple[str | None, str | None]
 ) -> tuple[bool, str | None, str]:
     """Whether the trainer waits for input and, if so, which stage holds it up.
 
@@ -205,10 +206,7 @@ def verdict(
         steady: the steady state's numbers.
         warmup: the warm-up's numbers (reported while there is no steady state yet).
         warmup_steps: steps the warm-up lasts.
-        hosts: each host pipeline's stages, workers and CPU budget.
-        handoff: the trainer's hand-off stage.
-        shared_thread: whether the hosts run on the trainer's one thread (their times add up)
-            rather than side by side.
+        limited: what limits the pipeline, as `limit` gives it.
 
     Returns:
         (input-bound?, bottleneck stage or None, the one-line verdict).
@@ -218,11 +216,21 @@ def verdict(
     share = steady.input_wait_share
     if share < INPUT_BOUND_SHARE:
         return False, None, f"not input-bound: wait {share:.1%} of step time"
+    stage, limiting = limited
+    if stage is None:
+        return True, None, f"input-bound: wait {share:.1%} of step time; host stages not measured on this backend"
+    return True, stage, f"input-bound: {limiting}; wait {share:.1%} of step time"
+
+
+def limit(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tuple[str | None, str | None]:
+    """The stage with the most time on the critical path and what holds it, e.g. `("read",
+    "read stage; 1 worker at 42% CPU; CPU budget 2.0 (affinity mask)")`, whether or not the
+    trainer waits; (None, None) where the hosts' stages are not measured."""
     critical = _critical_seconds(hosts, handoff, shared_thread)
     if not hosts or not any(critical.values()):
-        return True, None, f"input-bound: wait {share:.1%} of step time; host stages not measured on this backend"
+        return None, None
     stage = max(critical, key=lambda name: critical[name])
-    parts = [f"input-bound: {STAGE_LABELS[stage]} stage"]
+    parts = [f"{STAGE_LABELS[stage]} stage"]
     if stage == "read":
         read = sum(h.stages[READ].seconds for h in hosts)
         io_wait = sum(h.stages[IO_WAIT].seconds for h in hosts)
@@ -238,8 +246,7 @@ def verdict(
     budget = hosts[0]
     if budget.cpu_budget is not None:
         parts.append(f"CPU budget {cpus_text(budget.cpu_budget)} ({_short_source(budget.cpu_budget_source)})")
-    parts.append(f"wait {share:.1%} of step time")
-    return True, stage, "; ".join(parts)
+    return stage, "; ".join(parts)
 
 
 def summarize(
@@ -314,7 +321,8 @@ def summarize(
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)
     handoff_stage = _stages(hand)[HANDOFF]
-    bound, bottleneck, line = verdict(steady, warmup, clock.warmup, hosts, handoff_stage, shared_thread)
+    limited = limit(hosts, handoff_stage, shared_thread)
+    bound, bottleneck, line = verdict(steady, warmup, clock.warmup, limited)
     return Telemetry(
         backend=backend,
         steps=clock.count,
@@ -330,6 +338,7 @@ def summarize(
         input_bound=bound,
         bottleneck=bottleneck,
         verdict=line,
+        limit=limited[1],
     )
 
 
