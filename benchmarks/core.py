@@ -10,38 +10,29 @@ contender reads the first `PER_RECORD_BATCHES` batches. Rounds are interleaved a
 median is reported, so that a noisy neighbour hits every contender alike. Grain runs with
 its own defaults: `mp_prefetch()` starts 10 worker processes, `DataLoader(worker_count=None)`
 one per `os.cpu_count()`. Run: `make benchmarks` or
-`.venv/bin/python benchmarks/core.py [--rounds N] [--out DIR]`.
+`.venv/bin/python benchmarks/core.py [--rounds N] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
+import itertools
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import grain
+import harness
 import jax
 import numpy as np
 import psutil
 import pyarrow.parquet as pq
-from absl import flags
+from demo_pad import BATCH, SEQ_LEN, PadRecord, numpy_pad
+from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
 from colo_data.ops import demo
 
-SEQ_LEN, BATCH = 1024, 32
 PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records
-
-
-def numpy_pad(offsets: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:
-    """Pad/truncate every list of a row group at once: one 2-D take and one select."""
-    starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
-    steps = np.arange(length)
-    taken = np.take(values, starts[:, None] + steps[None, :], mode="clip")
-    return np.where(steps[None, :] < lengths[:, None], taken, 0)
 
 
 def arrow_reference(files: list[str], to_device: bool) -> Iterator[int]:
@@ -63,14 +54,14 @@ def arrow_reference(files: list[str], to_device: bool) -> Iterator[int]:
 def colo_host_pipeline(directory: Path) -> Iterator[int]:
     """colo-data's HostPipeline alone: numpy batches, no JAX."""
     pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
-    for batch in cd.HostPipeline(pipeline).batches(0):
-        yield len(batch["tokens"])
+    for chunk in cd.HostPipeline(pipeline).chunks(0, batches=1):
+        yield chunk.rows
 
 
-def colo_loader(directory: Path, shuffle: str, workers: int | None, backend: str = "inprocess") -> Iterator[int]:
+def colo_loader(directory: Path, shuffle: str, backend: cd.InProcess | cd.Sidecar) -> Iterator[int]:
     """colo-data end to end: global jax.Arrays from cd.Loader."""
     pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH, shuffle=shuffle)
-    with cd.Loader(pipeline, workers=workers, backend=backend) as loader:
+    with cd.Loader(pipeline, backend=backend) as loader:
         for batch in loader:
             yield len(jax.block_until_ready(batch["tokens"]))
 
@@ -82,6 +73,8 @@ def add_bos_eos(record: dict) -> dict:
 
 
 class AddBosEos(grain.transforms.Map):
+    """`add_bos_eos` as a Grain transform."""
+
     def map(self, record: dict) -> dict:
         return add_bos_eos(record)
 
@@ -95,7 +88,7 @@ def colo_per_record(directory: Path, backend: str) -> Iterator[int]:
         global_batch_size=BATCH,
     )
     with cd.Loader(pipeline, backend=backend) as loader:
-        for _, batch in zip(range(PER_RECORD_BATCHES), loader):
+        for batch in itertools.islice(loader, PER_RECORD_BATCHES):
             yield len(jax.block_until_ready(batch["tokens"]))
 
 
@@ -118,14 +111,6 @@ def colo_packed(directory: Path) -> Iterator[int]:
             done = now
 
 
-class PadRecord(grain.transforms.Map):
-    def map(self, record: dict) -> dict:
-        tokens = np.zeros(SEQ_LEN, dtype=np.int32)
-        row = np.asarray(record["tokens"][:SEQ_LEN], dtype=np.int32)
-        tokens[: len(row)] = row
-        return {"id": record["id"], "tokens": tokens}
-
-
 def grain_map_dataset(directory: Path) -> Iterator[int]:
     """Grain MapDataset over a random-access Parquet source (colo-data's ArrowSource, the
     fastest we have), global shuffle, per-record pad, batch: Grain's random-access path."""
@@ -142,7 +127,7 @@ def grain_mp_prefetch(directory: Path, per_record: bool = False) -> Iterator[int
     ds = grain.MapDataset.source(source).shuffle(seed=0)
     ds = (ds.map(AddBosEos()) if per_record else ds).map(PadRecord()).batch(BATCH, drop_remainder=True)
     iterator = iter(ds.to_iter_dataset().mp_prefetch())
-    for _, batch in zip(range(PER_RECORD_BATCHES if per_record else 2**62), iterator):
+    for batch in itertools.islice(iterator, PER_RECORD_BATCHES if per_record else None):
         yield len(jax.block_until_ready(jax.device_put(batch))["tokens"])
     del iterator  # stops the worker processes
 
@@ -158,7 +143,7 @@ def grain_data_loader(directory: Path, per_record: bool = False) -> Iterator[int
         worker_count=None,
     )
     iterator = iter(loader)
-    for _, batch in zip(range(PER_RECORD_BATCHES if per_record else 2**62), iterator):
+    for batch in itertools.islice(iterator, PER_RECORD_BATCHES if per_record else None):
         yield len(jax.block_until_ready(jax.device_put(batch))["tokens"])
     del iterator
 
@@ -171,153 +156,105 @@ def grain_parquet_iter(files: list[str]) -> Iterator[int]:
             yield len(batch["tokens"])
 
 
-def measure(run: Callable[[], Iterator[int]]) -> dict[str, float]:
-    """Records/s over one full run and after its first batch (start-up apart), and CPU
-    seconds (this process and its children)."""
-    me = psutil.Process()
-
-    def cpu() -> float:
-        times = me.cpu_times()
-        children = sum(c.cpu_times().user + c.cpu_times().system for c in me.children(recursive=True))
-        return times.user + times.system + times.children_user + times.children_system + children
-
-    cpu0, t0 = cpu(), time.perf_counter()
-    records, first, first_s = 0, 0, 0.0
-    for n in run():
-        if not records:
-            first, first_s = n, time.perf_counter() - t0
-        records += n
-    wall, used = time.perf_counter() - t0, cpu() - cpu0
-    return {
-        "records": records,
-        "seconds": wall,
-        "first_batch_s": first_s,
-        "records_per_s": records / wall,
-        "after_first_per_s": (records - first) / (wall - first_s),
-        "cpu_s_per_1k": 1000 * used / records,
-    }
-
-
 PIPELINE_1 = "Demo pipeline"
 PIPELINE_2 = "Per-record Python transform"
+ARROW, ARROW_DEVICE = "Arrow reference (read in order + numpy pad)", "Arrow reference + jax.device_put"
+HOST = "colo-data HostPipeline, block shuffle (numpy batches)"
+LOADER, LOADER_GLOBAL = "colo-data Loader, block shuffle, 0 workers", "colo-data Loader, global shuffle, 0 workers"
+SIDECAR = "colo-data Loader, block shuffle, sidecar backend"
+PACKED = "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)"
+GRAIN_MAP = "Grain MapDataset, global shuffle, per-record pad"
+GRAIN_MP = "Grain MapDataset + mp_prefetch (10 workers), global shuffle"
+GRAIN_LOADER = "Grain DataLoader (worker_count=None), global shuffle"
+PER_RECORD = "colo-data Loader, block shuffle, per_record"
+PER_RECORD_SIDECAR = "colo-data Loader, block shuffle, per_record, sidecar backend"
+PER_RECORD_GRAIN_MP = "Grain MapDataset + mp_prefetch (10 workers)"
+PER_RECORD_GRAIN_LOADER = "Grain DataLoader (worker_count=None)"
+# (what, numerator, denominator, key): against the Arrow reference (no start-up of its own)
+# whole runs are compared; where a contender starts processes, rates after the first batch
+RATIOS = (
+    ("HostPipeline (block) / Arrow reference, whole epoch", HOST, ARROW, WHOLE),
+    ("Loader (block, 0 workers) / Arrow reference, whole epoch", LOADER, ARROW, WHOLE),
+    ("Loader (block, 0 workers) / Arrow reference + device_put, whole epoch", LOADER, ARROW_DEVICE, WHOLE),
+    ("Loader (block, 0 workers) / Grain MapDataset global shuffle", LOADER, GRAIN_MAP, AFTER_FIRST),
+    ("Loader (global, 0 workers) / Grain MapDataset global shuffle", LOADER_GLOBAL, GRAIN_MAP, AFTER_FIRST),
+    ("Loader (block, 0 workers) / Grain MapDataset + mp_prefetch", LOADER, GRAIN_MP, AFTER_FIRST),
+    ("Loader (block, 0 workers) / Grain DataLoader", LOADER, GRAIN_LOADER, AFTER_FIRST),
+    ("Loader sidecar / Loader in process (block)", SIDECAR, LOADER, AFTER_FIRST),
+    ("Loader sidecar / Loader in process (block), whole epoch", SIDECAR, LOADER, WHOLE),
+    ("Loader packed / Loader padded (block, 0 workers), source records/s", PACKED, LOADER, AFTER_FIRST),
+    ("per-record: Loader / Grain MapDataset + mp_prefetch", PER_RECORD, PER_RECORD_GRAIN_MP, AFTER_FIRST),
+    ("per-record: Loader / Grain DataLoader", PER_RECORD, PER_RECORD_GRAIN_LOADER, AFTER_FIRST),
+    ("per-record: Loader sidecar / Loader in process", PER_RECORD_SIDECAR, PER_RECORD, AFTER_FIRST),
+    ("per-record: Loader sidecar / Loader in process, whole run", PER_RECORD_SIDECAR, PER_RECORD, WHOLE),
+)
 
 
-Runs = dict[str, dict[str, list[dict[str, float]]]]
-WHOLE = "records_per_s"  # whole run, start-up included
-AFTER_FIRST = "after_first_per_s"
-
-
-def render(runs: Runs, rounds: int, files: int) -> tuple[str, dict[str, float]]:
-    """The Markdown tables and the ratios of one run's measurements. Against the Arrow
-    reference (no start-up of its own) whole runs are compared; where a contender starts
-    processes, rates after the first batch, with the whole run beside them."""
-
-    def rate(table: str, name: str, key: str = AFTER_FIRST) -> float:
-        return statistics.median(m[key] for m in runs[table][name])
-
-    def ratio(table: str, a: str, b: str, key: str = AFTER_FIRST) -> float:
-        return rate(table, a, key) / rate(table, b, key)
-
-    loader, one, two = "colo-data Loader, block shuffle, 0 workers", PIPELINE_1, PIPELINE_2
-    arrow, host = "Arrow reference (read in order + numpy pad)", "colo-data HostPipeline, block shuffle (numpy batches)"
-    sidecar, grain_map = "colo-data Loader, block shuffle, sidecar backend", "Grain MapDataset, global shuffle, per-record pad"
-    per_record, per_record_sidecar = "colo-data Loader, block shuffle, per_record", "colo-data Loader, block shuffle, per_record, sidecar backend"
-    ratios = {
-        "HostPipeline (block) / Arrow reference, whole epoch": ratio(one, host, arrow, WHOLE),
-        "Loader (block, 0 workers) / Arrow reference, whole epoch": ratio(one, loader, arrow, WHOLE),
-        "Loader (block, 0 workers) / Arrow reference + device_put, whole epoch": ratio(one, loader, "Arrow reference + jax.device_put", WHOLE),
-        "Loader (block, 0 workers) / Grain MapDataset global shuffle": ratio(one, loader, grain_map),
-        "Loader (global, 0 workers) / Grain MapDataset global shuffle": ratio(one, "colo-data Loader, global shuffle, 0 workers", grain_map),
-        "Loader (block, 0 workers) / Grain MapDataset + mp_prefetch": ratio(one, loader, "Grain MapDataset + mp_prefetch (10 workers), global shuffle"),
-        "Loader (block, 0 workers) / Grain DataLoader": ratio(one, loader, "Grain DataLoader (worker_count=None), global shuffle"),
-        "Loader sidecar / Loader in process (block)": ratio(one, sidecar, loader),
-        "Loader sidecar / Loader in process (block), whole epoch": ratio(one, sidecar, loader, WHOLE),
-        "Loader packed / Loader padded (block, 0 workers), source records/s": ratio(
-            one, "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)", loader
-        ),
-        "per-record: Loader / Grain MapDataset + mp_prefetch": ratio(two, per_record, "Grain MapDataset + mp_prefetch (10 workers)"),
-        "per-record: Loader / Grain DataLoader": ratio(two, per_record, "Grain DataLoader (worker_count=None)"),
-        "per-record: Loader sidecar / Loader in process": ratio(two, per_record_sidecar, per_record),
-        "per-record: Loader sidecar / Loader in process, whole run": ratio(two, per_record_sidecar, per_record, WHOLE),
+def contenders(directory: Path, files: list[str]) -> dict[str, dict[str, Callable[[], Iterator[int]]]]:
+    """Every contender's run, by pipeline."""
+    return {
+        PIPELINE_1: {
+            ARROW: lambda: arrow_reference(files, to_device=False),
+            ARROW_DEVICE: lambda: arrow_reference(files, to_device=True),
+            HOST: lambda: colo_host_pipeline(directory),
+            LOADER: lambda: colo_loader(directory, "block", cd.InProcess()),
+            "colo-data Loader, block shuffle, 1 worker": lambda: colo_loader(directory, "block", cd.InProcess(workers=1)),
+            LOADER_GLOBAL: lambda: colo_loader(directory, "global", cd.InProcess()),
+            SIDECAR: lambda: colo_loader(directory, "block", cd.Sidecar()),
+            PACKED: lambda: colo_packed(directory),
+            GRAIN_MAP: lambda: grain_map_dataset(directory),
+            GRAIN_MP: lambda: grain_mp_prefetch(directory),
+            GRAIN_LOADER: lambda: grain_data_loader(directory),
+            "Grain ParquetIterDataset, no shuffle, per-record pad": lambda: grain_parquet_iter(files),
+        },
+        PIPELINE_2: {
+            PER_RECORD: lambda: colo_per_record(directory, "inprocess"),
+            PER_RECORD_SIDECAR: lambda: colo_per_record(directory, "sidecar"),
+            PER_RECORD_GRAIN_MP: lambda: grain_mp_prefetch(directory, per_record=True),
+            PER_RECORD_GRAIN_LOADER: lambda: grain_data_loader(directory, per_record=True),
+        },
     }
+
+
+def render(tables: dict[str, list[str]], runs: harness.Runs, rounds: int, files: int) -> list[str]:
+    """The Markdown tables of one run's measurements, by pipeline."""
     lines = [
         f"Demo corpus ({files} files, 40,000 records), pad to {SEQ_LEN}, batch {BATCH}; median of {rounds} "
-        f"interleaved rounds; {psutil.cpu_count()} CPUs. \"After the first batch\" leaves out each contender's "
-        "start-up (worker or sidecar processes, first reads), which \"first batch\" shows.",
+        f'interleaved rounds; {psutil.cpu_count()} CPUs. "After the first batch" leaves out each contender\'s '
+        'start-up (worker or sidecar processes, first reads), which "first batch" shows.',
     ]
-    for table, rows in runs.items():
+    for table, names in tables.items():
         what = "one epoch" if table == PIPELINE_1 else f"the first {PER_RECORD_BATCHES * BATCH:,} records"
         lines += [
-            "", f"**{table}** ({what})", "",
+            "",
+            f"**{table}** ({what})",
+            "",
             "| pipeline | records/s after the first batch | records/s, whole run | first batch (s) | CPU s per 1k records |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
         lines += [
-            f"| {n} | {rate(table, n):,.0f} | {rate(table, n, WHOLE):,.0f} | {rate(table, n, 'first_batch_s'):.2f} "
-            f"| {rate(table, n, 'cpu_s_per_1k'):.3f} |"
-            for n in rows
+            f"| {n} | {harness.median(runs[n], AFTER_FIRST):,.0f} | {harness.median(runs[n], WHOLE):,.0f} "
+            f"| {harness.median(runs[n], 'first_batch_s'):.2f} | {harness.median(runs[n], 'cpu_s_per_1k'):.3f} |"
+            for n in names
         ]
-    lines += ["", "| ratio | value |", "| --- | ---: |", *(f"| {k} | {v:.2f}x |" for k, v in ratios.items())]
-    return "\n".join(lines), ratios
-
-
-def arguments(doc: str) -> argparse.Namespace:
-    """`--rounds N` and `--out DIR`, the options of the side-by-side benchmarks (`doc`'s first
-    line is the help); absl's flags marked parsed, as Grain needs."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
-    flags.FLAGS.mark_as_parsed()
-    return args
+    return lines
 
 
 def main() -> None:
-    args = arguments(__doc__)
+    """Every contender, round by round; core.md and core.json."""
+    args = harness.parse(harness.parser(__doc__))
     directory = demo.corpus()
     files = sorted(str(p) for p in directory.glob("*.parquet"))
     jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings
 
-    contenders: dict[str, dict[str, Callable[[], Iterator[int]]]] = {
-        PIPELINE_1: {
-            "Arrow reference (read in order + numpy pad)": lambda: arrow_reference(files, to_device=False),
-            "Arrow reference + jax.device_put": lambda: arrow_reference(files, to_device=True),
-            "colo-data HostPipeline, block shuffle (numpy batches)": lambda: colo_host_pipeline(directory),
-            "colo-data Loader, block shuffle, 0 workers": lambda: colo_loader(directory, "block", 0),
-            "colo-data Loader, block shuffle, 1 worker": lambda: colo_loader(directory, "block", 1),
-            "colo-data Loader, global shuffle, 0 workers": lambda: colo_loader(directory, "global", 0),
-            "colo-data Loader, block shuffle, sidecar backend": lambda: colo_loader(directory, "block", None, "sidecar"),
-            "colo-data Loader, block shuffle, packed (cd.Pack, rows of 1024)": lambda: colo_packed(directory),
-            "Grain MapDataset, global shuffle, per-record pad": lambda: grain_map_dataset(directory),
-            "Grain MapDataset + mp_prefetch (10 workers), global shuffle": lambda: grain_mp_prefetch(directory),
-            "Grain DataLoader (worker_count=None), global shuffle": lambda: grain_data_loader(directory),
-            "Grain ParquetIterDataset, no shuffle, per-record pad": lambda: grain_parquet_iter(files),
-        },
-        PIPELINE_2: {
-            "colo-data Loader, block shuffle, per_record": lambda: colo_per_record(directory, "inprocess"),
-            "colo-data Loader, block shuffle, per_record, sidecar backend": lambda: colo_per_record(directory, "sidecar"),
-            "Grain MapDataset + mp_prefetch (10 workers)": lambda: grain_mp_prefetch(directory, per_record=True),
-            "Grain DataLoader (worker_count=None)": lambda: grain_data_loader(directory, per_record=True),
-        },
-    }
-    runs: Runs = {table: {name: [] for name in rows} for table, rows in contenders.items()}
-    for r in range(args.rounds):
-        for table, rows in contenders.items():
-            for name, run in rows.items():
-                runs[table][name].append(measure(run))
-                m = runs[table][name][-1]
-                print(
-                    f"round {r + 1}/{args.rounds}  {name}: {m[AFTER_FIRST]:,.0f} records/s after the first batch "
-                    f"({m['first_batch_s']:.2f} s)",
-                    flush=True,
-                )
-
-    table_md, ratios = render(runs, args.rounds, len(files))
-    print("\n" + table_md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "core.md").write_text(table_md + "\n")
-    (args.out / "core.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=1))
-    print(f"\nwrote {args.out / 'core.md'} and {args.out / 'core.json'}")
+    by_table = contenders(directory, files)
+    runs = harness.interleave(
+        {name: partial(harness.measure, run, args.batches) for rows in by_table.values() for name, run in rows.items()},
+        args.rounds,
+    )
+    ratios = [harness.ratio_of_medians(what, runs[a], runs[b], key) for what, a, b, key in RATIOS]
+    lines = render({table: list(rows) for table, rows in by_table.items()}, runs, args.rounds, len(files))
+    harness.write_results("core", args, [*lines, "", *harness.ratio_table(ratios)], runs, ratios)
 
 
 if __name__ == "__main__":

@@ -6,22 +6,23 @@ components, 15,000 texts, and the byte-level BPE tokenizer trained on them).
 Pipeline: every text of the three components tokenized, ids padded or cut to `SEQ_LEN`,
 batches of `BATCH`; each contender reads one whole epoch per round. Rounds are interleaved
 and the median is reported, so that a noisy neighbour hits every contender alike. Run:
-`make benchmarks` or `.venv/bin/python benchmarks/lm.py [--rounds N] [--out DIR]`.
+`make benchmarks` or `.venv/bin/python benchmarks/lm.py [--rounds N] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import chain
 from pathlib import Path
 
+import harness
 import jax
 import numpy as np
 import psutil
 import pyarrow.parquet as pq
-from core import AFTER_FIRST, WHOLE, arguments, measure, numpy_pad  # the core benchmark's timing, pad and options
+from demo_pad import numpy_pad
+from harness import AFTER_FIRST, WHOLE
 from tokenizers import Tokenizer
 
 import colo_data as cd
@@ -65,7 +66,7 @@ def reference(files: list[str], tokenizer: Tokenizer, fast: bool) -> Iterator[in
                 yield len(padded[s : s + BATCH])
 
 
-def colo_loader(directory: Path, shuffle: str, workers: int | None, backend: str = "inprocess") -> Iterator[int]:
+def colo_loader(directory: Path, shuffle: str, backend: cd.InProcess | cd.Sidecar) -> Iterator[int]:
     """cd.tokenize then cd.pad_or_truncate through cd.Loader: global jax.Arrays."""
     pipeline = cd.Pipeline(
         source=cd.ArrowSource(str(directory), columns=["text"]),
@@ -73,7 +74,7 @@ def colo_loader(directory: Path, shuffle: str, workers: int | None, backend: str
         transforms=[cd.tokenize("text", directory / demo.TOKENIZER_FILE), cd.pad_or_truncate("text", SEQ_LEN)],
         global_batch_size=BATCH,
     )
-    with cd.Loader(pipeline, workers=workers, backend=backend) as loader:
+    with cd.Loader(pipeline, backend=backend) as loader:
         for batch in loader:
             yield len(jax.block_until_ready(batch["text"]))
 
@@ -90,23 +91,12 @@ def lm_demo(directory: Path, records: int) -> Iterator[int]:
             yield placed
 
 
-Runs = dict[str, list[dict[str, float]]]
-
-
-def _goal(value: float, goal: str | None) -> str:
-    if goal is None:
-        return "(no goal)"
-    op, bound = goal.split()
-    return f"{'yes' if value >= float(bound) else '**no**'} ({op} {bound}x)"
-
-
-def render(runs: Runs, rounds: int, records: int, tokens: int) -> tuple[str, dict[str, float]]:
-    """The Markdown table and the ratios of one run's measurements."""
+def render(runs: harness.Runs, ratios: list[harness.Ratio], rounds: int, records: int, tokens: int) -> list[str]:
+    """The Markdown tables of one run's measurements and ratios."""
 
     def rate(name: str, key: str = WHOLE) -> float:
-        return statistics.median(m[key] for m in runs[name])
+        return harness.median(runs[name], key)
 
-    ratios = {what: rate(a) / rate(b) for what, a, b, _ in RATIOS}
     lines = [
         f"Text demo ({records:,} texts, {tokens:,} tokens with the demo's {demo.TEXT_VOCAB:,}-id BPE tokenizer), "
         f"ids padded or cut to {SEQ_LEN}, batch {BATCH}; one epoch a round, median of {rounds} interleaved rounds; "
@@ -119,13 +109,12 @@ def render(runs: Runs, rounds: int, records: int, tokens: int) -> tuple[str, dic
         f"| {n} | {rate(n):,.0f} | {rate(n, AFTER_FIRST):,.0f} | {rate(n, 'first_batch_s'):.2f} | {rate(n, 'cpu_s_per_1k'):.3f} |"
         for n in runs
     ]
-    lines += ["", "| ratio | value | goal met |", "| --- | ---: | --- |"]
-    lines += [f"| {what} | {ratios[what]:.2f}x | {_goal(ratios[what], goal)} |" for what, _, _, goal in RATIOS]
-    return "\n".join(lines), ratios
+    return [*lines, "", *harness.ratio_table(ratios)]
 
 
 def main() -> None:
-    args = arguments(__doc__)
+    """Every contender, round by round; lm.md and lm.json."""
+    args = harness.parse(harness.parser(__doc__))
     directory = demo.text_corpus()
     files = sorted(str(p) for p in directory.rglob("*.parquet"))
     tokenizer = Tokenizer.from_file(str(directory / demo.TOKENIZER_FILE))
@@ -136,26 +125,17 @@ def main() -> None:
     contenders: dict[str, Callable[[], Iterator[int]]] = {
         REFERENCE: lambda: reference(files, tokenizer, fast=False),
         REFERENCE_FAST: lambda: reference(files, tokenizer, fast=True),
-        LOADER: lambda: colo_loader(directory, "block", 0),
-        LOADER_NONE: lambda: colo_loader(directory, "none", 0),
-        LOADER_WORKERS: lambda: colo_loader(directory, "block", 2),
-        LOADER_SIDECAR: lambda: colo_loader(directory, "block", None, "sidecar"),
+        LOADER: lambda: colo_loader(directory, "block", cd.InProcess()),
+        LOADER_NONE: lambda: colo_loader(directory, "none", cd.InProcess()),
+        LOADER_WORKERS: lambda: colo_loader(directory, "block", cd.InProcess(workers=2)),
+        LOADER_SIDECAR: lambda: colo_loader(directory, "block", cd.Sidecar()),
         LM_DEMO: lambda: lm_demo(directory, len(texts)),
     }
-    runs: Runs = {name: [] for name in contenders}
-    for r in range(args.rounds):
-        for name, run in contenders.items():
-            runs[name].append(measure(run))
-            m = runs[name][-1]
-            first = m["first_batch_s"]
-            print(f"round {r + 1}/{args.rounds}  {name}: {m[WHOLE]:,.0f} records/s ({first:.2f} s to first batch)", flush=True)
-
-    table_md, ratios = render(runs, args.rounds, len(texts), tokens)
-    print("\n" + table_md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lm.md").write_text(table_md + "\n")
-    (args.out / "lm.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=1))
-    print(f"\nwrote {args.out / 'lm.md'} and {args.out / 'lm.json'}")
+    runs = harness.interleave(
+        {name: partial(harness.measure, run, args.batches) for name, run in contenders.items()}, args.rounds
+    )
+    ratios = [harness.ratio_of_medians(what, runs[a], runs[b], WHOLE, goal) for what, a, b, goal in RATIOS]
+    harness.write_results("lm", args, render(runs, ratios, args.rounds, len(texts), tokens), runs, ratios)
 
 
 if __name__ == "__main__":

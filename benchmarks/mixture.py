@@ -4,24 +4,26 @@ components' sizes, so both read the same records and the same amount of them. In
 process, `tokens` padded to 1024, batches of 32, one epoch's worth of batches (the mixture
 is endless: the same count), block and global shuffle. Rounds are interleaved; medians.
 Goal: mixture / single source >= 0.9x records/s after the first batch. Run:
-`make benchmarks` or `.venv/bin/python benchmarks/mixture.py [--rounds N] [--out DIR]`.
+`make benchmarks` or `.venv/bin/python benchmarks/mixture.py [--rounds N] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
+import harness
 import jax
-from core import AFTER_FIRST, arguments, measure  # the core benchmark's timing and options
+from demo_pad import BATCH, SEQ_LEN
+from harness import AFTER_FIRST
 
 import colo_data as cd
 from colo_data.ops import demo
 
-SEQ_LEN, BATCH = 1024, 32
-GOAL = 0.9
+GOAL = ">= 0.9"  # mixture / single source, records/s after the first batch, within each round
+SHUFFLES = ("block", "global")
 PARTS = {"web": slice(0, 3), "code": slice(3, 6), "math": slice(6, 8)}
 
 
@@ -44,17 +46,27 @@ def read(pipeline: cd.Pipeline, batches: int) -> Iterator[int]:
             yield len(jax.block_until_ready(next(loader))["tokens"])
 
 
+def contender(directory: Path, shuffle: str, name: str, batches: int | None) -> harness.Measurement:
+    """One timed read of one pipeline, built first (outside the timing): one epoch's worth of
+    batches, or `batches`."""
+    pipeline = pipelines(directory, shuffle)[name]
+    count = len(pipeline.source) // BATCH
+    return harness.measure(lambda: read(pipeline, min(count, batches or count)))
+
+
 def main() -> None:
-    args = arguments(__doc__)
+    """Both pipelines and shuffles, round by round; mixture.md and mixture.json."""
+    args = harness.parse(harness.parser(__doc__))
     directory = demo.corpus()
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
-    for r in range(args.rounds):
-        for shuffle in ("block", "global"):
-            for name, pipeline in pipelines(directory, shuffle).items():
-                batches = len(pipeline.source) // BATCH
-                result = measure(lambda p=pipeline, n=batches: read(p, n))
-                runs.setdefault(shuffle, {}).setdefault(name, []).append(result)
-                print(f"round {r + 1}/{args.rounds}  {shuffle}  {name}: {result[AFTER_FIRST]:,.0f} records/s", flush=True)
+    names = list(pipelines(directory, "block"))
+    runs = harness.interleave(
+        {
+            f"{shuffle}: {name}": partial(contender, directory, shuffle, name, args.batches)
+            for shuffle in SHUFFLES
+            for name in names
+        },
+        args.rounds,
+    )
     lines = [
         f"Mixture against a single source, the same {len(pipelines(directory, 'block')['single source'].source):,} demo "
         f"records (8 files; the mixture: files 0-2, 3-5, 6-7 weighted by size), pad to {SEQ_LEN}, batch {BATCH}, "
@@ -63,31 +75,25 @@ def main() -> None:
         "| shuffle | pipeline | records/s after the first batch | all rounds | first batch (s) |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    ratios: dict[str, dict[str, float]] = {}
-    for shuffle, by_name in runs.items():
-        for name, results in by_name.items():
-            rates = [x[AFTER_FIRST] for x in results]
-            first = statistics.median(x["first_batch_s"] for x in results)
+    for shuffle in SHUFFLES:
+        for name in names:
+            results = runs[f"{shuffle}: {name}"]
+            rates = harness.values(results, AFTER_FIRST)
             lines.append(
-                f"| {shuffle} | {name} | {statistics.median(rates):,.0f} | {min(rates):,.0f}..{max(rates):,.0f} | {first:.2f} |"
+                f"| {shuffle} | {name} | {statistics.median(rates):,.0f} | {harness.span(rates, ',.0f')} "
+                f"| {harness.median(results, 'first_batch_s'):.2f} |"
             )
-        per_round = [
-            m[AFTER_FIRST] / s[AFTER_FIRST]
-            for m, s in zip(by_name["3-component mixture"], by_name["single source"], strict=True)
-        ]
-        ratios[shuffle] = {"median": statistics.median(per_round), "low": min(per_round), "high": max(per_round)}
-    lines += ["", f"| ratio (within each round) | median | all rounds | goal >= {GOAL}x |", "| --- | ---: | ---: | --- |"]
-    for shuffle, ratio in ratios.items():
-        met = "yes" if ratio["median"] >= GOAL else "**no**"
-        lines.append(
-            f"| {shuffle}: mixture / single source | {ratio['median']:.2f}x | {ratio['low']:.2f}..{ratio['high']:.2f} | {met} |"
+    ratios = [
+        harness.ratio_within_rounds(
+            f"{shuffle}: mixture / single source, records/s after the first batch (within each round)",
+            runs[f"{shuffle}: 3-component mixture"],
+            runs[f"{shuffle}: single source"],
+            AFTER_FIRST,
+            GOAL,
         )
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mixture.md").write_text(text)
-    (args.out / "mixture.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=1))
-    print(f"wrote {args.out / 'mixture.md'} and {args.out / 'mixture.json'}")
+        for shuffle in SHUFFLES
+    ]
+    harness.write_results("mixture", args, [*lines, "", *harness.ratio_table(ratios)], runs, ratios)
 
 
 if __name__ == "__main__":

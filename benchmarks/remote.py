@@ -5,7 +5,7 @@ each request.
 
 Pipeline (benchmarks/lm.py's loader): `cd.ArrowSource` over the whole text demo
 (`colo_data.ops.demo.text_corpus()`: web, code and math, six Parquet files) -> `cd.tokenize` ->
-`cd.pad_or_truncate` to `SEQ_LEN`, batches of `BATCH`, one epoch through `cd.Loader(workers=0)`,
+`cd.pad_or_truncate` to `SEQ_LEN`, batches of `BATCH`, one epoch through `cd.Loader(pipeline)` (in process, no workers),
 block and global shuffle. Remote contenders read the same files uploaded to a local S3 server
 (moto) and GCS server (gcp-storage-emulator) through a `FaultProxy` that adds the delay to every
 request (the tokenizer stays local). Each contender is timed from building the ArrowSource (it
@@ -14,25 +14,26 @@ whole-epoch records/s for the same shuffle. Rounds are interleaved and the media
 so that a noisy neighbour hits every contender alike. Goals: >= 0.8x at 25 ms and >= 0.5x at
 100 ms. A second table runs the same on the text demo written `LARGER` times over: the demo's
 epoch is about a second, so its whole-epoch rate is mostly start-up (listing, footers, first
-reads, each a round trip or more). Run: `make benchmarks` or `.venv/bin/python benchmarks/remote.py [--rounds N] [--out DIR]`.
+reads, each a round trip or more). Run: `make benchmarks` or
+`.venv/bin/python benchmarks/remote.py [--rounds N] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
+import argparse
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+import harness
 import jax
 import numpy as np
 import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from core import AFTER_FIRST, WHOLE, arguments, measure  # the core benchmark's timing and options
+from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
 from colo_data.ops import demo
@@ -40,12 +41,10 @@ from colo_data.testing.storage import FaultProxy, gcs_server, s3_server
 
 SEQ_LEN, BATCH = 512, 32
 DELAYS_MS = (0, 25, 100)
-GOALS = {25: 0.8, 100: 0.5}  # delay (ms) -> least remote / local records/s
+GOALS = {25: ">= 0.8", 100: ">= 0.5"}  # delay (ms) -> remote / local records/s, whole epoch
 SHUFFLES: tuple[Literal["block", "global"], ...] = ("block", "global")
 BUCKET = "text-demo"
 LARGER = 4  # the second table's corpus: the text demo's files this many times over
-
-Runs = dict[str, list[dict[str, float]]]
 
 
 def epoch(path: str, tokenizer: Path, shuffle: Literal["block", "global"], fs: pafs.FileSystem | None) -> Iterator[int]:
@@ -56,7 +55,7 @@ def epoch(path: str, tokenizer: Path, shuffle: Literal["block", "global"], fs: p
         transforms=[cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", SEQ_LEN)],
         global_batch_size=BATCH,
     )
-    with cd.Loader(pipeline, workers=0) as loader:
+    with cd.Loader(pipeline) as loader:
         for batch in loader:
             yield len(jax.block_until_ready(batch["text"]))
 
@@ -72,34 +71,42 @@ def remote_name(kind: str, delay_ms: int, shuffle: str) -> str:
 
 
 def remote_epoch(
-    proxy: FaultProxy, fs: pafs.FileSystem, uri: str, tokenizer: Path, shuffle: Literal["block", "global"], delay_ms: int
-) -> dict[str, float]:
-    """One measured epoch through `proxy` with `delay_ms` added per request, and the requests it made."""
+    proxy: FaultProxy,
+    fs: pafs.FileSystem,
+    uri: str,
+    tokenizer: Path,
+    shuffle: Literal["block", "global"],
+    delay_ms: int,
+    batches: int | None,
+) -> harness.Measurement:
+    """One measured epoch (or its first `batches`) through `proxy` with `delay_ms` added per
+    request, and the requests it made."""
     proxy.delay_s = delay_ms / 1000
     before = proxy.requests
-    result = measure(partial(epoch, uri, tokenizer, shuffle, fs))
+    result = harness.measure(partial(epoch, uri, tokenizer, shuffle, fs), batches)
     result["requests"] = proxy.requests - before
     return result
 
 
-def _goal(ratio: float, delay_ms: int) -> str:
-    if delay_ms not in GOALS:
-        return "(no goal)"
-    return f"{'yes' if ratio >= GOALS[delay_ms] else '**no**'} (>= {GOALS[delay_ms]}x)"
+def show(m: harness.Measurement) -> str:
+    """A progress line: the rates, and the requests of a remote epoch."""
+    return harness.rates(m) + (f", {m['requests']:,.0f} requests" if "requests" in m else "")
 
 
-def render(runs: Runs, rounds: int, corpus: str, remote: list[tuple[str, int, str]]) -> tuple[str, dict[str, float]]:
-    """The Markdown table and the ratios (remote / local whole-epoch records/s) of one run."""
+def render(
+    runs: harness.Runs, ratios: dict[str, harness.Ratio], rounds: int, corpus: str, remote: list[tuple[str, int, str]]
+) -> list[str]:
+    """The Markdown table of one run, with each remote contender's ratio to local files and its goal."""
 
     def rate(name: str, key: str = WHOLE) -> float:
-        return statistics.median(m[key] for m in runs[name])
+        return harness.median(runs[name], key)
 
-    ratios = {remote_name(*c): rate(remote_name(*c)) / rate(local_name(c[2])) for c in remote}
     steady = {remote_name(*c): rate(remote_name(*c), AFTER_FIRST) / rate(local_name(c[2]), AFTER_FIRST) for c in remote}
     lines = [
         f"{corpus[0].upper()}{corpus[1:]}; `cd.tokenize`, ids padded or cut to {SEQ_LEN}, "
-        f"batch {BATCH}, `cd.Loader(workers=0)`; one epoch a round from building the ArrowSource to the last batch, "
-        f"median of {rounds} interleaved rounds; {psutil.cpu_count()} CPUs, the servers and the proxy on the same machine. "
+        f"batch {BATCH}, `cd.Loader(pipeline)` (in process, no workers); one epoch a round from building the "
+        f"ArrowSource to the last batch, median of {rounds} interleaved rounds; {psutil.cpu_count()} CPUs, the servers "
+        "and the proxy on the same machine. "
         "Remote: a local S3 (moto) or GCS (gcp-storage-emulator) server behind a FaultProxy adding the delay to every "
         "request. Ratio: records/s / local records/s, same shuffle, over the whole epoch (the goal's) and after the "
         "first batch (start-up left out).",
@@ -113,9 +120,9 @@ def render(runs: Runs, rounds: int, corpus: str, remote: list[tuple[str, int, st
         name = remote_name(kind, delay_ms, shuffle)
         lines.append(
             f"| {name} | {rate(name):,.0f} | {rate(name, 'first_batch_s'):.2f} | {rate(name, 'requests'):,.0f} "
-            f"| {ratios[name]:.2f}x | {_goal(ratios[name], delay_ms)} | {steady[name]:.2f}x |"
+            f"| {ratios[name].value:.2f}x | {ratios[name].verdict()} | {steady[name]:.2f}x |"
         )
-    return "\n".join(lines), ratios
+    return lines
 
 
 def larger_corpus() -> Path:
@@ -129,14 +136,18 @@ def larger_corpus() -> Path:
     return directory
 
 
-def run_table(args: Any, directory: Path, tokenizer: Path, label: str) -> tuple[str, dict[str, float], Runs]:
-    """Start the servers and proxies, upload `directory`, run the rounds; the table."""
+def run_table(
+    args: argparse.Namespace, directory: Path, tokenizer: Path, label: str
+) -> tuple[list[str], list[harness.Ratio], harness.Runs]:
+    """Start the servers and proxies, upload `directory`, run the rounds; the table, the ratios
+    (remote / local whole-epoch records/s) and the runs, named after `label`."""
     footers = [pq.ParquetFile(p).metadata for p in directory.rglob("*.parquet")]
     rows, groups = sum(f.num_rows for f in footers), sum(f.num_row_groups for f in footers)
     corpus = f"{label}: {rows:,} texts in {len(footers)} Parquet files, {groups} row groups"
     with ExitStack() as stack:
-        contenders: dict[str, Callable[[], dict[str, float]]] = {
-            local_name(s): partial(measure, partial(epoch, str(directory), tokenizer, s, None)) for s in SHUFFLES
+        contenders: dict[str, Callable[[], harness.Measurement]] = {
+            local_name(s): partial(harness.measure, partial(epoch, str(directory), tokenizer, s, None), args.batches)
+            for s in SHUFFLES
         }
         remote: list[tuple[str, int, str]] = []
         for start in (s3_server, gcs_server):
@@ -148,41 +159,35 @@ def run_table(args: Any, directory: Path, tokenizer: Path, label: str) -> tuple[
                 for shuffle in SHUFFLES:
                     remote.append((store.kind, delay_ms, shuffle))
                     contenders[remote_name(store.kind, delay_ms, shuffle)] = partial(
-                        remote_epoch, proxy, fs, uri, tokenizer, shuffle, delay_ms
+                        remote_epoch, proxy, fs, uri, tokenizer, shuffle, delay_ms, args.batches
                     )
+        runs = harness.interleave(contenders, args.rounds, show)
 
-        runs: Runs = {name: [] for name in contenders}
-        for r in range(args.rounds):
-            for name, contender in contenders.items():
-                m = contender()
-                runs[name].append(m)
-                requests = f", {m['requests']:,.0f} requests" if "requests" in m else ""
-                print(
-                    f"round {r + 1}/{args.rounds}  {name}: {m[WHOLE]:,.0f} records/s ({m['first_batch_s']:.2f} s to first batch"
-                    f"{requests})",
-                    flush=True,
-                )
-
-    table_md, ratios = render(runs, args.rounds, corpus, remote)
-    return table_md, ratios, runs
+    ratios = {
+        remote_name(*c): harness.ratio_of_medians(
+            f"{label}: {remote_name(*c)}", runs[remote_name(*c)], runs[local_name(c[2])], WHOLE, GOALS.get(c[1])
+        )
+        for c in remote
+    }
+    return render(runs, ratios, args.rounds, corpus, remote), list(ratios.values()), {f"{label}: {n}": r for n, r in runs.items()}
 
 
 def main() -> None:
-    """Both tables: the text demo, and the same corpus `LARGER` times over."""
-    args = arguments(__doc__)
+    """Both tables: the text demo, and the same corpus `LARGER` times over; remote.md and remote.json."""
+    args = harness.parse(harness.parser(__doc__))
     directory = demo.text_corpus()
     tokenizer = directory / demo.TOKENIZER_FILE
     jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings
-    tables, results = [], {}
+    lines: list[str] = []
+    ratios: list[harness.Ratio] = []
+    runs: harness.Runs = {}
     for path, label in ((directory, "text demo"), (larger_corpus(), f"text demo x{LARGER}")):
-        table_md, ratios, runs = run_table(args, path, tokenizer, label)
-        print("\n" + table_md, flush=True)
-        tables.append(table_md)
-        results[label] = {"runs": runs, "ratios": ratios}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "remote.md").write_text("\n\n".join(tables) + "\n")
-    (args.out / "remote.json").write_text(json.dumps(results, indent=1))
-    print(f"\nwrote {args.out / 'remote.md'} and {args.out / 'remote.json'}")
+        table, table_ratios, table_runs = run_table(args, path, tokenizer, label)
+        print("\n" + "\n".join(table), flush=True)
+        lines += [*([""] if lines else []), *table]
+        ratios += table_ratios
+        runs |= table_runs
+    harness.write_results("remote", args, lines, runs, ratios)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ Per tree and round, each in a fresh interpreter of the tree's `.venv`: `import c
 colo_data"` (colo_data's cumulative figure), `colo-data --help` (the process's wall time), and
 for two pipelines x {in process, sidecar started by the Loader} x {0, 1, 2} workers (and, for
 the light pipeline, in process with 0 and 2 workers, the trainer started with the settings
-that worker and sidecar processes get: `SETTINGS_ENV`) one process (benchmarks/startup_child.py) that builds `cd.Loader(pipeline, backend=...,
-workers=...)`, takes its first batch, then `WARMUP` batches, then the steady-state batches
-whose rate is reported; every batch `jax.block_until_ready`. The warm-up is there because a
-sidecar fills its ring (4 slots of up to 32 of these 128 KiB batches) during start-up, so the
-batches just after the first one arrive without being made. Pipelines: `light`, the demo
+that worker and sidecar processes get: `SETTINGS_ENV`) one process (benchmarks/startup_child.py)
+that builds `cd.Loader(pipeline, backend=..., workers=...)`, takes its first batch, then
+`WARMUP` batches, then the steady-state batches whose rate is reported; every batch
+`jax.block_until_ready`. The warm-up is there because a sidecar fills its ring (4 slots of up
+to 32 of these 128 KiB batches) during start-up, so the batches just after the first one
+arrive without being made. Pipelines: `light`, the demo
 pipeline (core.py's pipeline 1: block shuffle, pad to 1024, batch 32); `cpu`, the same with
 a CPU-bound per-record Python function before the pad (startup_child.token_passes: core.py's
 per-record function costs a few microseconds, about what the pad does, so workers cannot pay
@@ -23,18 +24,21 @@ for every round. Run: `.venv/bin/python benchmarks/startup.py [--tree NAME=PATH 
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import signal
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import harness
 import psutil
-from core import BATCH, SEQ_LEN  # the core benchmark's demo pipeline settings
+from demo_pad import BATCH, SEQ_LEN
 
 from colo_data.runtime.child_env import process_settings
 
@@ -47,7 +51,7 @@ LEFT_GRACE_S = 10.0  # a sidecar notices that its trainer is gone within a secon
 PIPELINES = ("light", "cpu")
 WARMUP = 160  # batches: more than a sidecar ring holds (4 slots of 32 of these batches)
 BATCHES = {"light": 800, "cpu": 480}  # the steady state: 25,600 and 15,360 records (an epoch is 1,250 batches)
-QUICK_WARMUP, QUICK_BATCHES = 2, 5
+QUICK_WARMUP = 2  # --quick: batches of warm-up (then harness.QUICK_BATCHES steady ones)
 LOADERS = [(backend, workers) for backend in ("inprocess", "sidecar") for workers in (0, 1, 2)]
 # In process, with the trainer started with the settings that worker and sidecar processes get
 # (colo_data.runtime.child_env): how much of the workers' gain those settings are.
@@ -62,8 +66,7 @@ RATIOS = [
     (f"light: {SETTINGS}, 2 workers / 0 workers", ("light", SETTINGS, 2), ("light", SETTINGS, 0), None),
 ]
 FIRST_BATCH_GOAL = (("light", "sidecar", 2), "<= 1.5")  # seconds from cd.Loader(...)
-
-Run = dict[str, Any]
+STEADY = "steady_records_per_s"  # after the first batch and the warm-up
 
 
 def key(pipeline: str, backend: str, workers: int) -> str:
@@ -105,8 +108,9 @@ def run(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     end, its stdout and stderr, and the processes it left behind. Raises RuntimeError when it
     fails."""
     started = time.monotonic()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True, cwd=cwd)
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=cwd
+    )
     try:
         out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -149,19 +153,20 @@ class Tree:
         result["help_process_s"] = end - start
         return result
 
-    def loader(self, pipeline: str, backend: str, workers: int, quick: bool) -> Run:
-        """One fresh process: start-up, first batch and steady rate of one configuration."""
+    def loader(self, pipeline: str, backend: str, workers: int, batches: int | None) -> harness.Measurement:
+        """One fresh process: start-up, first batch and steady rate of one configuration (with
+        `batches`, a --quick run's: its warm-up and steady state cut short)."""
         env = {**self.env, **SETTINGS_ENV} if backend == SETTINGS else self.env
         backend = "inprocess" if backend == SETTINGS else backend
         spec: dict[str, Any] = {"pipeline": pipeline, "backend": backend, "workers": workers, "seq_len": SEQ_LEN}
-        spec |= {"batch": BATCH, "warmup": QUICK_WARMUP if quick else WARMUP}
-        spec["batches"] = QUICK_BATCHES if quick else BATCHES[pipeline]
+        spec |= {"batch": BATCH, "warmup": QUICK_WARMUP if batches else WARMUP}
+        spec["batches"] = batches or BATCHES[pipeline]
         start, end, out, _, left = run([str(self.python), "-c", CHILD, json.dumps(spec)], env, self.path)
         t = json.loads(out.strip().splitlines()[-1])
         return {
             "first_batch_from_start_s": t["first_at"] - start,
             "first_batch_from_loader_s": t["first_at"] - t["loader_at"],
-            "records_per_s": spec["batches"] * BATCH / (t["end_at"] - t["steady_at"]),
+            STEADY: spec["batches"] * BATCH / (t["end_at"] - t["steady_at"]),
             "close_s": t["closed_at"] - t["end_at"],
             "process_s": end - start,
             "worker_processes": t["worker_processes"],
@@ -169,31 +174,35 @@ class Tree:
         }
 
 
-def values(runs: list[Run], field: str) -> list[float]:
-    """`field` of every round."""
-    return [float(r[field]) for r in runs]
+def imports_name(tree: Tree) -> str:
+    """The contender that measures `tree`'s start-up."""
+    return f"{tree.name}: imports"
 
 
-def span(xs: list[float], fmt: str) -> str:
-    """'min..max' of `xs`."""
-    return f"{min(xs):{fmt}}..{max(xs):{fmt}}"
+def loader_name(tree: Tree, config: tuple[str, str, int]) -> str:
+    """The contender that measures one configuration of `tree`."""
+    return f"{tree.name}: {key(*config)}"
 
 
-def verdict(xs: list[float], goal: str) -> str:
-    """Whether the median meets `goal` ('>= 1.7', '<= 1.5'), and in how many rounds each did."""
-    op, bound = goal.split()
+def show(m: harness.Measurement) -> str:
+    """A progress line: a configuration's first batch, steady rate and close, or the imports."""
+    if STEADY not in m:
+        return ", ".join(f"{field} {value:.2f}" for field, value in m.items())
+    return (
+        f"first batch {m['first_batch_from_start_s']:.2f} s from start, {m['first_batch_from_loader_s']:.2f} s from Loader; "
+        f"{m[STEADY]:,.0f} records/s; close {m['close_s']:.2f} s"
+    )
 
-    def meets(x: float) -> bool:
-        return x >= float(bound) if op == ">=" else x <= float(bound)
 
-    return f"{'yes' if meets(statistics.median(xs)) else '**no**'} ({sum(map(meets, xs))}/{len(xs)} rounds)"
-
-
-def render(tree: Tree, imports: list[dict[str, Any]], runs: dict[str, list[Run]]) -> tuple[list[str], dict[str, Any]]:
-    """One tree's Markdown tables and its ratios (medians and every round's value)."""
+def render(tree: Tree, runs: harness.Runs) -> tuple[list[str], list[harness.Ratio]]:
+    """One tree's Markdown tables and its goals (ratios taken within each round)."""
+    imports = runs[imports_name(tree)]
     lines = [
-        "", f"### {tree.name}: {tree.label} ({tree.path})", "",
-        "| start-up, fresh process | median s | all rounds s |", "| --- | ---: | ---: |",
+        "",
+        f"### {tree.name}: {tree.label} ({tree.path})",
+        "",
+        "| start-up, fresh process | median s | all rounds s |",
+        "| --- | ---: | ---: |",
     ]
     for field, what in (
         ("import_s", "`import colo_data` (the statement)"),
@@ -201,117 +210,78 @@ def render(tree: Tree, imports: list[dict[str, Any]], runs: dict[str, list[Run]]
         ("importtime_s", "`python -X importtime`: colo_data cumulative"),
         ("help_process_s", "`colo-data --help` (whole process)"),
     ):
-        xs = values(imports, field)
-        lines.append(f"| {what} | {statistics.median(xs):.2f} | {span(xs, '.2f')} |")
+        xs = harness.values(imports, field)
+        lines.append(f"| {what} | {statistics.median(xs):.2f} | {harness.span(xs, '.2f')} |")
     lines += [
         "",
         "| pipeline | backend | workers | worker processes seen | first batch from process start s "
         "| first batch from `cd.Loader(...)` s | close s | steady records/s | all rounds records/s |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for pipeline, backend, workers in CONFIGS:
-        rs = runs[key(pipeline, backend, workers)]
-        m = {field: statistics.median(values(rs, field)) for field in rs[0] if field != "left_behind"}
+    for config in CONFIGS:
+        rs = runs[loader_name(tree, config)]
+        m = {field: harness.median(rs, field) for field in rs[0] if field != "left_behind"}
         lines.append(
-            f"| {pipeline} | {backend} | {workers} | {m['worker_processes']:.0f} "
+            f"| {' | '.join(map(str, config))} | {m['worker_processes']:.0f} "
             f"| {m['first_batch_from_start_s']:.2f} | {m['first_batch_from_loader_s']:.2f} | {m['close_s']:.2f} "
-            f"| {m['records_per_s']:,.0f} | {span(values(rs, 'records_per_s'), ',.0f')} |"
+            f"| {m[STEADY]:,.0f} | {harness.span(harness.values(rs, STEADY), ',.0f')} |"
         )
-    lines += ["", "| goal | median | all rounds | met (median) |", "| --- | ---: | ---: | --- |"]
-    ratios: dict[str, Any] = {}
-    for what, a, b, goal in RATIOS:
-        pairs = zip(values(runs[key(*a)], "records_per_s"), values(runs[key(*b)], "records_per_s"), strict=True)
-        xs = [x / y for x, y in pairs]
-        ratios[what] = {"rounds": xs, "median": statistics.median(xs), "goal": goal}
-        median = statistics.median(xs)
-        if goal is None:
-            lines.append(f"| {what} (steady records/s; no goal) | {median:.2f}x | {span(xs, '.2f')} | - |")
-            continue
-        lines.append(f"| {what} (steady records/s, {goal}x) | {median:.2f}x | {span(xs, '.2f')} | {verdict(xs, goal)} |")
+    ratios = [
+        harness.ratio_within_rounds(
+            f"{what} (steady records/s)", runs[loader_name(tree, a)], runs[loader_name(tree, b)], STEADY, goal
+        )
+        for what, a, b, goal in RATIOS
+    ]
     config, goal = FIRST_BATCH_GOAL
-    xs = values(runs[key(*config)], "first_batch_from_loader_s")
+    xs = harness.values(runs[loader_name(tree, config)], "first_batch_from_loader_s")
     what = f"{key(*config)}: first batch from `cd.Loader(...)`"
-    ratios[what] = {"rounds": xs, "median": statistics.median(xs), "goal": goal}
-    lines.append(f"| {what} ({goal} s) | {statistics.median(xs):.2f} s | {span(xs, '.2f')} | {verdict(xs, goal)} |")
-    left = [p for rs in runs.values() for r in rs for p in r["left_behind"]]
+    ratios.append(harness.Ratio(what, statistics.median(xs), harness.Goal.of(goal), tuple(xs), " s"))
+    lines += ["", *harness.ratio_table(ratios)]
+    left = [p for config in CONFIGS for r in runs[loader_name(tree, config)] for p in r["left_behind"]]
     lines += ["", f"Processes left behind after their trainer exited (killed by the benchmark): {left or 'none'}."]
     return lines, ratios
 
 
 def main() -> None:
-    """Measure every tree, round by round, and write startup.md and startup.json."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
+    """Measure every tree, round by round; startup.md and startup.json."""
+    options = harness.parser(__doc__)
+    options.add_argument(
         "--tree", action="append", metavar="NAME=PATH", help="a colo-data checkout with a .venv (repeatable; default: this one)"
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help=f"1 round, {QUICK_BATCHES} steady batches: a smoke run")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    args = parser.parse_args()
-    rounds = 1 if args.quick else args.rounds
+    args = harness.parse(options)
     trees = []
     for spec in args.tree or [f"this tree={ROOT}"]:
         name, _, path = spec.partition("=")
         if not path:
-            parser.error(f"--tree {spec}: give NAME=PATH, e.g. before=../colo-data-old")
+            options.error(f"--tree {spec}: give NAME=PATH, e.g. before=../colo-data-old")
         trees.append(Tree(name, Path(path)))
-    started = time.perf_counter()
-    imports: dict[str, list[dict[str, Any]]] = {t.name: [] for t in trees}
-    runs: dict[str, dict[str, list[Run]]] = {t.name: {key(*c): [] for c in CONFIGS} for t in trees}
-    failures: list[str] = []
-    for r in range(rounds):
+    contenders: dict[str, Callable[[], harness.Measurement]] = {imports_name(tree): tree.imports for tree in trees}
+    for config in CONFIGS:
         for tree in trees:
-            imports[tree.name].append(tree.imports())
-            print(f"round {r + 1}/{rounds}  {tree.name}: {imports[tree.name][-1]}", flush=True)
-        for config in CONFIGS:
-            for tree in trees:
-                tag = f"round {r + 1}/{rounds}  {tree.name}  {key(*config)}"
-                try:
-                    m = tree.loader(*config, args.quick)
-                except RuntimeError as e:  # once: report it and try again
-                    failures.append(f"{tag}: {e}")
-                    print(f"{tag} failed, retrying once:\n{e}", flush=True)
-                    m = tree.loader(*config, args.quick)
-                runs[tree.name][key(*config)].append(m)
-                print(
-                    f"{tag}: first batch {m['first_batch_from_start_s']:.2f} s from start, "
-                    f"{m['first_batch_from_loader_s']:.2f} s from Loader; {m['records_per_s']:,.0f} records/s; "
-                    f"close {m['close_s']:.2f} s",
-                    flush=True,
-                )
-    wall = time.perf_counter() - started
-    steady = f"{QUICK_BATCHES}" if args.quick else f"{BATCHES['light']} (light) / {BATCHES['cpu']} (cpu)"
+            contenders[loader_name(tree, config)] = partial(tree.loader, *config, args.batches)
+    retried: list[str] = []
+    runs = harness.interleave(contenders, args.rounds, show, retried)
+
+    steady = f"{args.batches}" if args.quick else f"{BATCHES['light']} (light) / {BATCHES['cpu']} (cpu)"
     lines = [
         (
-            f"Start-up and workers: median of {rounds} interleaved round(s); {psutil.cpu_count()} CPUs, shared with "
+            f"Start-up and workers: median of {args.rounds} interleaved round(s); {psutil.cpu_count()} CPUs, shared with "
             "other agents running tests at the same time, so single figures are noisy: read the medians and the "
-            f"ranges. Run took {wall:.0f} s. `light`: the demo pipeline (block shuffle, pad to {SEQ_LEN}, batch "
-            f"{BATCH}); `cpu`: the same with a CPU-bound per-record Python function before the pad "
+            f"ranges. Run took {harness.elapsed(args):.0f} s. `light`: the demo pipeline (block shuffle, pad to {SEQ_LEN}, "
+            f"batch {BATCH}); `cpu`: the same with a CPU-bound per-record Python function before the pad "
             "(benchmarks/startup_child.py `token_passes`). Steady records/s: "
             f"{steady} batches after the first batch and a warm-up of {QUICK_WARMUP if args.quick else WARMUP} "
             "batches. 'worker processes seen': spawned processes among the trainer's descendants (its sidecar's "
             "too) before it closed the loader. Each goal's ratio is taken within each round."
         ),
     ]
-    goals = {}
+    ratios: list[harness.Ratio] = []
     for tree in trees:
-        tree_lines, goals[tree.name] = render(tree, imports[tree.name], runs[tree.name])
+        tree_lines, tree_ratios = render(tree, runs)
         lines += tree_lines
-    if args.quick:
-        lines += ["", "A --quick run: a smoke run of the machinery; its figures and verdicts measure nothing."]
-    if failures:
-        lines += ["", f"Failed and retried once: {len(failures)} run(s); see startup.json `failures_retried`."]
-    table = "\n".join(lines)
-    print("\n" + table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "startup.md").write_text(table + "\n")
-    trees_json = {
-        t.name: {"path": str(t.path), "label": t.label, "imports": imports[t.name], "runs": runs[t.name], "goals": goals[t.name]}
-        for t in trees
-    }
-    result = {"rounds": rounds, "wall_s": wall, "quick": args.quick, "trees": trees_json, "failures_retried": failures}
-    (args.out / "startup.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out / 'startup.md'} and {args.out / 'startup.json'}")
+        ratios += [dataclasses.replace(r, name=f"{tree.name}: {r.name}") for r in tree_ratios]
+    details = {"trees": {t.name: {"path": str(t.path), "label": t.label} for t in trees}}
+    harness.write_results("startup", args, lines, runs, ratios, retried, details)
 
 
 if __name__ == "__main__":

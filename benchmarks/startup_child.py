@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 import numpy as np
-import psutil
 from absl import flags
+from descendants import worker_processes
 
 import colo_data as cd
 
@@ -49,17 +49,12 @@ def pipeline(kind: str, seq_len: int, batch: int) -> cd.Pipeline:
     return dataclasses.replace(light, transforms=[cd.per_record(token_passes), *light.transforms])
 
 
-def worker_processes() -> int:
-    """Worker processes among this process's descendants (those of its sidecar too): Grain's
-    (spawned by multiprocessing) or colo-data's own."""
-    found = 0
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            command = " ".join(proc.cmdline())
-            found += "spawn_main" in command or "colo_data.host.workers" in command
-        except psutil.Error:
-            pass
-    return found
+def make_loader(p: cd.Pipeline, backend: str, workers: int) -> cd.Loader:
+    """`cd.Loader` on `backend` with `workers`, in this tree's API: backend option objects,
+    or (trees before them) the loader's flat `workers=` keyword."""
+    if hasattr(cd, "InProcess"):
+        return cd.Loader(p, backend=cd.Sidecar(workers=workers) if backend == "sidecar" else cd.InProcess(workers=workers))
+    return cd.Loader(p, backend=backend, workers=workers)  # type: ignore[call-arg]
 
 
 def main(spec: dict[str, Any]) -> None:
@@ -68,7 +63,7 @@ def main(spec: dict[str, Any]) -> None:
     flags.FLAGS.mark_as_parsed()  # Grain's worker processes need parsed absl flags
     p = pipeline(spec["pipeline"], spec["seq_len"], spec["batch"])
     made = time.monotonic()
-    loader = cd.Loader(p, backend=spec["backend"], workers=spec["workers"])
+    loader = make_loader(p, spec["backend"], spec["workers"])
     try:
         batches = iter(loader)
         jax.block_until_ready(next(batches))

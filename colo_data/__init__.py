@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from colo_data import _moved
 from colo_data.errors import (
     ColoDataError,
     ConfigError,
@@ -31,6 +30,7 @@ from colo_data.errors import (
 )
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from colo_data.backends.options import Colocated, InProcess, Sidecar, auto_backend
     from colo_data.host.pipeline import HostPipeline
     from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
     from colo_data.io.columns import Column, Columns
@@ -50,20 +50,24 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
 # public name -> the module that defines it, imported on first use
 _NAMES = {
     "ArrowSource": "colo_data.io.sources",
+    "Colocated": "colo_data.backends.options",
     "Column": "colo_data.io.columns",
     "Columns": "colo_data.io.columns",
     "CpuBudget": "colo_data.host.resources",
     "GlobalOrder": "colo_data.spec.order",
     "HostPipeline": "colo_data.host.pipeline",
+    "InProcess": "colo_data.backends.options",
     "Loader": "colo_data.loader.loader",
     "Mix": "colo_data.spec.mix",
     "Order": "colo_data.spec.order",
     "Pack": "colo_data.spec.pack",
     "Pipeline": "colo_data.spec.pipeline",
     "RecordSource": "colo_data.io.sources",
+    "Sidecar": "colo_data.backends.options",
     "Source": "colo_data.io.sources",
     "Telemetry": "colo_data.telemetry.report",
     "TelemetryExport": "colo_data.telemetry.export",
+    "auto_backend": "colo_data.backends.options",
     "cpu_budget": "colo_data.host.resources",
     "host_rows": "colo_data.spec.order",
     "memory_limit": "colo_data.host.resources",
@@ -81,6 +85,7 @@ _MODULES = {
 __all__ = [
     "ArrowSource",
     "ColoDataError",
+    "Colocated",
     "Column",
     "Columns",
     "ConfigError",
@@ -88,6 +93,7 @@ __all__ = [
     "CpuBudget",
     "GlobalOrder",
     "HostPipeline",
+    "InProcess",
     "Loader",
     "LoaderBusyError",
     "LoaderClosedError",
@@ -99,6 +105,7 @@ __all__ = [
     "RecordSource",
     "SchemaError",
     "ShmError",
+    "Sidecar",
     "SidecarError",
     "Source",
     "SourceError",
@@ -106,6 +113,7 @@ __all__ = [
     "Telemetry",
     "TelemetryExport",
     "TransformError",
+    "auto_backend",
     "checkpoint",
     "cpu_budget",
     "elastic",
@@ -116,9 +124,6 @@ __all__ = [
     "tokenize",
     "verify",
 ]
-
-
-_moved.install()  # the module paths of colo-data before its subpackages stay importable
 
 
 def __getattr__(name: str) -> Any:

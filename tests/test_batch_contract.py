@@ -15,7 +15,7 @@ import pytest
 import colo_data as cd
 from colo_data.testing import read_all
 
-from pipelines import BATCH, make_pipeline
+from pipelines import BATCH, backend_of, make_pipeline
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # sidecars cannot import this test module
 
@@ -39,9 +39,8 @@ def test_a_column_whose_shape_changes_after_the_first_batch_is_an_error(
     token_corpus: Path, tmp_path: Path, backend: str, workers: int, epochs: int, first_chunk: int
 ) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[width_by_rows], epochs=epochs)
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
     with pytest.raises(cd.TransformError) as raised:
-        read_all(cd.Loader(pipeline, backend=backend, workers=workers, **options))
+        read_all(cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path)))
     message = str(raised.value)
     assert f"at stream position {first_chunk * BATCH}" in message and "['tokens']" in message, message
     assert "int32[9]" in message and "int32[8]" in message, message

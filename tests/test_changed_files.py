@@ -172,7 +172,7 @@ def test_a_loader_over_a_file_rewritten_after_the_pipeline_was_built(
     pipeline = make_pipeline(a.parent)
     rewrite, found = LAYOUT_CHANGES[change]
     rewrite(b)
-    ids, error = read_until_error(cd.Loader(pipeline, workers=workers))
+    ids, error = read_until_error(cd.Loader(pipeline, backend=cd.InProcess(workers=workers)))
     assert_layout_message(error, b, found if workers == 0 else None)
     np.testing.assert_array_equal(ids, np.arange(len(ids)), err_msg="a batch before the error has the wrong rows")
 
@@ -186,7 +186,7 @@ def test_a_loader_over_a_file_damaged_after_the_pipeline_was_built(
     a, b = files
     pipeline = make_pipeline(a.parent)
     DAMAGE[change](b)
-    ids, error = read_until_error(cd.Loader(pipeline, workers=workers), cd.CorruptFileError)
+    ids, error = read_until_error(cd.Loader(pipeline, backend=cd.InProcess(workers=workers)), cd.CorruptFileError)
     assert_changed_message(error, b)
     np.testing.assert_array_equal(ids, np.arange(len(ids)))
 

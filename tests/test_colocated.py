@@ -42,7 +42,7 @@ SHUFFLES = ("none", "global", "block")
 
 def reference(pipeline: cd.Pipeline, start: int = 0, steps: int | None = None) -> list[dict[str, np.ndarray]]:
     """`steps` global batches (all when None) from `start` on, computed by one in-process host."""
-    return [dict(b) for b in itertools.islice(cd.HostPipeline(pipeline, 0, 1).batches(start), steps)]
+    return [dict(c.columns) for c in itertools.islice(cd.HostPipeline(pipeline, 0, 1).chunks(start, batches=1), steps)]
 
 
 def mesh_of(devices: list[jax.Device]) -> Mesh:
@@ -91,7 +91,7 @@ def test_batches_equal_in_process_and_each_host_serves_its_rows(token_corpus: Pa
             assert array.shape[0] == BATCH
             for shard in array.addressable_shards:
                 host = devices.index(shard.device)
-                want = cd.HostPipeline(pipeline, host, 4).batch(step * BATCH)[name]
+                want = next(cd.HostPipeline(pipeline, host, 4).chunks(step * BATCH, batches=1)).columns[name]
                 np.testing.assert_array_equal(np.asarray(shard.data), want, err_msg=f"batch {step}, {name!r}, host {host}")
 
 
@@ -257,10 +257,10 @@ def test_a_hosts_transform_error_names_the_host_and_carries_its_traceback(token_
 
 
 class _LostRowGroup(cd.HostPipeline):
-    def chunks(self, start_position: int, owner: Any = None) -> Any:
+    def chunks(self, start_position: int, owner: Any = None, batches: int | None = None) -> Any:
         if self.host == 1:
             raise KeyError("row group 3")
-        return super().chunks(start_position, owner)
+        return super().chunks(start_position, owner, batches)
 
 
 def test_any_other_failure_of_a_hosts_work_is_a_sidecar_error_naming_the_host(

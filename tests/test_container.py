@@ -70,7 +70,7 @@ def test_doctor_in_a_half_cpu_container_counts_the_quota_not_the_machine(image: 
     doctor = json.loads(report)
     assert int(nproc) == len(os.sched_getaffinity(0)) >= 2, "nproc inside sees the machine's CPUs"
     assert doctor["cpu"]["cpus"] == 0.5 and doctor["cpu"]["quota"] == 0.5, doctor["cpu"]
-    assert doctor["cpu"]["workers"] == 1
+    assert doctor["cpu"]["workers"] == 0  # half a CPU: the sidecar's own thread computes the batches
     assert doctor["cpu"]["source"].startswith("cgroup"), doctor["cpu"]["source"]
     assert doctor["shm"] == {"directory": "/dev/shm", "free_bytes": 64 * 2**20}
     assert doctor["versions"]["colo-data"] == importlib.metadata.version("colo-data")
@@ -115,7 +115,7 @@ def test_a_container_sidecar_serves_a_host_trainer(image: SidecarImage, corpus: 
         wait_healthy(image, name)
         pipeline = demo.pipeline(corpus, seq_len=16, global_batch_size=8)
         expected = read_all(cd.Loader(pipeline, backend="inprocess"))
-        with cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}") as loader:
+        with cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}")) as loader:
             got = [to_numpy(next(loader))]
             assert any(shm_mount.iterdir()), "the container's ring lies in the host's tmpfs"
             for _ in range(3):  # busy with this trainer, probes queue up: still healthy
@@ -125,7 +125,7 @@ def test_a_container_sidecar_serves_a_host_trainer(image: SidecarImage, corpus: 
         wrong = image.podman("exec", "-e", "COLO_DATA_SOCKET=/run/colo/none.sock", name, *HEALTH, check=False)
         assert wrong.returncode == 1 and "no sidecar listens on /run/colo/none.sock" in wrong.stdout
         logs = container_log(image, name)
-        assert "cpu budget" in logs and "1 worker(s); CPU budget 1 (cgroup" in logs, logs
+        assert "cpu budget" in logs and "0 worker process(es); CPU budget 1 (cgroup" in logs, logs
         image.podman("stop", "--time", "10", name)  # SIGTERM: the sidecar removes its ring and socket
         state = image.podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
         assert state == "0", container_log(image, name)

@@ -1,7 +1,9 @@
 """The documentation runs: every Python code block of the README and of `docs/` is executed
 (a page's blocks in order, as one script, as a reader would paste them), the site builds
-with `mkdocs build --strict` (broken links, anchors and API references fail), and the built
-pages load in headless Chromium with navigation, highlighted code and no console error.
+with `mkdocs build --strict` (broken links, anchors and API references fail), every built
+page's text is free of Markdown that did not render (Python-Markdown, unlike GitHub, needs a
+blank line before a list, a table or a code fence), and the built pages load in headless
+Chromium with navigation, highlighted code and no console error.
 
 A block that needs what this machine cannot have (a TPU, a cluster, a bucket) is preceded
 by `<!-- skip: why -->`; it is reported as a skip with that reason, never run."""
@@ -18,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -108,11 +111,169 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
     for page in (ROOT / "docs").rglob("*.md"):
-        relative = page.relative_to(ROOT / "docs").with_suffix("")
-        built = site / ("index.html" if relative.name == "index" else f"{relative}/index.html")
+        built = built_page(site, page)
         assert built.exists(), f"{name(page)} was not built ({built})"
     reference = (site / "reference" / "pipelines" / "index.html").read_text()
     assert 'id="colo_data.spec.pipeline.Pipeline"' in reference, "the API reference has no Pipeline entry"
+
+
+def built_page(site: Path, page: Path) -> Path:
+    """Where the site build puts a page of `docs/`."""
+    relative = page.relative_to(ROOT / "docs").with_suffix("")
+    return site / ("index.html" if relative.name == "index" else f"{relative}/index.html")
+
+
+CODE = {"code", "pre", "script", "style"}  # their text is code, where Markdown is left alone
+HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
+TEXT_BLOCKS = {"p", "li", "td", "th", "dt", "dd", "summary", "figcaption", *HEADINGS}
+BLOCKS = {"div", "pre", "table", "ul", "ol", "dl", "blockquote", "details", "p", *HEADINGS}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+EMPHASIS = {"strong", "em", "b", "i"}
+HIDDEN = "\N{HORIZONTAL ELLIPSIS}"  # stands for a piece of code in the text: not a word, no Markdown
+LINE_MARKERS = [  # at the start of a line of a paragraph, list item or cell (a heading may start "1. ")
+    (re.compile(r"\s*(?:[-*+]|\d+\.)\s"), "a list that stayed in a paragraph (it needs a blank line before it)"),
+    (re.compile(r"\s*\|"), "a table row that stayed in a paragraph (a table needs a blank line before it)"),
+]
+LITERALS = [  # anywhere in the text; the first that matches a line names it
+    (re.compile(r"```"), "a literal code fence (a fence must start its own block, after a blank line)"),
+    # `2**31` between two operands is the docs' way to write a power and renders as written
+    # (the API reference's docstrings too); any other ** is emphasis that did not render
+    (re.compile(r"(?<![\w)\]])\*\*|\*\*(?![\w(])"), "a literal ** (emphasis that did not render, or code that needs backticks)"),
+    (re.compile(r"__"), "a literal __ (emphasis that did not render, or a Python name that needs backticks)"),
+    (re.compile(r"`"), "a literal backtick (code that did not render)"),
+    (re.compile(r"\]\("), "a literal ]( (a link that did not render)"),
+]
+
+
+@dataclass
+class TextBlock:
+    """A paragraph, list item, cell or heading being read: its text (code as HIDDEN) and the
+    blocks opened inside it."""
+
+    tag: str
+    pieces: list[str]
+    holds: list[str]
+
+
+def shorten(text: str, most: int = 100) -> str:
+    """The text on one line, its middle cut to keep it under `most` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= most else f"{text[: most // 2]} {HIDDEN} {text[-most // 2 :]}"
+
+
+class Unrendered(HTMLParser):
+    """Finds Markdown that Python-Markdown left as text in a built page's main content (its
+    <article>): it reads the text of each block outside <code>/<pre>, and the emphasis in it."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        # Emphasis is written with asterisks: a word set in emphasis that the page's prose writes as
+        # `__word__` or `_word_` is a Python name whose underscores Markdown took as emphasis.
+        prose = re.sub(r"`[^`]*`", "", re.sub(r"^```.*?^```", "", source, flags=re.M | re.S))
+        self.underscored = set(re.findall(r"(?<![\w`])__?(\w+?)__?(?![\w`])", prose))
+        self.article = 0  # depth of <article> elements open
+        self.code = 0  # depth of code elements open
+        self.open: list[str] = []  # the tags open inside the article
+        self.blocks: list[TextBlock] = []  # the text blocks open
+        self.emphasis: list[tuple[str, int, str]] = []  # open: tag, where it starts in its block, the character before
+        self.closed: tuple[str, str, str] | None = None  # closed, the character after not yet read
+        self.problems: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "article":
+            self.article += 1
+        if not self.article or tag in VOID:
+            return
+        if tag in BLOCKS and self.open and self.open[-1] == "p" and self.blocks:
+            self.blocks[-1].holds.append(tag)
+        self.open.append(tag)
+        if tag in CODE:
+            if not self.code:
+                self.add(HIDDEN)
+            self.code += 1
+        elif tag in TEXT_BLOCKS:
+            self.settle("")
+            self.blocks.append(TextBlock(tag, [], []))
+        elif tag in EMPHASIS and self.blocks and not self.code:
+            self.emphasis.append((tag, len(self.text()), self.text()[-1:]))
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.article or tag in VOID:
+            return
+        if tag == "article":
+            self.article -= 1
+            return
+        if tag not in self.open:
+            return
+        while self.open[-1] != tag:  # an element HTML lets the page leave unclosed
+            self.handle_endtag(self.open[-1])
+        self.open.pop()
+        if tag in CODE:
+            self.code -= 1
+        elif tag in TEXT_BLOCKS:
+            self.settle("")
+            self.check(self.blocks.pop())
+        elif tag in EMPHASIS and self.emphasis and self.emphasis[-1][0] == tag:
+            _, start, before = self.emphasis.pop()
+            self.settle("")
+            self.closed = (tag, self.text()[start:], before)
+
+    def handle_data(self, data: str) -> None:
+        if self.article and not self.code:
+            self.add(data)
+
+    def add(self, text: str) -> None:
+        if self.blocks and text:
+            self.settle(text[0])
+            self.blocks[-1].pieces.append(text)
+
+    def text(self) -> str:
+        return "".join(self.blocks[-1].pieces) if self.blocks else ""
+
+    def settle(self, after: str) -> None:
+        """Judges the emphasis just closed, now that the character after it is known."""
+        if self.closed is None:
+            return
+        tag, inner, before = self.closed
+        self.closed = None
+        if re.match(r"\w", before) or re.match(r"\w", after):
+            # `2**16 ... 2**16` becomes 2<strong>16 ... 2</strong>16: emphasis that opens or closes
+            # inside a word, which the docs never write on purpose
+            what = f"<{tag}> that opens or closes inside a word (math or code: escape its * as \\* or set it in backticks)"
+            self.problems.append(f"{what}: {before}<{tag}>{shorten(inner)}</{tag}>{after}")
+        elif inner in self.underscored:
+            self.problems.append(f"<{tag}>{inner}</{tag}> made of a Python name in underscores (it needs backticks)")
+
+    def check(self, block: TextBlock) -> None:
+        text = "".join(block.pieces)
+        for inner in block.holds:
+            what = f"a <{inner}> inside a paragraph (a code fence, list or table that does not start its own block)"
+            self.problems.append(f"{what}: {shorten(text)!r}")
+        for line in text.splitlines():
+            for marker, what in LINE_MARKERS:
+                if block.tag not in HEADINGS and marker.match(line):
+                    self.problems.append(f"{what}: {shorten(line)!r}")
+            for literal, what in LITERALS:
+                if literal.search(line):
+                    self.problems.append(f"{what}: {shorten(line)!r}")
+                    break
+
+
+def unrendered(html: str, source: str) -> list[str]:
+    """What a built page (`html`, from the Markdown `source`) shows of Markdown that did not render."""
+    parser = Unrendered(source)
+    parser.feed(html)
+    parser.close()
+    return parser.problems
+
+
+def test_no_page_shows_markdown_that_did_not_render(site: Path) -> None:
+    problems = [
+        f"{name(page)}: {problem}"
+        for page in sorted((ROOT / "docs").rglob("*.md"))
+        for problem in unrendered(built_page(site, page).read_text(), page.read_text())
+    ]
+    assert not problems, "Markdown left as text in the built site:\n" + "\n".join(problems)
 
 
 @pytest.fixture(scope="session")

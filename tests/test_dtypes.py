@@ -26,6 +26,8 @@ import colo_data as cd
 from colo_data.spec.state import make_state
 from colo_data.testing import read_all
 
+from pipelines import backend_of
+
 BACKENDS = [("inprocess", 0), ("inprocess", 2), ("sidecar", 0), ("colocated", 0)]
 BATCH = 12  # 3 rows for each of the 4 colocated hosts (the test session's 4 CPU devices)
 RECORDS = 48
@@ -83,9 +85,7 @@ def pipeline_of(corpus: Path, columns: list[str]) -> cd.Pipeline:
 
 
 def loader_of(pipeline: cd.Pipeline, backend: str, workers: int, tmp_path: Path, **options: object) -> cd.Loader:
-    if backend == "sidecar":
-        options["shm_dir"] = str(tmp_path)
-    return cd.Loader(pipeline, backend=backend, workers=workers, **options)
+    return cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path), **options)
 
 
 def read_columns(corpus: Path, columns: list[str], backend: str, workers: int, tmp_path: Path) -> dict[str, np.ndarray]:

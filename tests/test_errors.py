@@ -73,9 +73,9 @@ def test_an_unreadable_file_is_a_permission_error_not_a_damaged_file(tmp_path: P
     assert "rewrite" not in result.stderr.lower(), "the file is not damaged"
 
 
-def test_one_slot_on_the_sidecar_backend_is_a_config_error(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="slots=1: a sidecar's ring needs at least 2 slots"):
-        cd.Loader(make_pipeline(token_corpus), backend="sidecar", slots=1)
+def test_one_slot_on_the_sidecar_backend_is_a_config_error() -> None:
+    with pytest.raises(cd.ConfigError, match=r"Sidecar\(slots=1\): a sidecar's ring needs at least 2 slots"):
+        cd.Sidecar(slots=1)
 
 
 BROKEN = {

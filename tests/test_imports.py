@@ -1,7 +1,8 @@
 """What importing colo-data costs: `import colo_data` loads none of the heavy optional
 machinery (orbax, matplotlib, prometheus-client, kubernetes, pathwaysutils' FastAPI
 server), `colo-data --help` and `colo-data manifest` start without JAX, every public name
-of the lazy façade still resolves, and the package's module-level imports form no cycle."""
+of the lazy façade still resolves, the package's imports form no cycle (not even behind
+`TYPE_CHECKING` or inside functions), and importing it installs no import machinery."""
 
 from __future__ import annotations
 
@@ -90,34 +91,26 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def executed_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when a module is imported: at module level, also
-    under `if`/`try`/`with` and in class bodies, but not in functions nor under
-    `if TYPE_CHECKING:`."""
-    for node in body:
+def imports_in(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module: at module level, under `if TYPE_CHECKING:` and
+    inside functions alike. An import that runs only for a type checker or only when a
+    function is called still ties the two modules together: a circle through one is a
+    circle in the design, even where it cannot fail at run time."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If):
-            if ast.unparse(node.test) not in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                yield from executed_imports(node.body)
-            yield from executed_imports(node.orelse)
-        elif isinstance(node, ast.Try):
-            for part in (node.body, *(handler.body for handler in node.handlers), node.orelse, node.finalbody):
-                yield from executed_imports(part)
-        elif isinstance(node, ast.With | ast.ClassDef):
-            yield from executed_imports(node.body)
 
 
 def import_graph() -> dict[str, set[str]]:
-    """colo_data's module -> the colo_data modules its import runs, packages included:
-    importing `a.b.c` runs `a`, `a.b` and `a.b.c`; `from a.b import c` also `a.b.c` when
-    that is a module."""
+    """colo_data's module -> the colo_data modules it imports, packages included: importing
+    `a.b.c` runs `a`, `a.b` and `a.b.c`; `from a.b import c` also `a.b.c` when that is a
+    module. A module's own packages are left out (they run before it, never because of it)."""
     paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in executed_imports(ast.parse(path.read_text(), str(path)).body):
+        for node in imports_in(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
@@ -158,38 +151,31 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_import_graph_finds_a_cycle_when_there_is_one() -> None:
+def test_the_import_graph_sees_every_import_and_finds_a_cycle_when_there_is_one() -> None:
     graph = import_graph()
     assert {"colo_data.errors", "colo_data.ops.config", "colo_data.ops.versions"} <= graph["colo_data.ops.manifest"]
-    assert "colo_data.spec.pipeline" not in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
-    assert "colo_data.telemetry.prometheus" not in graph["colo_data.telemetry.export"]  # in a function
+    assert "colo_data.spec.pipeline" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
+    assert "colo_data.telemetry.prometheus" in graph["colo_data.telemetry.export"]  # in a function
+    assert "colo_data.backends.inprocess" in graph["colo_data.backends.options"]  # in a method
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
 def test_no_import_cycle_in_colo_data() -> None:
+    """No circle at all: not at module level, not behind `TYPE_CHECKING`, not through an
+    import inside a function."""
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_module_paths_from_before_the_subpackages_still_import(tmp_path: Path, token_corpus: Path) -> None:
-    """Scripts and config files name the old paths (`from colo_data import demo`,
-    `pipeline = "colo_data.demo:pipeline"`): each is the moved module itself, never a copy."""
-    import importlib
-
-    from colo_data._moved import MOVED
-    from colo_data.ops.config import load_config
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-    from colo_data import demo  # noqa: F401 - the form the README used to show
-    from colo_data.host import HostPipeline
-    from colo_data.loader import Loader
-    from colo_data.telemetry import StageTimes, Telemetry
-
-    assert (HostPipeline, Loader, Telemetry) == (colo_data.HostPipeline, colo_data.Loader, colo_data.Telemetry)
-    assert StageTimes.__module__ == "colo_data.telemetry.counters"
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        colo_data.loader.nothing  # noqa: B018
-    config = tmp_path / "old.toml"
-    config.write_text(f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nglobal_batch_size = 12\n')
-    assert load_config(config).build().global_batch_size == 12
+def test_importing_colo_data_changes_no_import_machinery(tmp_path: Path) -> None:
+    """`import colo_data` leaves `sys.meta_path` and `sys.path_hooks` as they were (no finder
+    of its own), and each package's names are its modules, with no forwarding `__getattr__`."""
+    check = (
+        "import sys; before = (list(sys.meta_path), list(sys.path_hooks)); import colo_data, colo_data.cli; "
+        "assert (list(sys.meta_path), list(sys.path_hooks)) == before, sys.meta_path"
+    )
+    run = subprocess.run([sys.executable, "-c", check], check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    forwarders = [name for name, path in ((module_name(p), p) for p in PACKAGE.rglob("__init__.py")) if name != "colo_data"
+                  and "def __getattr__" in path.read_text()]
+    assert not forwarders, f"packages that forward names of other modules: {forwarders}"

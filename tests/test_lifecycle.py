@@ -22,7 +22,7 @@ import colo_data as cd
 from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
-from pipelines import make_pipeline
+from pipelines import backend_of, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 10
@@ -35,11 +35,12 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import colo_data as cd
-from colo_data import demo  # the form docs/checkpointing.md shows
+from colo_data.ops import demo
 
 if __name__ == "__main__":
     shuffle, backend, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    loader = cd.Loader(demo.pipeline(shuffle=shuffle, epochs=None), backend=backend, workers=workers)
+    chosen = cd.InProcess(workers=workers) if backend == "inprocess" else cd.Sidecar(workers=workers)
+    loader = cd.Loader(demo.pipeline(shuffle=shuffle, epochs=None), backend=chosen)
     for i, batch in enumerate(loader):
         if i >= 12:
             break
@@ -119,12 +120,12 @@ def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
 def test_a_dropped_loader_stops_everything_it_started(token_corpus: Path, backend: str, workers: int) -> None:
     pipeline = make_pipeline(token_corpus, "global", epochs=None)
     # Process-wide helpers made on first use stay in the baseline (JAX's).
-    with cd.Loader(pipeline, backend=backend, workers=workers) as warm:
+    with cd.Loader(pipeline, backend=backend_of(backend, workers)) as warm:
         next(warm)
     threads, shm = threading.active_count(), ours_in_shm()
     assert not children(), f"children before the test: {children()}"
 
-    loader = cd.Loader(pipeline, backend=backend, workers=workers)
+    loader = cd.Loader(pipeline, backend=backend_of(backend, workers))
     next(loader)
     next(loader)
     assert threading.active_count() > threads or children(), "the loader started something to stop"
@@ -141,7 +142,7 @@ def test_create_iterate_close_cycles_leak_nothing(token_corpus: Path, backend: s
     sidecar cycles are sessions of one sidecar (its start is not what is measured)."""
     pipeline = make_pipeline(token_corpus, "block", epochs=None)
     sidecar = LocalSidecar("/dev/shm", 0, 4) if backend == "sidecar" else None
-    options = {"backend": "sidecar", "sidecar": sidecar.address} if sidecar else {}
+    options = {"backend": cd.Sidecar(address=sidecar.address)} if sidecar else {}
     me = psutil.Process()
 
     def cycle() -> None:
@@ -199,8 +200,7 @@ def test_close_from_another_thread_ends_a_blocked_next(
         return columns
 
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), slow])
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    loader = cd.Loader(pipeline, backend=backend, prefetch=prefetch, workers=workers, **options)
+    loader = cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path), prefetch=prefetch)
     next(loader)
     threading.Timer(0.2, loader.close).start()
     started = time.monotonic()

@@ -43,8 +43,7 @@ def expected_ids(root: Path) -> dict[tuple[int, int], list[int]]:
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_every_packed_segment_is_the_tokenizers_ids_of_the_record_it_names(text: Path, tmp_path: Path, backend: str) -> None:
     pipeline = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    with cd.Loader(pipeline, backend=backend, **options) as loader:
+    with cd.Loader(pipeline, backend=cd.Sidecar(shm_dir=str(tmp_path)) if backend == "sidecar" else backend) as loader:
         batches = [to_numpy(next(loader)) for _ in range(12)]
     want = expected_ids(text)
     segments = []

@@ -36,7 +36,7 @@ def epoch(corpus: Path, shuffle: str, hosts: int, workers: int) -> list[dict[str
     key = (shuffle, hosts, workers)
     if key not in _epochs:
         with mock.patch.object(defaults, "CHUNK_RECORDS", BATCH):
-            _epochs[key] = read_all(cd.Loader(make_pipeline(corpus, shuffle), hosts=hosts, workers=workers))
+            _epochs[key] = read_all(cd.Loader(make_pipeline(corpus, shuffle), hosts=hosts, backend=cd.InProcess(workers=workers)))
     return _epochs[key]
 
 
@@ -92,11 +92,11 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
 
     def resumed(k: int, state: dict) -> cd.Loader:
         workers = 1 if k == 3 else 0
-        return cd.Loader(make_pipeline(token_corpus, shuffle), hosts=restored_hosts[k % 2], workers=workers, state=state)
+        return cd.Loader(make_pipeline(token_corpus, shuffle), hosts=restored_hosts[k % 2], backend=cd.InProcess(workers=workers), state=state)
 
-    assert_resumes_identically(lambda: cd.Loader(pipeline, hosts=1, workers=0), resumed, steps=6)
+    assert_resumes_identically(lambda: cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=0)), resumed, steps=6)
     # and the state saved by a worker-backed loader is the same state
-    with cd.Loader(pipeline, hosts=1, workers=1) as loader:
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=1)) as loader:
         for _ in range(3):
             next(loader)
         state = loader.get_state()
@@ -107,7 +107,7 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
 def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     shm = Path("/dev/shm")
     before = set(shm.iterdir())
-    with cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=2, workers=1) as loader:
+    with cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=2, backend=cd.InProcess(workers=1)) as loader:
         for _ in range(3):
             next(loader)
         assert len(_workers()) == 2  # an endless stream: both hosts' workers are still busy

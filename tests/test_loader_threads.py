@@ -31,8 +31,7 @@ def test_a_second_thread_in_next_is_an_error_not_a_hang_or_a_duplicate(
 ) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[slow, cd.pad_or_truncate("tokens", 8)])
     expected = read_all(cd.Loader(pipeline))
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    with cd.Loader(pipeline, backend=backend, **options) as loader:
+    with cd.Loader(pipeline, backend=cd.Sidecar(shm_dir=str(tmp_path)) if backend == "sidecar" else backend) as loader:
         got: list = []
         reader = threading.Thread(target=lambda: got.append(to_numpy(next(loader))))
         reader.start()

@@ -183,7 +183,7 @@ def test_multi_controller_shares_memory_and_the_socket(tiny: Config) -> None:
     spec = pod(job)
     sidecar, trainer = container(spec, "colo-data-sidecar"), container(spec, "trainer")
     assert sidecar["restartPolicy"] == "Always" and sidecar in spec["initContainers"]  # a native sidecar
-    assert volume(spec, "colo-data-shm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "25Mi"}
+    assert volume(spec, "colo-data-shm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}  # 10 small batches
     assert mounts(sidecar)["colo-data-shm"] == mounts(trainer)["colo-data-shm"] == "/mnt/colo-shm"
     assert env(sidecar)["COLO_DATA_SHM_DIR"] == env(trainer)["COLO_DATA_SHM_DIR"] == "/mnt/colo-shm"
     socket_dir = mounts(sidecar)["colo-data-socket"]
@@ -356,7 +356,8 @@ def test_explicit_shm_size_skips_the_measurement(tmp_path: Path) -> None:
     [
         ('workers = "auto"', {}, "4", 3),
         ('workers = "auto"', {"sidecar_cpus": 2.5}, "2500m", 2),
-        ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 1),
+        ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 0),
+        ('workers = "auto"', {"sidecar_cpus": 2}, "2", 0),
         ("workers = 6", {}, "7", 6),
         ("workers = 6", {"sidecar_cpus": 6.2}, "6200m", 6),
     ],
@@ -415,7 +416,7 @@ def test_bad_deploy_values_are_errors_naming_the_key(target: str, deploy: dict[s
 
 
 def test_workers_that_the_cpu_limit_cannot_give_are_an_error(tiny: Config) -> None:
-    with pytest.raises(ConfigError, match=r"sidecar_cpus = 2 gives a CPU budget for 1 worker\(s\), but \[sidecar\] workers = 3"):
+    with pytest.raises(ConfigError, match=r"sidecar_cpus = 2 leaves CPUs for 1 worker process\(es\) .*, but \[sidecar\] workers = 3"):
         render(tiny, "multi-controller", {"sidecar_cpus": 2})
 
 

@@ -17,7 +17,7 @@ from colo_data.ops import demo
 from colo_data.spec.mix import DENOMINATOR, integer_shares, schedule
 from colo_data.testing import to_numpy
 
-from pipelines import MIX_SIZES
+from pipelines import MIX_SIZES, backend_of
 
 BATCH = 12
 
@@ -108,8 +108,7 @@ def test_batches_are_the_same_for_any_host_count(mix_corpora: dict[str, Path], h
 def test_batches_are_the_same_on_every_backend(mix_corpora: dict[str, Path], tmp_path: Path, backend: str, workers: int) -> None:
     pipeline = mix_pipeline(mix_corpora, {"web": 0.5, "code": 0.3, "math": 0.2}, "block")
     one = read(cd.Loader(pipeline), 12)
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    other = read(cd.Loader(pipeline, backend=backend, workers=workers, **options), 12)
+    other = read(cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path)), 12)
     for k in one:
         assert np.array_equal(one[k], other[k]), f"{backend}: {k}"
 
@@ -219,8 +218,7 @@ def test_a_packed_mixture_names_each_segments_component_and_index(
         source=cd.Mix(components, weights), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,
         epochs=None, index_column="_index", pack=cd.Pack("tokens", 8, max_segments=4),
     )
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    rows = read(cd.Loader(packed, backend=backend, **options), 6)
+    rows = read(cd.Loader(packed, backend=backend_of(backend, 0, tmp_path)), 6)
     placed = rows["_component"] >= 0
     assert np.array_equal(placed, rows["_index"] >= 0) and placed.any()
     got = list(zip(rows["_component"][placed].tolist(), rows["_index"][placed].tolist(), strict=True))

@@ -32,7 +32,7 @@ from colo_data.spec.state import make_state
 from colo_data.testing import assert_batches_equal, read_all
 
 from multihost import Result, merge, record, run
-from pipelines import BATCH, make_pipeline
+from pipelines import BATCH, backend_of, make_pipeline
 
 RECORDS = 120
 TIMEOUT_S = 120.0
@@ -64,23 +64,21 @@ def read_loader(args: dict[str, Any]) -> dict[str, Any]:
     when None), optionally from a saved state; process 0 saves the state afterwards. It
     notes which host pipelines this process drove (in process or through sidecars)."""
     driven: list[list[int]] = []
-    host_pieces, sidecar_batches = HostPipeline.pieces, SidecarClient.batches
+    host_chunks, sidecar_batches = HostPipeline.chunks, SidecarClient.batches
 
-    def spy_host(self: HostPipeline, start_position: int, *rest: Any) -> Iterator[HostChunk]:
+    def spy_host(self: HostPipeline, start_position: int, *rest: Any, **named: Any) -> Iterator[HostChunk]:
         driven.append([self.host, self.hosts])
-        return host_pieces(self, start_position, *rest)
+        return host_chunks(self, start_position, *rest, **named)
 
     def spy_sidecar(self: SidecarClient, pipeline: cd.Pipeline, host: int, hosts: int, *rest: Any) -> Iterator[HostChunk]:
         driven.append([host, hosts])
         return sidecar_batches(self, pipeline, host, hosts, *rest)
 
-    HostPipeline.pieces, SidecarClient.batches = spy_host, spy_sidecar
+    HostPipeline.chunks, SidecarClient.batches = spy_host, spy_sidecar  # type: ignore[method-assign]
     mesh, spec = _mesh(args["mesh"])
     state = json.loads(Path(args["state"]).read_text()) if args.get("state") else None
-    options = dict(backend=args["backend"], workers=0, mesh=mesh, partition_spec=spec, state=state)
-    if args.get("shm_dir"):
-        options["shm_dir"] = args["shm_dir"]
-    with cd.Loader(make_pipeline(Path(args["corpus"])), **options) as loader:
+    backend = backend_of(args["backend"], 0, args.get("shm_dir"))
+    with cd.Loader(make_pipeline(Path(args["corpus"])), backend=backend, mesh=mesh, partition_spec=spec, state=state) as loader:
         batches = [record(b) for b in itertools.islice(loader, args.get("steps"))]
         state = loader.get_state()
         hosts = loader.hosts

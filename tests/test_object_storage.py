@@ -138,7 +138,7 @@ def test_worker_processes_read_the_store_and_share_cache_dir(
     for epoch in range(2):
         before = proxy.requests
         source = remote(store, proxy, cache_dir=tmp_path / "cache")
-        got = read_all(cd.Loader(pipeline(source, "block"), workers=2))
+        got = read_all(cd.Loader(pipeline(source, "block"), backend=cd.InProcess(workers=2)))
         assert_batches_equal(expected, got, f"{store.kind}, 2 workers, run {epoch}")
         requests = proxy.requests - before
         if epoch == 0:

@@ -120,7 +120,7 @@ def drop_all(columns: dict) -> np.ndarray:
 def test_packed_through_the_sidecar(token_corpus: Path) -> None:
     pipeline = packed(token_corpus, "block", keep=keep_odd_ids)
     expected = read_all(cd.Loader(pipeline))
-    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend="sidecar", hosts=2, workers=0)), "sidecar, packed")
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=0), hosts=2)), "sidecar, packed")
 
 
 def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from colo_data import ConfigError, CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
-from colo_data.host.resources import shm_capacity
+from colo_data.host.resources import WorkerChoice, auto_workers, choose_workers, shm_capacity
 
 from real_cgroup import cpu_cgroup
 
@@ -72,7 +72,7 @@ def test_v1_quota(tmp_path: Path) -> None:
     budget = cpu_budget(**where)
     assert budget == CpuBudget(
         cpus=0.5,
-        workers=1,
+        workers=0,
         source=f"cgroup v1 cpu quota 50000/100000 at {tmp_path}/sys/fs/cgroup/cpu,cpuacct/job",
         affinity=AFFINITY,
         quota=0.5,
@@ -82,10 +82,10 @@ def test_v1_quota(tmp_path: Path) -> None:
 def test_v2_quota(tmp_path: Path) -> None:
     where = tree(tmp_path, ["0::/job"], [ROOTFS, V2_ONLY], {"sys/fs/cgroup/job/cpu.max": "150000 100000"})
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.quota, budget.workers) == (1.5, 1.5, 1)
+    assert (budget.cpus, budget.quota, budget.workers) == (1.5, 1.5, 0)
     assert budget.source == f"cgroup v2 cpu.max 150000 100000 at {tmp_path}/sys/fs/cgroup/job"
     assert cpu_budget(0, **where).workers == 2
-    assert cpu_budget(5, **where).workers == 1
+    assert cpu_budget(5, **where).workers == 0
 
 
 @pytest.mark.parametrize(("v1_cpus", "v2_cpus", "winner"), [(3, 2, "cgroup v2"), (2, 3, "cgroup v1")])
@@ -100,7 +100,7 @@ def test_hybrid_smaller_quota_wins(tmp_path: Path, v1_cpus: int, v2_cpus: int, w
         },
     )
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.quota, budget.workers) == (2.0, 2.0, 1)
+    assert (budget.cpus, budget.quota, budget.workers) == (2.0, 2.0, 0)
     assert budget.source.startswith(winner)
 
 
@@ -132,7 +132,7 @@ def test_v1_parent_tighter_than_own_cgroup(tmp_path: Path) -> None:
         },
     )
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.workers, budget.quota) == (0.3, 1, 0.3)
+    assert (budget.cpus, budget.workers, budget.quota) == (0.3, 0, 0.3)
     assert budget.source.endswith("/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1")
 
 
@@ -187,7 +187,7 @@ def test_mount_whose_root_is_the_containers_own_cgroup(tmp_path: Path) -> None:
         },
     )
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.workers) == (0.75, 1)
+    assert (budget.cpus, budget.workers) == (0.75, 0)
     assert budget.source == f"cgroup v2 cpu.max 75000 100000 at {tmp_path}/sys/fs/cgroup"
 
 
@@ -216,7 +216,7 @@ def test_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, override: str
     where = tree(tmp_path, ["4:cpu,cpuacct:/job"], [V1_CPU], v1_quota("sys/fs/cgroup/cpu,cpuacct/job", 50_000))
     monkeypatch.setenv("COLO_DATA_CPUS", override)
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.workers, budget.quota) == (cpus, 1, 0.5)
+    assert (budget.cpus, budget.workers, budget.quota) == (cpus, 0, 0.5)
     assert budget.source.startswith(source)
 
 
@@ -325,7 +325,7 @@ def _run_child(procs: Path) -> dict[str, object]:
 def test_real_cgroup_quota_reaches_a_child_process() -> None:
     with cpu_cgroup(50_000) as group:
         limited = _run_child(group.procs)
-        assert (limited["cpus"], limited["workers"], limited["quota"]) == (0.5, 1, 0.5)
+        assert (limited["cpus"], limited["workers"], limited["quota"]) == (0.5, 0, 0.5)
         quota_text = "cpu quota 50000/100000" if group.version == 1 else "cpu.max 50000 100000"
         assert limited["source"] == f"cgroup v{group.version} {quota_text} at {group.path}"
 
@@ -370,7 +370,7 @@ def test_doctor_text() -> None:
     lines = out.stdout.splitlines()
     rows = {label: value.strip() for label, value in (line.split("  ", 1) for line in lines)}
     assert rows["cpu budget"] == "0.5 CPUs (COLO_DATA_CPUS=0.5)"
-    assert rows["workers"] == "1"
+    assert rows["workers"] == "0"
     assert rows["jax backend"] == "cpu"
     assert rows["jax devices"].startswith("3: ")
     assert rows["pathways proxy"] == "no"
@@ -384,3 +384,23 @@ def test_doctor_bad_override_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     result = CliRunner().invoke(main, ["doctor"])
     assert result.exit_code == 1
     assert "COLO_DATA_CPUS='lots'" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("cpus", "beside", "workers"), [(0.5, 1, 0), (2.0, 1, 0), (2.0, 2, 0), (2.5, 1, 2), (3.0, 1, 2), (8.0, 2, 6), (64.0, 1, 63)]
+)
+def test_auto_workers_start_processes_only_where_two_or_more_cpus_are_left(cpus: float, beside: int, workers: int) -> None:
+    assert auto_workers(cpus, beside) == workers
+
+
+def test_the_worker_choice_says_why() -> None:
+    budget = CpuBudget(cpus=2.0, workers=0, source="affinity mask: 2 CPUs", affinity=2, quota=None)
+    chosen = choose_workers("auto", budget, 2, "the sidecar's own thread and the trainer")
+    assert chosen == WorkerChoice(
+        0, "auto: CPU budget 2 (affinity mask: 2 CPUs) less 2 for the sidecar's own thread and the trainer leaves 0"
+    )
+    one_left = choose_workers("auto", budget, 1, "the sidecar's own thread")
+    assert one_left.count == 0 and one_left.reason.endswith("leaves 1: one worker process would only add a hop")
+    roomy = choose_workers("auto", CpuBudget(8.0, 7, "cgroup v2 cpu.max 800000 100000", 64, 8.0), 1, "the trainer")
+    assert roomy.count == 7 and "less 1 for the trainer leaves 7" in roomy.reason
+    assert choose_workers(3, budget, 2, "the trainer") == WorkerChoice(3, "as configured")

@@ -66,7 +66,7 @@ def test_sidecar_batches_equal_in_process(token_corpus: Path, shm_dir: Path, hos
     expected = read_all(cd.Loader(pipeline, hosts=hosts))
     # 2 slots: every slot is rewritten many times while the test holds all batches, so a
     # batch that aliased its slot would change under us
-    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=hosts, workers=2, shm_dir=str(shm_dir), slots=2))
+    got = read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir), slots=2), hosts=hosts))
     assert_batches_equal(expected, got, f"sidecar backend, {hosts} host(s)")
     wait_for(lambda: not sidecars(), 10, "local sidecars exit with the loader")
 
@@ -77,14 +77,14 @@ def test_sidecar_worker_shares_make_the_same_stream(token_corpus: Path, shm_dir:
     pipeline = make_pipeline(token_corpus, "block", epochs=None)
     steps = (1 + 2 * defaults.WORKER_CHUNKS) * (defaults.CHUNK_RECORDS // BATCH) + 5  # chunk 0, two of the workers
     expected = read_all(cd.Loader(pipeline, hosts=1), steps)
-    got = read_all(cd.Loader(pipeline, backend="sidecar", hosts=1, workers=2, shm_dir=str(shm_dir)), steps)
+    got = read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir)), hosts=1), steps)
     assert_batches_equal(expected, got, "sidecar with 2 workers")
 
 
 def test_resume_through_the_sidecar(token_corpus: Path, shm_dir: Path) -> None:
     pipeline = make_pipeline(token_corpus, "global")
     expected = read_all(cd.Loader(pipeline))
-    with cd.Loader(pipeline, backend="sidecar", hosts=2, workers=0, shm_dir=str(shm_dir)) as loader:
+    with cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir)), hosts=2) as loader:
         for _ in range(4):
             next(loader)
         state = loader.get_state()
@@ -100,13 +100,13 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
     # 12 rows x 26,000 int32 tokens: 1.25 MiB a batch, so a 4 MiB slot holds 3 of the 10
     # batches and the last slot 1; starting at batch 4 cuts the first group short.
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 26_000)])
-    batch_bytes = sum(v.nbytes for v in next(cd.HostPipeline(pipeline).batches(0)).values())
+    batch_bytes = sum(v.nbytes for v in next(cd.HostPipeline(pipeline).chunks(0, batches=1)).columns.values())
     assert batches_per_slot(next(cd.HostPipeline(pipeline).chunks(0)).columns, BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
     expected = read_all(cd.Loader(pipeline))
-    got = read_all(cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), slots=2))
+    got = read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir), slots=2)))
     assert_batches_equal(expected, got, "3 batches a slot")
     state = cd.Loader(pipeline).get_state() | {"position": 4 * BATCH}
-    resumed = read_all(cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), state=state))
+    resumed = read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir)), state=state))
     assert_batches_equal(expected[4:], resumed, "3 batches a slot, from batch 4")
     sidecar = LocalSidecar(str(shm_dir), 0, 2)
     try:  # the client's views (no copy) hold until the next batch is asked for
@@ -114,7 +114,7 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
         views = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
     finally:
         sidecar.stop()
-    assert_batches_equal([to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)], views, "views, 3 batches a slot")
+    assert_batches_equal([to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)], views, "views, 3 batches a slot")
 
 
 def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Pat
         finally:
             sidecar.stop()
         assert client.info["batches_per_slot"] == 1, client.info
-        assert_batches_equal([to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)], got, "6 MB tmpfs")
+        assert_batches_equal([to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)], got, "6 MB tmpfs")
 
 
 def test_batches_per_slot() -> None:
@@ -149,7 +149,7 @@ def test_worker_exception_reaches_the_trainer_with_its_traceback(token_corpus: P
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), fail_when_asked])
     os.environ["COLO_DATA_TEST_FAIL"] = "1"  # inherited by the sidecar and its worker
     try:
-        with cd.Loader(pipeline, backend="sidecar", workers=2, shm_dir=str(shm_dir)) as loader:
+        with cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir))) as loader:
             with pytest.raises(cd.TransformError) as raised:
                 next(loader)
     finally:
@@ -161,7 +161,7 @@ def test_worker_exception_reaches_the_trainer_with_its_traceback(token_corpus: P
 
 def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path, shm_dir: Path) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None)
-    with cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm_dir), prefetch=0) as loader:
+    with cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir)), prefetch=0) as loader:
         next(loader)
         assert any(shm_dir.iterdir())
         (victim,) = sidecars()
@@ -176,7 +176,7 @@ def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path,
 
 def test_worker_killed_is_an_error_not_a_hang(token_corpus: Path, shm_dir: Path) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None)
-    with cd.Loader(pipeline, backend="sidecar", workers=2, shm_dir=str(shm_dir), prefetch=0) as loader:
+    with cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir)), prefetch=0) as loader:
         next(loader)
         (side,) = sidecars()
         workers = [c for c in side.children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
@@ -197,7 +197,7 @@ flags.FLAGS.mark_as_parsed()
 import colo_data as cd
 pipeline = cd.Pipeline(source=cd.ArrowSource(sys.argv[1]), transforms=[cd.pad_or_truncate("tokens", 8)],
                        global_batch_size=12, epochs=None)
-loader = cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=sys.argv[2])
+loader = cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=sys.argv[2]))
 next(loader)
 print("running", flush=True)
 time.sleep(600)
@@ -237,7 +237,7 @@ def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_p
     try:
         pipeline = demo.pipeline(token_corpus, seq_len=8, global_batch_size=12)
         expected = read_all(cd.Loader(pipeline))
-        got = read_all(cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}"))
+        got = read_all(cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}")))
         assert_batches_equal(expected, got, "external sidecar")
     finally:
         server.terminate()
@@ -246,15 +246,17 @@ def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_p
     assert b"worker" in server.stderr.read()
 
 
-@pytest.mark.parametrize("quota_us, cpus, workers", [(50_000, 0.5, 1), (None, None, None)])
+@pytest.mark.parametrize("quota_us, cpus, workers", [(50_000, 0.5, 0), (None, None, None)])
 def test_sidecar_in_a_cpu_limited_cgroup(
     token_corpus: Path, shm_dir: Path, tmp_path: Path, quota_us: int | None, cpus: float | None, workers: int | None
 ) -> None:
-    """A sidecar that starts inside a cgroup with half a CPU reports cpus=0.5 and picks 1
-    worker; without a quota it takes the affinity mask. Either way it serves the right batches."""
+    """A sidecar that starts inside a cgroup with half a CPU reports cpus=0.5 and computes on
+    its own thread (no worker processes); without a quota it takes the affinity mask, less
+    its own thread, and starts worker processes when at least 2 CPUs are left. Either way it
+    serves the right batches."""
     if quota_us is None:
         cpus = float(len(os.sched_getaffinity(0)))
-        workers = max(1, int(cpus) - 1)
+        workers = int(cpus) - 1 if int(cpus) - 1 >= 2 else 0
     socket = tmp_path / "host0.sock"
     with contextlib.ExitStack() as stack:
         join = ""
@@ -271,7 +273,7 @@ def test_sidecar_in_a_cpu_limited_cgroup(
             got = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
             client.close()
             assert client.info["budget"]["cpus"] == cpus and client.info["workers"] == workers, client.info
-            expected = [to_numpy(b) for b in cd.HostPipeline(pipeline).batches(0)]
+            expected = [to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)]
             assert_batches_equal(expected, got, f"sidecar with budget {client.info['budget']}")
         finally:
             server.terminate()
@@ -281,7 +283,7 @@ def test_sidecar_in_a_cpu_limited_cgroup(
 def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "shm", "64m") as mount:  # fails if a segment is left in it
         big = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 2**20)], global_batch_size=12)
-        with cd.Loader(big, backend="sidecar", workers=0, shm_dir=str(mount), slots=4) as loader:
+        with cd.Loader(big, backend=cd.Sidecar(workers=0, shm_dir=str(mount), slots=4)) as loader:
             with pytest.raises(cd.ShmError, match=r"needs \d+ bytes.*free") as raised:
                 next(loader)
         assert "--shm-size" in str(raised.value)
@@ -289,14 +291,14 @@ def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> Non
         fits = make_pipeline(token_corpus)
         assert_batches_equal(
             read_all(cd.Loader(fits)),
-            read_all(cd.Loader(fits, backend="sidecar", workers=0, shm_dir=str(mount))),
+            read_all(cd.Loader(fits, backend=cd.Sidecar(workers=0, shm_dir=str(mount)))),
             "a ring that fits the 64 MB tmpfs",
         )
 
 
 def test_sidecar_address_needs_one_per_host(token_corpus: Path) -> None:
     with pytest.raises(cd.ConfigError, match="one address per host"):
-        cd.Loader(make_pipeline(token_corpus), backend="sidecar", hosts=2, sidecar="unix:///tmp/x.sock")
+        cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address="unix:///tmp/x.sock"), hosts=2)
 
 
 def test_no_sidecar_at_the_address(tmp_path: Path) -> None:
@@ -307,13 +309,13 @@ def test_no_sidecar_at_the_address(tmp_path: Path) -> None:
 def test_auto_backend_picks_a_configured_sidecar(token_corpus: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = make_pipeline(token_corpus)
     with cd.Loader(pipeline, backend="auto") as loader:
-        assert loader.backend == "inprocess"  # no Pathways, no sidecar address
+        assert loader.backend == cd.InProcess()  # no Pathways, no sidecar address
     sidecar = LocalSidecar(str(shm_dir), 0, 2)
     try:
         monkeypatch.setenv("COLO_DATA_SIDECAR", sidecar.address)
         got = read_all(cd.Loader(pipeline, backend="auto", hosts=1))
         with cd.Loader(pipeline, backend="auto", hosts=1) as loader:
-            assert loader.backend == "sidecar" and [p.pid for p in sidecars()] == [sidecar.process.pid]  # none started
+            assert loader.backend == cd.Sidecar() and [p.pid for p in sidecars()] == [sidecar.process.pid]  # none started
     finally:
         sidecar.stop()
     assert_batches_equal(read_all(cd.Loader(pipeline)), got, "auto backend through COLO_DATA_SIDECAR")
@@ -323,10 +325,8 @@ def test_auto_backend_on_pathways_is_colocated(monkeypatch: pytest.MonkeyPatch) 
     # No Pathways proxy backend can start here; what is checked is the decision on its signal.
     import pathwaysutils
 
-    from colo_data.loader.loader import resolve_backend
-
-    assert resolve_backend("auto", None) == "inprocess"
-    assert resolve_backend("auto", "unix:///run/colo/host0.sock") == "sidecar"
-    assert resolve_backend("inprocess", "unix:///x.sock") == "inprocess"
+    assert cd.auto_backend() == cd.InProcess()
+    monkeypatch.setenv("COLO_DATA_SIDECAR", "unix:///run/colo/host0.sock")
+    assert cd.auto_backend() == cd.Sidecar() and cd.Sidecar().addresses() == ("unix:///run/colo/host0.sock",)
     monkeypatch.setattr(pathwaysutils, "is_pathways_backend_used", lambda: True)
-    assert resolve_backend("auto", "unix:///x.sock") == "colocated"
+    assert cd.auto_backend() == cd.Colocated()

@@ -37,7 +37,7 @@ from absl import flags
 flags.FLAGS.mark_as_parsed()
 import colo_data as cd
 from pipelines import make_pipeline
-loader = cd.Loader(make_pipeline({corpus!r}), backend="sidecar", sidecar="unix://{socket}")
+loader = cd.Loader(make_pipeline({corpus!r}), backend=cd.Sidecar(address="unix://{socket}"))
 try:
     next(loader)
 except cd.SidecarError as e:
@@ -94,7 +94,7 @@ def test_a_frozen_sidecar_is_an_error_within_30_s_and_a_40_s_batch_is_not(token_
 
     def read_through_the_slow_batch() -> None:
         try:
-            with cd.Loader(slow_pipeline, backend="sidecar", shm_dir=str(slow_shm), workers=0) as loader:
+            with cd.Loader(slow_pipeline, backend=cd.Sidecar(shm_dir=str(slow_shm), workers=0)) as loader:
                 next(loader)
                 longest = 0.0
                 for _ in range(60):  # the first chunk is 42 batches: the 43rd waits for the slow second
@@ -108,7 +108,7 @@ def test_a_frozen_sidecar_is_an_error_within_30_s_and_a_40_s_batch_is_not(token_
     slow = threading.Thread(target=read_through_the_slow_batch)
     slow.start()
     frozen = make_pipeline(token_corpus, epochs=None)
-    with cd.Loader(frozen, backend="sidecar", shm_dir=str(frozen_shm), workers=0) as loader:
+    with cd.Loader(frozen, backend=cd.Sidecar(shm_dir=str(frozen_shm), workers=0)) as loader:
         next(loader)
         (_, pid), = loader._runner.backend._targets
         os.kill(pid, signal.SIGSTOP)
@@ -145,7 +145,7 @@ def test_a_second_trainer_is_told_the_sidecar_is_busy_and_who_holds_it(
     token_corpus: Path, tmp_path: Path, standalone: tuple[Path, subprocess.Popen[bytes]]
 ) -> None:
     socket, server = standalone
-    first = cd.Loader(make_pipeline(token_corpus), backend="sidecar", sidecar=f"unix://{socket}")
+    first = cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}"))
     next(first)  # a session is open
     second = run_trainer(tmp_path, token_corpus, socket)
     assert second.returncode == 3, second.stdout + second.stderr
@@ -170,6 +170,6 @@ def test_a_peer_that_connects_and_says_nothing_does_not_hold_the_door(
 
 
 @pytest.mark.parametrize("value", [0, 1.5, -3, True, "20"])
-def test_a_sidecar_timeout_below_two_heartbeats_is_a_config_error(token_corpus: Path, value: object) -> None:
-    with pytest.raises(cd.ConfigError, match="sidecar_timeout"):
-        cd.Loader(make_pipeline(token_corpus), backend="sidecar", sidecar_timeout=value)  # type: ignore[arg-type]
+def test_a_sidecar_timeout_below_two_heartbeats_is_a_config_error(value: object) -> None:
+    with pytest.raises(cd.ConfigError, match=r"Sidecar\(timeout=.*twice the sidecar's heartbeat"):
+        cd.Sidecar(timeout=value)  # type: ignore[arg-type]

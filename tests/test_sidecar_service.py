@@ -37,7 +37,7 @@ from absl import flags
 flags.FLAGS.mark_as_parsed()
 import colo_data as cd
 from pipelines import make_pipeline
-loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), backend="sidecar", sidecar="unix://{socket}")
+loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), backend=cd.Sidecar(address="unix://{socket}"))
 for _ in range(int(sys.argv[1])):
     next(loader)
 print("took", sys.argv[1], flush=True)
@@ -87,7 +87,7 @@ def trainer(tmp_path: Path, corpus: Path, socket: Path, batches: int, then: str)
 def assert_serves(socket: Path, corpus: Path, what: str) -> None:
     pipeline = make_pipeline(corpus)
     expected = read_all(cd.Loader(pipeline))
-    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}")), what)
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}"))), what)
 
 
 def test_the_sidecar_outlives_trainers_that_end_without_close_or_are_killed(
@@ -206,11 +206,11 @@ def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     try:
         assert server.stderr.readline().startswith(b"colo-data sidecar on")
         pipeline = make_pipeline(token_corpus, epochs=None)
-        with cd.Loader(pipeline, backend="sidecar", sidecar=f"unix://{socket}", prefetch=0) as loader:
+        with cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}"), prefetch=0) as loader:
             for _ in range(400):  # past the sidecar's own first chunk: the workers are busy
                 next(loader)
             workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
-            assert len([p for p in workers if "colo_data.host.workers" in " ".join(psutil.Process(p).cmdline())]) == 2
+            assert len([p for p in workers if "colo_data.workers.processes" in " ".join(psutil.Process(p).cmdline())]) == 2
             server.send_signal(signal.SIGKILL)
             with pytest.raises(cd.SidecarError):
                 for _ in range(10_000):
@@ -229,7 +229,7 @@ import tempfile
 sys.path.insert(0, {tests!r})
 import colo_data as cd
 from pipelines import make_pipeline
-loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), hosts=1, workers=2)
+loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), hosts=1, backend=cd.InProcess(workers=2))
 for _ in range(400):
     next(loader)
 print("running", flush=True)
@@ -319,7 +319,7 @@ def test_a_trainer_with_another_key_gets_a_clear_error(
     socket, server = sidecar
     monkeypatch.setenv("COLO_DATA_SIDECAR_KEY", "ab" * 32)  # the sidecar wrote its own key file
     with pytest.raises(cd.SidecarError, match="refused this trainer's key"):
-        read_all(cd.Loader(make_pipeline(token_corpus), backend="sidecar", sidecar=f"unix://{socket}"))
+        read_all(cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}")))
     monkeypatch.delenv("COLO_DATA_SIDECAR_KEY")
     assert_serves(socket, token_corpus, "the right key, after a wrong one")
     assert server.poll() is None

@@ -152,7 +152,7 @@ def test_the_sidecar_sends_its_stage_counters_with_the_slots(token_corpus: Path)
     try:
         # the sidecar computes 42 batches a call (6 ms a batch here) and puts them in one slot
         pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.0005)])
-        loader = cd.Loader(pipeline, backend="sidecar", workers=0, shm_dir=str(shm), warmup=3)
+        loader = cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm)), warmup=3)
         telemetry, _ = timed_run(loader, steps=150, step_s=0.002)
         assert sorted(p.name for p in shm.iterdir()) == []
     finally:

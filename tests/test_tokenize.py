@@ -25,6 +25,8 @@ import colo_data as cd
 from colo_data.ops import demo
 from colo_data.testing import read_all
 
+from pipelines import backend_of
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers and sidecars cannot import this test module
 
 BATCH = 12  # divisible by 1, 2, 3 and 4 hosts
@@ -72,10 +74,10 @@ def test_ids_are_encode_batchs_with_nulls_empty_long_and_non_ascii_text(text_dat
     assert padded.dtype == np.int32 and padded.tolist() == [(ids + [0] * 4)[:4] for ids in want]
 
 
-def loader_options(backend: str, hosts: int, tmp_path: Path) -> dict:
+def loader_options(backend: str, hosts: int) -> dict:
     if backend == "colocated":  # one host per CPU device of the mesh
         return {"mesh": Mesh(np.array(jax.devices()[:hosts]), ("data",))}
-    return {"hosts": hosts, **({"shm_dir": str(tmp_path)} if backend == "sidecar" else {})}
+    return {"hosts": hosts}
 
 
 @pytest.mark.parametrize("hosts", [1, 2, 3])
@@ -96,7 +98,7 @@ def test_loader_batches_hold_encode_batchs_ids_on_every_backend_and_host_count(
     if workers:  # more batches than the host's first chunk, so that the workers make some
         chunk = cd.HostPipeline(pipeline, 0, hosts).chunk
         pipeline = dataclasses.replace(pipeline, epochs=chunk * BATCH // 120 + 2)
-    batches = read_all(cd.Loader(pipeline, backend=backend, workers=workers, **loader_options(backend, hosts, tmp_path)))
+    batches = read_all(cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path), **loader_options(backend, hosts)))
     assert len(batches) == pipeline.epochs * 120 // BATCH
     seen: Counter[int] = Counter()
     for step, batch in enumerate(batches):
@@ -131,7 +133,7 @@ def test_a_tokenizer_object_or_callable_travels_to_worker_processes(text_data: t
         epochs=6,  # 60 batches: the first chunk (42) here, the rest in the workers
         index_column="_index",
     )
-    batches = read_all(cd.Loader(pipeline, workers=2))
+    batches = read_all(cd.Loader(pipeline, backend=cd.InProcess(workers=2)))
     assert len(batches) == 60
     rows = {index: row.tolist() for b in batches[42:] for index, row in zip(b["_index"].tolist(), b["text"], strict=True)}
     assert rows == {i: (ids + [0] * 16)[:16] for i, ids in enumerate(want)}
@@ -179,7 +181,7 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(monke
     """`RAYON_NUM_THREADS` (the size of `tokenizers`' thread pool) is the CPU budget over the
     worker count in each worker process, unless the user set it."""
     from colo_data.host.resources import cpu_budget
-    from colo_data.host.workers import WorkerPool
+    from colo_data.workers.processes import WorkerPool
     from colo_data.runtime.lifecycle import Lifecycle
 
     def worker_setting(env: str | None) -> set[str]:

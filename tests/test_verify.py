@@ -149,7 +149,7 @@ def host_1_of_2_rows(pipeline: cd.Pipeline, batch: int) -> tuple[int, int, int]:
     how many rows that host transforms at a time (its chunk of batches; the whole epoch
     here), which tells its pieces from other host counts' to the broken transform."""
     host = cd.HostPipeline(pipeline, 1, 2)
-    first, second = (int(i) for i in host.record_indices(batch * BATCH)[:2])
+    first, second = (int(i) for i in host.stream_indices(np.arange(2) + batch * BATCH + host.rows.start))
     return first, second, min(host.chunk, RECORDS // BATCH) * BATCH // 2
 
 

@@ -16,8 +16,9 @@ import pytest
 import colo_data as cd
 from colo_data import defaults
 from colo_data.host.chunk import HostChunk, merge_shares
-from colo_data.host.pipeline import HostPipeline, Share
-from colo_data.host.workers import WorkerPool
+from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.host.pipeline import HostPipeline
+from colo_data.workers.processes import WorkerPool
 from colo_data.runtime.child_env import process_settings
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
@@ -25,13 +26,13 @@ from pipelines import BATCH, make_pipeline
 
 
 def workers_of(me: psutil.Process) -> list[psutil.Process]:
-    return [c for c in me.children(recursive=True) if "colo_data.host.workers" in " ".join(c.cmdline())]
+    return [c for c in me.children(recursive=True) if "colo_data.workers.processes" in " ".join(c.cmdline())]
 
 
 def test_workers_are_kept_across_restarts_and_hold_no_jax(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, "global", epochs=None)
     me = psutil.Process()
-    with cd.Loader(pipeline, hosts=1, workers=2) as loader:
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
         first = [to_numpy(next(loader)) for _ in range(60)]  # past the first chunk, which the host's thread makes
         pids = sorted(p.pid for p in workers_of(me))
         assert len(pids) == 2, pids
@@ -59,10 +60,10 @@ def test_worker_shares_read_their_own_row_groups_and_make_the_chunk(
     is decoded by two workers, and the shares put back in place are the chunk, also for a
     chunk that straddles two epochs."""
     pipeline = make_pipeline(token_corpus, shuffle, epochs=None)
-    host = HostPipeline(pipeline)
+    work = ChunkWork(pipeline)
     for position in (0, 5 * BATCH, 108):  # 108: the last record of an epoch of 120 is at 119
-        whole = host.part(position, 3)
-        shares = [host.part(position, 3, share=Share(k, workers)) for k in range(workers)]
+        whole = work.compute(position, 3)
+        shares = [work.compute(position, 3, share=Share(k, workers)) for k in range(workers)]
         places = np.concatenate([s.places for s in shares if s.places is not None])
         np.testing.assert_array_equal(np.sort(places), np.arange(whole.rows), "the shares partition the chunk")
         groups = [row_groups_of(pipeline, s.columns["_index"]) for s in shares if s.columns]
@@ -76,10 +77,10 @@ def test_block_shares_take_as_many_row_groups_of_each_window(token_corpus: Path)
     """In block order the k-th row groups of a window go to worker k mod n: two workers
     each decode one of every window of two row groups, whatever the permutation."""
     pipeline = make_pipeline(token_corpus, "block")  # window=2
-    host = HostPipeline(pipeline)
+    work = ChunkWork(pipeline)
     # The first window is two row groups of 7 records: the first batch (12 of its 14
     # records) reads both, one for each worker.
-    shares = [host.part(0, 1, share=Share(k, 2)) for k in range(2)]
+    shares = [work.compute(0, 1, share=Share(k, 2)) for k in range(2)]
     groups = [row_groups_of(pipeline, share.columns["_index"]) for share in shares]
     assert [len(g) for g in groups] == [1, 1] and groups[0] != groups[1], groups
 
@@ -104,7 +105,7 @@ def test_a_transform_whose_shape_depends_on_the_records_fails_clearly_with_worke
 ) -> None:
     monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
     pipeline = make_pipeline(token_corpus, "global", transforms=[pad_to_longest], epochs=None)
-    with cd.Loader(pipeline, hosts=1, workers=2) as loader:
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
         # the shares of one chunk disagree, or a chunk disagrees with the first: either is named
         with pytest.raises(cd.TransformError, match=r"'tokens'.*(came out as int|where the first batch had)"):
             for _ in range(20):
@@ -138,8 +139,7 @@ def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> 
     pipeline = make_pipeline(token_corpus, "block", epochs=None)
     owner = Lifecycle("test")
     try:
-        host = HostPipeline(pipeline, 0, 1, workers=2)
-        host.pool = WorkerPool(2, owner)
+        host = HostPipeline(pipeline, 0, 1, WorkerPool(2, owner))
         abandoned = host.chunks(0, owner)
         next(abandoned), next(abandoned)  # chunk 0 here, chunk 1 from a worker; chunks 2-4 in flight
         abandoned.close()  # type: ignore[attr-defined]
@@ -167,7 +167,7 @@ def test_a_script_without_a_main_guard_can_use_workers(tmp_path: Path, token_cor
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import colo_data as cd\n"
         "from pipelines import make_pipeline\n"
-        f"loader = cd.Loader(make_pipeline({str(token_corpus)!r}, epochs=None), hosts=1, workers=2)\n"
+        f"loader = cd.Loader(make_pipeline({str(token_corpus)!r}, epochs=None), hosts=1, backend=cd.InProcess(workers=2))\n"
         "rows = sum(len(next(loader)['_index']) for _ in range(40))\n"
         "loader.close()\n"
         "print('rows', rows)\n"

@@ -1,1 +1,2 @@
-"""Transports behind one `Backend` protocol: in process, sidecar processes, Pathways colocated Python."""
+"""Backends: the option objects a `Loader` takes (`InProcess`, `Sidecar`, `Colocated`) and
+the transports behind one `Backend` protocol."""

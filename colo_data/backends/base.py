@@ -5,7 +5,7 @@ hand back global arrays themselves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Protocol
@@ -14,7 +14,7 @@ import jax
 
 from colo_data.backends.placement import Placement
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.chunk import HostChunk
 from colo_data.host.dtypes import jax_ready
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -41,10 +41,12 @@ class Backend(Protocol):
 
     `open(position, run)` starts a stream of global batches at a stream position; every
     thread, process and socket it starts belongs to `run`, which the loader closes when the
-    stream ends or restarts. The counters are cumulative over the loader's runs."""
+    stream ends or restarts. The counters are cumulative over the loader's runs.
+    `on_trainer_thread`: the hosts' work runs on the thread that calls `next()`."""
 
     name: str
     local_hosts: list[int]
+    on_trainer_thread: bool
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]: ...
 
@@ -59,9 +61,12 @@ def assembled(
     streams: Sequence[Iterator[HostChunk]], placement: Placement, handoff: StageTimes, wait_for_devices: bool
 ) -> Iterator[GlobalBatch]:
     """Global batches from the local hosts' streams of pieces (one per host, in
-    `placement.local_hosts` order), with the hand-off time in `handoff`. With
-    `wait_for_devices`, each batch is on the devices before the next pieces are asked for
-    (their memory is reused then). Closes the streams when done or closed."""
+    `placement.local_hosts` order), with the hand-off time in `handoff`. In JAX's 32-bit
+    mode, 64-bit columns are cast to 32 bits when every value fits, else a TransformError
+    (`jax_ready`); the mode is read at each batch, on the thread that makes the arrays
+    (`jax.enable_x64` as a context holds for one thread only). With `wait_for_devices`,
+    each batch is on the devices before the next pieces are asked for (their memory is
+    reused then). Closes the streams when done or closed."""
     local = placement.local_hosts
     rows = placement.global_batch_size * len(local) // placement.hosts
     nbytes = 0
@@ -71,7 +76,9 @@ def assembled(
             ends = {p.end for p in pieces if p.end is not None}
             if len(ends) > 1:
                 raise TransformError(f"the hosts {local} planned different packed batches (ending at {sorted(ends)})")
-            arrays = placement.assemble({h: p.columns for h, p in zip(local, pieces, strict=True)})
+            x64 = jax.enable_x64.value
+            columns = {h: jax_ready(p.columns, x64, f"host {h}") for h, p in zip(local, pieces, strict=True)}
+            arrays = placement.assemble(columns)
             if wait_for_devices:
                 jax.block_until_ready(arrays)
             nbytes = nbytes or sum(a.nbytes for p in pieces for a in p.columns.values())  # the same for every batch
@@ -80,15 +87,6 @@ def assembled(
     finally:
         for stream in streams:
             close_iterator(stream)
-
-
-def jax_columns(host: int) -> Callable[[HostBatch], HostBatch]:
-    """The check that host `host`'s chunks go through before they are cut into batches:
-    in JAX's 32-bit mode, 64-bit columns are cast to 32 bits when every value fits, else a
-    TransformError (`jax_ready`). The mode is read at each chunk, on the thread that makes
-    the arrays from it (`jax.enable_x64` as a context holds for one thread only)."""
-    where = f"host {host}"
-    return lambda columns: jax_ready(columns, jax.enable_x64.value, where)
 
 
 def plus(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:

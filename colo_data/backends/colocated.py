@@ -12,7 +12,6 @@ naming their host. Warnings of worker processes (`workers` > 0) stay in the side
 from __future__ import annotations
 
 import json
-import re
 import sys
 import traceback
 import uuid
@@ -30,18 +29,19 @@ from jax.experimental.colocated_python import (
 )
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from colo_data import errors
 from colo_data.backends.base import GlobalBatch
 from colo_data.backends.placement import Placement
-from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError
-from colo_data.host.chunk import HostBatch, HostChunk, column_schema, split_rows
+from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError, from_wire, named_in
+from colo_data.host.chunk import HostBatch, HostChunk, column_schema
 from colo_data.host.dtypes import jax_ready
 from colo_data.host.pipeline import HostPipeline
+from colo_data.host.resources import Workers, check_workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
+from colo_data.workers.processes import WorkerPool
 
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
@@ -78,8 +78,9 @@ class _HostSide:
     the controller's `_PROCESS`: in another process (a sidecar's) this object carries each
     host's warnings back in the calls' notes; in the controller's own they show there."""
 
-    def __init__(self, pipeline: Pipeline, workers: int, controller: str) -> None:
-        self.pipeline, self.workers = pipeline, workers
+    def __init__(self, pipeline: Pipeline, workers: Workers, controller: str) -> None:
+        self.pipeline = pipeline
+        self.workers = choose_workers(workers, cpu_budget(), 1, "the sidecar's own thread").count
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostPipeline] = {}
         self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
@@ -96,12 +97,11 @@ class _HostSide:
         if current is None or current[0] != position:
             if current is not None:
                 _close(current)
-            if host not in self._pipelines:
-                self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, self.workers)
-            host_pipeline = self._pipelines[host]
+            if host not in self._pipelines:  # its worker processes are kept across streams
+                pool = WorkerPool(self.workers, self._owner) if self.workers else None
+                self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
-            rows = (host_pipeline.rows[1] - host_pipeline.rows[0]) * count  # workers' chunks are larger: cut them
-            current = (position, split_rows(host_pipeline.chunks(position, run), rows), run)
+            current = (position, self._pipelines[host].chunks(position, run, batches=count), run)
         chunk = next(current[1])
         self._streams[host] = (position + count * size, current[1], current[2])
         return chunk.columns
@@ -167,10 +167,12 @@ class _HostSide:
                     caught.setdefault(host, []).extend(records)
 
     def close(self, request: jax.Array) -> jax.Array:
-        """Stop every host stream (and its worker processes)."""
+        """Stop every host stream and the hosts' worker processes; final."""
         for stream in self._streams.values():
             _close(stream)
         self._streams.clear()
+        self._pipelines.clear()
+        self._owner.close()
         return self.open(request)
 
 
@@ -260,18 +262,15 @@ def _check_columns(per_host: Sequence[tuple[int, Any, HostBatch]]) -> None:
                 )
 
 
-_ERROR_NAME = re.compile(r"\b([A-Z]\w*Error)\b")
-
-
 def _as_colo_data_error(e: Exception, hosts: Sequence[jax.Device]) -> ColoDataError:
     """A failure of a colocated call as a colo-data error: the colo-data error type named
     in the remote message (the sidecar sends the text, not the exception), else a
     SidecarError that says where to look."""
     message = str(e)
-    for name in reversed(_ERROR_NAME.findall(message)):
-        kind = getattr(errors, name, None)
-        if isinstance(kind, type) and issubclass(kind, ColoDataError):
-            return kind(f"{message}\n--- raised in the colocated-Python sidecar of {len(hosts)} hosts ---")
+    kind = named_in(message)
+    if kind is not None:
+        wire = {"error": message, "type": kind, "traceback": ""}
+        return from_wire(wire, f"the colocated-Python sidecar of {len(hosts)} hosts", SidecarError)
     return SidecarError(
         f"the colocated-Python call on {len(hosts)} hosts ({', '.join(map(str, hosts[:4]))}"
         f"{', ...' if len(hosts) > 4 else ''}) failed: {type(e).__name__}: {message}\n"
@@ -287,12 +286,8 @@ class ColocatedHosts:
     those CPU devices, the batch dimension sharded over the hosts, for the caller to move
     onto the accelerators with `jax.device_put`."""
 
-    def __init__(self, pipeline: Pipeline, mesh: Mesh, workers: int = 0) -> None:
-        if not isinstance(workers, int) or workers < 0:
-            raise ConfigError(
-                f"workers={workers!r}: must be an int >= 0 (0 runs each host's pipeline in its sidecar's process)"
-            )
-        self.pipeline, self.workers = pipeline, workers
+    def __init__(self, pipeline: Pipeline, mesh: Mesh, workers: Workers = 0) -> None:
+        self.pipeline, self.workers = pipeline, check_workers("ColocatedHosts", workers)
         self.hosts = colocated_hosts(mesh)
         size, count = pipeline.global_batch_size, len(self.hosts)
         if size % count:
@@ -383,8 +378,9 @@ class ColocatedBackend:
     """
 
     name = "colocated"
+    on_trainer_thread = False
 
-    def __init__(self, pipeline: Pipeline, placement: Placement, workers: int, owner: Lifecycle) -> None:
+    def __init__(self, pipeline: Pipeline, placement: Placement, workers: Workers, owner: Lifecycle) -> None:
         if pipeline.pack is not None:
             raise ConfigError("pack: packed pipelines run on the inprocess and sidecar backends, not yet colocated")
         self.placement = placement

@@ -1,20 +1,20 @@
 """The in-process transport: each local host's pipeline runs in the trainer process, on a
-thread of its own (one chunk ahead) or in Grain worker processes. For tests, notebooks,
+thread of its own (one chunk ahead) or in worker processes. For tests, notebooks,
 debugging, and single-host training where the trainer has CPU to spare."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from colo_data.backends.base import GlobalBatch, assembled, jax_columns, plus
+from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
 from colo_data.host.pipeline import HostPipeline
-from colo_data.host.resources import CpuBudget, cpu_budget
-from colo_data.host.workers import WorkerPool
+from colo_data.host.resources import Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
 from colo_data.telemetry.report import HostCounters, HostInfo
+from colo_data.workers.processes import WorkerPool
 
 
 class InProcessBackend:
@@ -24,29 +24,33 @@ class InProcessBackend:
     Args:
         pipeline: the dataset definition.
         placement: the mesh placement; its local hosts are computed here.
-        workers: worker processes per host (0: none).
+        workers: worker processes per host (0: none; "auto": from the CPU budget).
         ahead: compute each host's next chunk on a thread while this one is handed out.
         owner: stops the worker processes when it closes.
     """
 
     name = "inprocess"
 
-    def __init__(self, pipeline: Pipeline, placement: Placement, workers: int, ahead: bool, owner: Lifecycle) -> None:
+    def __init__(self, pipeline: Pipeline, placement: Placement, workers: Workers, ahead: bool, owner: Lifecycle) -> None:
         self.placement = placement
         self.local_hosts = placement.local_hosts
-        self.workers = workers
-        self._hosts = [HostPipeline(pipeline, h, placement.hosts, workers, ahead) for h in self.local_hosts]
-        for host in self._hosts if workers else ():  # started now, while the trainer compiles; kept across runs
-            host.pool = WorkerPool(workers, owner)
+        self._budget = cpu_budget()
+        self.choice = choose_workers(workers, self._budget, 1, "the trainer")
+        count = self.choice.count
+        # worker processes start now, while the trainer compiles, and are kept across runs
+        self._hosts = [
+            HostPipeline(pipeline, h, placement.hosts, WorkerPool(count, owner) if count else None, ahead)
+            for h in self.local_hosts
+        ]
+        self.on_trainer_thread = not count and not ahead
         self.handoff = StageTimes()
         self._cpu: CpuMeter | None = None  # the worker processes', all hosts together
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
-        self._budget: CpuBudget | None = None
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
-        streams = [host.pieces(position, run, jax_columns(host.host)) for host in self._hosts]
+        streams = [host.chunks(position, run, batches=1) for host in self._hosts]
         batches = assembled(streams, self.placement, self.handoff, wait_for_devices=False)
-        if not self.workers:
+        if not self.choice.count:
             return batches
         self._cpu = CpuMeter("children")
         return metered(batches, self._cpu)
@@ -69,8 +73,5 @@ class InProcessBackend:
             host.cpu = None
 
     def infos(self) -> list[HostInfo]:
-        if self._budget is None:
-            self._budget = cpu_budget()
-        b, w = self._budget, self.workers
+        b, w = self._budget, self.choice.count
         return [HostInfo(h, "trainer process", max(1, w), w > 0, b.cpus, b.source, None, 0) for h in self.local_hosts]
-

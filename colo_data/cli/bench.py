@@ -4,6 +4,7 @@ optionally the same pipeline through Grain alone, JSON and a plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -11,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from colo_data import defaults
 
 BUILTIN = "configs/demo.toml (built in)"
 
@@ -24,19 +23,20 @@ def builtin_config() -> Any:
     return Config(BUILTIN, "colo_data.ops.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
 
 
-def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> int | None:
-    """Worker count for the Loader: --workers, else the config's [sidecar] workers for the
-    sidecar backend, else 0 in process; "auto" is the CPU budget's (None for a sidecar,
-    which reads its own)."""
-    from colo_data.host.resources import cpu_budget
+def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> Any:
+    """The backend option object for --backend: a sidecar takes the config's [sidecar]
+    settings; --workers (a number or "auto") overrides the backend's worker count."""
+    from colo_data.backends.options import Sidecar, check_workers, resolve
 
-    if text is None:
-        text = str(config_sidecar.get("workers", "auto")) if backend == "sidecar" else "0"
-    if text == "auto":
-        return None if backend == "sidecar" else cpu_budget().workers
-    if not text.isdigit():
-        raise click.BadParameter(f"{text!r}: a number >= 0 or 'auto'", param_hint="--workers")
-    return int(text)
+    chosen: Any = resolve(name)  # a frozen dataclass of options
+    if isinstance(chosen, Sidecar) and not chosen.addresses():  # sidecars started here
+        chosen = dataclasses.replace(chosen, **config_sidecar)
+    if workers is not None:
+        count = workers if workers == "auto" else int(workers) if workers.isdigit() else None
+        if count is None:
+            raise click.BadParameter(f"{workers!r}: a number >= 0 or 'auto'", param_hint="--workers")
+        chosen = dataclasses.replace(chosen, workers=check_workers(type(chosen).__name__, count))
+    return chosen
 
 
 @click.command()
@@ -61,7 +61,7 @@ def _workers(text: str | None, backend: str, config_sidecar: dict[str, Any]) -> 
 )
 @click.option(
     "--workers", default=None,
-    help="Workers per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].",
+    help="Worker processes per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].",
 )
 @click.option(
     "--compare", type=click.Choice(["grain"]), default=None,
@@ -90,28 +90,21 @@ def bench(
 
     flags.FLAGS.mark_as_parsed()
     from colo_data.errors import ColoDataError, ConfigError
-    from colo_data.loader.loader import resolve_backend
     from colo_data.ops import bench as runner
     from colo_data.ops.config import load_config
 
     try:
         settings = load_config(config) if config else builtin_config()
-        chosen = resolve_backend(backend, None)  # type: ignore[arg-type]
-        count = _workers(workers, chosen, settings.sidecar)
+        chosen = _backend(backend, workers, settings.sidecar)
         try:
             pipeline = settings.build()
         except ConfigError as error:  # a value in [args] the pipeline refused: say which file
             message = str(error)
             raise ConfigError(message if message.startswith(settings.path) else f"{settings.path}: {message}") from error
-        options: dict[str, Any] = {"backend": backend, "hosts": hosts, "workers": count}
-        if chosen == "sidecar":
-            options |= {
-                "slots": int(settings.sidecar.get("slots", defaults.SLOTS)),
-                "shm_dir": settings.sidecar.get("shm_dir", defaults.SHM_DIR),
-            }
+        options: dict[str, Any] = {"backend": chosen, "hosts": hosts}
         header = (
-            f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen}, hosts {hosts or 'default'}, "
-            f"workers {'auto' if count is None else count}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
+            f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen.name}, hosts {hosts or 'default'}, "
+            f"workers {chosen.workers}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
         )
         click.echo(header)
         runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]
@@ -126,14 +119,14 @@ def bench(
         sys.exit(128 + signal.SIGINT)
     click.echo("\n" + runner.report(runs, step_ms))
     details = {
-        "config": settings.path, "pipeline": settings.pipeline, "args": settings.args, "backend": chosen, "hosts": hosts,
-        "workers": count, "warmup": warmup, "steps": steps, "step_time_ms": step_ms, "compare": compare,
+        "config": settings.path, "pipeline": settings.pipeline, "args": settings.args, "backend": chosen.name,
+        "hosts": hosts, "workers": chosen.workers, "warmup": warmup, "steps": steps, "step_time_ms": step_ms, "compare": compare,
     }
     if json_path:
         Path(json_path).write_text(json.dumps(runner.as_json(runs, details), indent=1) + "\n")
         click.echo(f"wrote {json_path}")
     if plot_path:
-        runner.plot(runs, plot_path, f"{settings.pipeline}, backend {chosen}, step {step_ms:g} ms")
+        runner.plot(runs, plot_path, f"{settings.pipeline}, backend {chosen.name}, step {step_ms:g} ms")
         click.echo(f"wrote {plot_path}")
     if any(run.interrupted for run in runs):
         sys.exit(128 + signal.SIGINT)

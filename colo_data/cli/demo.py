@@ -22,7 +22,7 @@ def demo(
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    from colo_data import Loader
+    from colo_data import InProcess, Loader
     from colo_data.ops import demo as demo_data
 
     t0 = time.perf_counter()
@@ -30,7 +30,7 @@ def demo(
     click.echo(f"demo corpus: {directory} (ready in {time.perf_counter() - t0:.1f} s)")
     pipeline = demo_data.pipeline(directory, seq_len=seq_len, global_batch_size=batch_size, shuffle=shuffle)
     records = 0
-    with Loader(pipeline, hosts=hosts, workers=workers) as loader:
+    with Loader(pipeline, backend=InProcess(workers=workers), hosts=hosts) as loader:
         start = time.perf_counter()
         first = None
         for step, batch in enumerate(loader):

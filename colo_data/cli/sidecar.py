@@ -97,7 +97,7 @@ def serve(
             path_of(socket_path),
             pipeline=settings.build() if settings else None,
             shm_dir=shm_dir or options.get("shm_dir", defaults.SHM_DIR),
-            workers=None if chosen == "auto" else int(chosen),
+            workers="auto" if chosen == "auto" else int(chosen),
             slots=slots or int(options.get("slots", defaults.SLOTS)),
             exit_with=exit_with,
             socket_mode=socket_mode,
@@ -109,7 +109,8 @@ def serve(
         raise click.ClickException(str(e)) from e
     budget = server.budget
     click.echo(
-        f"colo-data sidecar on {socket_path}: {server.workers} worker(s); CPU budget {budget.cpus:g} ({budget.source})",
+        f"colo-data sidecar on {socket_path}: {server.workers} worker process(es); CPU budget {budget.cpus:g} "
+        f"({budget.source}); workers: {server.choice.reason}",
         err=True,
     )
     server.serve_forever()

@@ -12,20 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from time import perf_counter
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
+from colo_data.host.chunk_work import ChunkWork
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.mix import Mix
 from colo_data.spec.pack import POSITIONS, SEGMENT_IDS, Pack
 from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
-
-if TYPE_CHECKING:
-    from colo_data.host.pipeline import HostPipeline
 
 
 def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:
@@ -69,8 +66,8 @@ class _Window:
     """Records of the stream from `start` on, read ahead as needed: their global indices,
     the packed column's offsets and values, and their lengths (-1: dropped by `keep`)."""
 
-    def __init__(self, host: HostPipeline, pack: Pack, start: int) -> None:
-        self.host, self.pack, self.start = host, pack, start
+    def __init__(self, work: ChunkWork, pack: Pack, start: int) -> None:
+        self.work, self.pack, self.start = work, pack, start
         self.indices = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)
         self.offsets = np.zeros(1, np.int64)
@@ -82,23 +79,23 @@ class _Window:
         stop = first + count if total is None else min(first + count, total)
         if stop <= first:
             return False
-        source = self.host.pipeline.source
+        source = self.work.pipeline.source
         ahead = stop + count if total is None else min(stop + count, total)
         t0 = perf_counter()
-        indices = self.host.stream_indices(np.arange(first, stop, dtype=np.int64))
+        indices = self.work.stream_indices(np.arange(first, stop, dtype=np.int64))
         t1 = perf_counter()
         if isinstance(source, ReadAhead) and ahead > stop:  # the next read's row groups decode meanwhile
-            source.prefetch(self.host.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
+            source.prefetch(self.work.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
         table = source.take(indices)
-        self.host.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
-        self.host.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
-        self.host.count_reads(self.host.stages)
+        self.work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+        self.work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+        self.work.count_reads(self.work.stages)
         columns = table_to_columns(table)
         t2 = perf_counter()
         for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
-            columns = self.host.prepared(transform, columns, first)
+            columns = self.work.prepared(transform, columns, first)
         if self.pack.prepare:
-            self.host.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
+            self.work.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
         if self.pack.column not in columns:
             where = "after Pack(prepare=...)" if self.pack.prepare else "in the source"
             raise ConfigError(f"cd.Pack: no column {self.pack.column!r} {where}; there are {sorted(columns)}")
@@ -124,14 +121,14 @@ class _Window:
         self.values, self.offsets = self.values[cut:], self.offsets[count:] - cut
 
 
-def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Iterator[tuple[Columns, int]]:
-    """Host `host.host`'s rows of each packed global batch from stream `start_position` on,
+def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator[tuple[Columns, int]]:
+    """Host `work.host`'s rows of each packed global batch from stream `start_position` on,
     with the stream position after the batch. The stream ends with its last records, in a
     batch that may not be full."""
-    pipeline = host.pipeline
-    rows, (first_row, stop_row) = pipeline.global_batch_size, host.rows
+    pipeline = work.pipeline
+    rows, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
     total = pipeline.total_records
-    window = _Window(host, pack, start_position)
+    window = _Window(work, pack, start_position)
     mix = pipeline.source if isinstance(pipeline.source, Mix) else None
     ahead = rows * pack.max_segments  # a batch never holds more records than this
     while True:
@@ -147,7 +144,7 @@ def packed_batches(host: HostPipeline, pack: Pack, start_position: int) -> Itera
                 break
             consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
         batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, mix)
-        host.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
+        work.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
         window.drop(consumed)
         yield batch, end

@@ -10,18 +10,22 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from colo_data.errors import ConfigError
+from colo_data.spec.integers import as_int
 
 CPUS_ENV = "COLO_DATA_CPUS"
+Workers = int | Literal["auto"]  # worker processes per host, or "auto": `choose_workers` picks
 # cgroup v1 reports "no memory limit" as a page-rounded LONG_MAX; anything this large is none.
 _UNLIMITED_BYTES = 2**60
 
 
 @dataclass(frozen=True)
 class CpuBudget:
-    """How many CPUs this process may use (`cpus`, fractional quotas kept), the worker count
-    that leaves `reserve` of them to the main loop, and which limit decided it (`source`)."""
+    """How many CPUs this process may use (`cpus`, fractional quotas kept), the worker
+    processes that pay when `reserve` of them are kept for the main loop (`auto_workers`),
+    and which limit decided it (`source`)."""
 
     cpus: float
     workers: int
@@ -54,8 +58,8 @@ def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -
     up to the hierarchy root (v1 and v2, both on hybrid hosts) and `COLO_DATA_CPUS`.
 
     Args:
-        reserve: CPUs left to the main loop; the worker count is the budget rounded up,
-            less these (at least 1).
+        reserve: CPUs left to the main loop; the worker count is what `auto_workers`
+            gives for the rest.
         proc: the proc directory; a test points it at a fixture tree.
         root: the file system root that cgroup mount points are under; likewise.
 
@@ -73,11 +77,61 @@ def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -
     tightest = min(limits, key=lambda limit: limit.value)
     return CpuBudget(
         cpus=tightest.value,
-        workers=max(1, math.ceil(tightest.value) - reserve),
+        workers=auto_workers(tightest.value, reserve),
         source=tightest.source,
         affinity=affinity,
         quota=min((q.value for q in quotas), default=None),
     )
+
+
+def check_workers(owner: str, workers: Any) -> Workers:
+    """`workers` as a count of worker processes (numpy integers too) or "auto"; anything
+    else is a ConfigError naming `owner`'s setting."""
+    if isinstance(workers, str) and workers == "auto":
+        return "auto"
+    count = as_int(workers)
+    if count is None or count < 0:
+        raise ConfigError(
+            f"{owner}(workers={workers!r}): give an int >= 0 (0: the host's own thread computes its batches) or "
+            "'auto' (from the CPU budget)"
+        )
+    return count
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """How many worker processes a host pipeline uses (0: its own thread computes its
+    chunks), and why, in words for the report."""
+
+    count: int
+    reason: str
+
+
+def auto_workers(cpus: float, beside: int) -> int:
+    """Worker processes that pay on `cpus` CPUs when `beside` of them are already busy (the
+    host's own thread, a trainer on the same CPUs): the rest, rounded up, or 0 when fewer
+    than 2 are left, since a single worker process only adds a hop to what the host's own
+    thread does."""
+    free = math.ceil(cpus) - beside
+    return free if free >= 2 else 0
+
+
+def choose_workers(requested: Workers, budget: CpuBudget, beside: int, beside_what: str) -> WorkerChoice:
+    """`requested` worker processes as given, or for "auto" what pays on `budget`
+    (`auto_workers`), with the reason in words.
+
+    Args:
+        requested: a count, or "auto".
+        budget: this process's CPU budget.
+        beside: CPUs already busy next to the workers.
+        beside_what: what keeps them busy, for the reason.
+    """
+    if requested != "auto":
+        return WorkerChoice(int(requested), "as configured")
+    count = auto_workers(budget.cpus, beside)
+    left = max(0, math.ceil(budget.cpus) - beside)
+    reason = f"auto: CPU budget {budget.cpus:g} ({budget.source}) less {beside} for {beside_what} leaves {left}"
+    return WorkerChoice(count, reason if count or not left else f"{reason}: one worker process would only add a hop")
 
 
 def memory_limit(*, proc: str = "/proc/self", root: str = "/") -> int | None:

@@ -7,20 +7,19 @@ loader becomes unreachable, and at interpreter exit."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from time import perf_counter
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from colo_data import defaults
 from colo_data.backends.base import Backend, GlobalBatch
+from colo_data.backends.options import BackendOptions, resolve
 from colo_data.backends.placement import Placement
 from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
@@ -34,26 +33,6 @@ from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
 from colo_data.telemetry.report import StepTrace, Telemetry
-
-BackendName = Literal["inprocess", "sidecar", "colocated", "auto"]
-_BACKENDS = ("inprocess", "sidecar", "colocated", "auto")
-SIDECAR_ENV = "COLO_DATA_SIDECAR"
-
-
-def _on_pathways() -> bool:
-    import pathwaysutils  # its server parts are heavy: only when the backend is chosen
-
-    return bool(pathwaysutils.is_pathways_backend_used())  # None when JAX_PLATFORMS is unset
-
-
-def resolve_backend(backend: BackendName, sidecar: str | Sequence[str] | None) -> BackendName:
-    """`auto`: `colocated` on Pathways, `sidecar` when a sidecar address is configured
-    (`sidecar=` or `COLO_DATA_SIDECAR`), else `inprocess`; any other value as given."""
-    if backend != "auto":
-        return backend
-    if _on_pathways():
-        return "colocated"
-    return "sidecar" if sidecar or os.environ.get(SIDECAR_ENV) else "inprocess"
 
 
 def _closer(part: Any) -> Callable[[float], None]:
@@ -167,29 +146,20 @@ class Loader:
     size) of a pipeline, each host's share computed where the backend runs it.
 
     `next()` after `close()` raises `LoaderClosedError`: a closed loader's threads,
-    processes and sidecar sessions are gone; make a new loader from `get_state()` to go on
-    (`set_state` restarts a loader that is still open).
+    processes and sidecar sessions are gone; make a new loader from its `get_state()` to
+    go on (`set_state` restarts a loader that is still open).
 
     Args:
         pipeline: the dataset definition.
-        backend: `"inprocess"` runs the local hosts' pipelines here, with `workers`
-            processes each (default 0); `"sidecar"` has a sidecar process per local host
-            run them (`sidecar` or `COLO_DATA_SIDECAR`, comma-separated: one address per
-            local host, else local sidecars are started, with `workers` each, default from
-            their CPU budget) and reads batches from their shared-memory ring (`shm_dir`,
-            `slots`); `"colocated"` runs them in the Pathways colocated-Python sidecars of
-            the hosts (one host per CPU device colocated with the mesh); `"auto"` picks
-            colocated on Pathways, sidecar when an address is configured, else inprocess.
+        backend: where the hosts' pipelines run: `cd.InProcess(...)` (in this process),
+            `cd.Sidecar(...)` (a sidecar process per local host, batches in shared memory)
+            or `cd.Colocated(...)` (the Pathways colocated-Python sidecars of the hosts),
+            or one of their names, "inprocess", "sidecar", "colocated", for their default
+            settings; "auto" picks colocated on Pathways, sidecar when sidecar addresses
+            are configured (`COLO_DATA_SIDECAR`), else inprocess (`cd.auto_backend()`).
         hosts: the host count (default: the JAX process count; in one process, a larger
-            count simulates hosts). Each process computes only the hosts whose rows its
-            devices hold.
-        workers: worker processes per host.
-        sidecar: sidecar socket address(es), one per local host.
-        shm_dir: where local sidecars put their shared-memory ring.
-        slots: slots of each local sidecar's ring.
-        sidecar_timeout: seconds a sidecar may send nothing while the trainer waits before
-            it counts as frozen (a `SidecarError`); a sidecar sends a heartbeat every second
-            while it works, so a batch that takes longer than this is not an error.
+            count simulates hosts; colocated: one host per CPU device colocated with the
+            mesh). Each process computes only the hosts whose rows its devices hold.
         mesh: where batches are placed (default: every device on one `"data"` axis).
         partition_spec: how the batch is sharded (default: the batch dimension over the
             mesh's first axis).
@@ -203,13 +173,8 @@ class Loader:
         self,
         pipeline: Pipeline,
         *,
-        backend: BackendName = "inprocess",
+        backend: str | BackendOptions = "inprocess",
         hosts: int | None = None,
-        workers: int | None = None,
-        sidecar: str | Sequence[str] | None = None,
-        shm_dir: str = defaults.SHM_DIR,
-        slots: int = defaults.SLOTS,
-        sidecar_timeout: float = defaults.SIDECAR_TIMEOUT_S,
         mesh: Mesh | None = None,
         partition_spec: PartitionSpec | None = None,
         state: dict[str, Any] | None = None,
@@ -220,104 +185,35 @@ class Loader:
         if not isinstance(warmup, int) or warmup < 0:
             raise ConfigError(f"warmup={warmup!r}: must be an int >= 0 (first steps kept apart from the steady state)")
         clock = StepClock(warmup)  # first: the start-up is counted from here
-        if backend not in _BACKENDS:
-            raise ConfigError(f"backend={backend!r}: allowed values are {', '.join(_BACKENDS)}")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
-        if workers is not None and (not isinstance(workers, int) or workers < 0):
-            raise ConfigError(f"workers={workers!r}: must be an int >= 0 (0 runs the pipeline in this process)")
-        if isinstance(sidecar_timeout, bool) or not isinstance(sidecar_timeout, int | float) or not (
-            sidecar_timeout >= 2 * defaults.HEARTBEAT_S
-        ):
-            raise ConfigError(
-                f"sidecar_timeout={sidecar_timeout!r}: must be a number of seconds >= {2 * defaults.HEARTBEAT_S:g} "
-                f"(twice the sidecar's heartbeat period; default {defaults.SIDECAR_TIMEOUT_S:g})"
-            )
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
+        self.backend: BackendOptions = resolve(backend)
         pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state)
         self.pipeline = pipeline
         self.options: dict[str, Any] = {
-            "backend": backend, "hosts": hosts, "workers": workers, "sidecar": sidecar, "shm_dir": shm_dir,
-            "slots": slots, "sidecar_timeout": sidecar_timeout, "partition_spec": partition_spec, "prefetch": prefetch,
-            "warmup": warmup,
-            "telemetry_export": telemetry_export,
+            "backend": self.backend, "hosts": hosts, "partition_spec": partition_spec, "prefetch": prefetch,
+            "warmup": warmup, "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
         check_index_column(pipeline, x64=jax.enable_x64.value)
-        if sidecar is None and os.environ.get(SIDECAR_ENV) and backend in ("sidecar", "auto"):
-            sidecar = os.environ[SIDECAR_ENV].split(",")
-        self.backend: str = resolve_backend(backend, sidecar)
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
-        self.hosts = self._host_count(hosts)
+        self.hosts = self.backend.host_count(self.mesh, hosts)
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
-        owner = Lifecycle(f"Loader(backend={self.backend!r})")
+        owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
         try:
-            chosen = self._backend(pipeline, sidecar, workers, shm_dir, slots, sidecar_timeout, prefetch, owner)
+            transport = self.backend.start(pipeline, self.placement, prefetch, owner)
         except BaseException:
             owner.close()
             raise
-        shared_thread = self.backend == "inprocess" and not workers and not prefetch
-        meters = LoaderMeters(clock, chosen, prefetch, shared_thread)
-        self._runner = _Runner(pipeline, chosen, owner, meters, prefetch, position)
+        meters = LoaderMeters(clock, transport, prefetch)
+        self._runner = _Runner(pipeline, transport, owner, meters, prefetch, position)
         self._runner.export = telemetry_export
         # Not a method of self: the finalizer must not keep the loader alive. `atexit=False`:
         # the lifecycle's own exit hook runs first, before JAX's.
         self._finalizer = weakref.finalize(self, self._runner.close)
         self._finalizer.atexit = False
-
-    def _host_count(self, hosts: int | None) -> int:
-        """The JAX process count (multi-controller), or for `colocated` the CPU devices
-        colocated with the mesh, one per host; `hosts` overrides the former."""
-        if self.backend != "colocated":
-            return jax.process_count() if hosts is None else hosts
-        from colo_data.backends.colocated import colocated_hosts
-
-        found = len(colocated_hosts(self.mesh))
-        if hosts is not None and hosts != found:
-            raise ConfigError(
-                f"hosts={hosts}: backend='colocated' has one host per CPU device colocated with the mesh "
-                f"({found}); leave hosts unset"
-            )
-        return found
-
-    def _backend(
-        self,
-        pipeline: Pipeline,
-        sidecar: str | Sequence[str] | None,
-        workers: int | None,
-        shm_dir: str,
-        slots: int,
-        sidecar_timeout: float,
-        prefetch: int,
-        owner: Lifecycle,
-    ) -> Backend:
-        """The one backend object this loader talks to (each transport's module is imported
-        only when it is chosen)."""
-        local = self.placement.local_hosts
-        addresses = [sidecar] if isinstance(sidecar, str) else list(sidecar or [])
-        if addresses and (self.backend != "sidecar" or len(addresses) != len(local)):
-            raise ConfigError(
-                f"sidecar={sidecar!r}: give backend='sidecar' and one address per host of this process "
-                f"({len(local)}: hosts {local} of {self.hosts})"
-            )
-        if self.backend == "colocated":
-            import pathwaysutils
-
-            from colo_data.backends.colocated import ColocatedBackend
-
-            pathwaysutils.initialize()  # a no-op off Pathways
-            return ColocatedBackend(pipeline, self.placement, workers or 0, owner)
-        if self.backend == "sidecar":
-            from colo_data.backends.sidecar.backend import SidecarBackend
-
-            copy = any(d.platform == "cpu" for d in self.mesh.devices.flat)
-            return SidecarBackend(
-                pipeline, self.placement, addresses, shm_dir, workers, slots, copy, sidecar_timeout, owner
-            )
-        from colo_data.backends.inprocess import InProcessBackend
-
-        return InProcessBackend(pipeline, self.placement, workers or 0, prefetch > 0, owner)
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
         return self

@@ -18,12 +18,11 @@ class LoaderMeters:
         clock: the step clock, made first, when the loader is created.
         backend: where the counters come from.
         prefetch: the loader's prefetch depth (0: no queue to measure).
-        shared_thread: the host pipeline runs on the trainer's own thread.
     """
 
-    def __init__(self, clock: StepClock, backend: Backend, prefetch: int, shared_thread: bool) -> None:
+    def __init__(self, clock: StepClock, backend: Backend, prefetch: int) -> None:
         self.clock = clock
-        self.backend, self.prefetch, self.shared_thread = backend, prefetch, shared_thread
+        self.backend, self.prefetch = backend, prefetch
         self._at_warmup: tuple[list[float], list[HostCounters]] | None = None
 
     def start(self) -> None:
@@ -54,5 +53,5 @@ class LoaderMeters:
             infos=self.backend.infos(),
             now=now,
             at_warmup_hosts=at[1] if at else None,
-            shared_thread=self.shared_thread,
+            shared_thread=self.backend.on_trainer_thread,
         )

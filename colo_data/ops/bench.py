@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from colo_data.errors import ConfigError
-from colo_data.host.pipeline import _check_batch
+from colo_data.host.chunk_work import check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
 from colo_data.spec.pipeline import Pipeline
@@ -141,7 +141,7 @@ class _TransformedBatch:
         columns = from_records(records)
         for transform in self.transforms:
             columns = transform(columns)
-        return _check_batch(columns, len(records))
+        return check_batch(columns, len(records))
 
 
 def grain_loader(pipeline: Pipeline) -> tuple[grain.DataLoader, list[str]]:
@@ -303,7 +303,8 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
     lines += ["", f"colo-data stages ({'steady state' if colo.steady.steps else 'warm-up'}, all hosts; hand-off in the trainer)"]
     stage_rows = [["stage", "ms/batch", "share", "records", "MB"]]
     for s in stages:
-        if s.name != "handoff" and (not colo.hosts or (s.name == "shm_write" and colo.backend != "sidecar")):
+        no_ring = s.name == "shm_write" and all(host.ring_slots is None for host in colo.hosts)
+        if s.name != "handoff" and (not colo.hosts or no_ring):
             continue  # a stage this backend does not have (or, colocated, does not measure)
         if s.name in parts and not s.items:
             continue  # no object storage (I/O wait) or nothing decoded in the background

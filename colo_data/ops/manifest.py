@@ -31,7 +31,7 @@ from colo_data.ops import versions
 from colo_data.ops.config import Config
 
 if TYPE_CHECKING:
-    from colo_data.spec.pipeline import Pipeline
+    pass
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data
 TEMPLATE_FILES = {"pathways": "pathways-jobset.yaml", "multi-controller": "multi-controller.yaml"}
@@ -183,56 +183,32 @@ def cpu_quantity(cpus: float) -> str:
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
-def budget_workers(cpus: float) -> int:
-    """The workers a sidecar limited to `cpus` CPUs starts with `workers = "auto"`:
-    `colo_data.resources.cpu_budget`'s rule, ceil(CPUs) - 1 for the main loop, at least 1."""
-    return max(1, math.ceil(cpus) - 1)
-
-
 def sidecar_cpus(deploy: Deploy, workers: int | Literal["auto"]) -> float:
     """The sidecar's CPU limit: `[deploy] sidecar_cpus`, else enough for `[sidecar] workers`
-    plus the main loop, else `DEFAULT_SIDECAR_CPUS`. A limit whose budget would give a
-    different worker count than `[sidecar] workers` asks for is an error."""
+    plus the main loop, else `DEFAULT_SIDECAR_CPUS`. A limit too small for the worker
+    processes that `[sidecar] workers` asks for, beside the sidecar's own thread, is an
+    error."""
     if workers == "auto":
         return deploy.sidecar_cpus if deploy.sidecar_cpus is not None else DEFAULT_SIDECAR_CPUS
     if deploy.sidecar_cpus is None:
         return workers + 1
-    if workers and budget_workers(deploy.sidecar_cpus) != workers:  # 0: no worker processes
+    if workers > 1 and math.ceil(deploy.sidecar_cpus) < workers + 1:  # 0 or 1: the sidecar's own thread
         raise ConfigError(
-            f"[deploy] sidecar_cpus = {deploy.sidecar_cpus!r} gives a CPU budget for "
-            f"{budget_workers(deploy.sidecar_cpus)} worker(s), but [sidecar] workers = {workers}: "
+            f"[deploy] sidecar_cpus = {deploy.sidecar_cpus!r} leaves CPUs for {max(0, math.ceil(deploy.sidecar_cpus) - 1)} "
+            f"worker process(es) beside the sidecar's own thread, but [sidecar] workers = {workers}: "
             f"set sidecar_cpus = {workers + 1} or workers = \"auto\""
         )
     return deploy.sidecar_cpus
 
 
-def slot_bound(pipeline: Pipeline, hosts: int) -> int:
-    """The most bytes a slot of a sidecar serving host 0 of `hosts` can take: a slot holds as
-    many host batches as fit `SLOT_TARGET_BYTES` (each array aligned), or one larger batch.
-    Measured from the host's first batch."""
-    from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES
-    from colo_data.backends.sidecar.shm import ALIGN, slot_bytes
-    from colo_data.host.pipeline import HostPipeline
-    from colo_data.runtime.prefetch import close_iterator
-
-    host = HostPipeline(pipeline, 0, hosts)
-    chunks = host.chunks(0)
-    try:
-        first = next(chunks, None)
-    finally:
-        close_iterator(chunks)
-    if first is None:
-        raise ConfigError(f"the pipeline gives no batch for {hosts} host(s): nothing to size shared memory from")
-    rows = host.rows[1] - host.rows[0]
-    batch = {name: column[:rows] for name, column in first.columns.items()}
-    return max(SLOT_TARGET_BYTES + ALIGN * len(batch), slot_bytes(batch))
-
-
 def shm_bytes(config: Config, hosts: int, slots: int) -> int:
-    """The shared-memory volume's size: twice a ring of `slots` slots of `slot_bound`,
-    because a sidecar lets shared slots take at most half of the room it finds."""
+    """The shared-memory volume's size: twice a ring of `slots` slots of the size a sidecar
+    with room uses, because a sidecar lets shared slots take at most half of the room it
+    finds."""
+    from colo_data.backends.sidecar.ring_plan import roomy_slot_size
+
     try:
-        return 2 * slots * slot_bound(config.build(), hosts)
+        return 2 * slots * roomy_slot_size(config.build(), hosts)
     except (ColoDataError, OSError) as e:  # OSError: data out of reach from here
         raise ConfigError(f"cannot measure a host batch to size shared memory ({e}); set [deploy] shm_size") from e
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from colo_data.errors import ConfigError
-from colo_data.telemetry.report import Telemetry
-
-TelemetrySource = Callable[[], Telemetry]
+from colo_data.telemetry.report import TelemetrySource
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,8 +17,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from colo_data.errors import ConfigError
-from colo_data.telemetry.export import TelemetrySource
-from colo_data.telemetry.report import Telemetry
+from colo_data.telemetry.report import Telemetry, TelemetrySource
 
 
 def _metrics(t: Telemetry) -> Iterator[Metric]:

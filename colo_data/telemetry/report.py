@@ -4,7 +4,7 @@ the hosts' stage counters into a `Telemetry` whose one-line verdict names the bo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,9 @@ class Telemetry:
                 totals.add(i, stage.seconds, stage.items, stage.bytes)
         totals.add(HANDOFF, self.handoff.seconds, self.handoff.items, self.handoff.bytes)
         return _stages(totals.values)
+
+
+TelemetrySource = Callable[[], Telemetry]  # what exporters read: `Loader.telemetry`
 
 
 @dataclass(frozen=True)

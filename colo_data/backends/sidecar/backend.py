@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from colo_data.backends.base import GlobalBatch, assembled, jax_columns, plus
+from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
-from colo_data.errors import ConfigError
+from colo_data.host.resources import Workers
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.integers import as_int
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
@@ -27,26 +26,25 @@ class SidecarBackend:
         pipeline: the dataset definition, sent to the sidecars with each session.
         placement: the mesh placement; one sidecar per local host.
         addresses: one socket address per local host, or empty to start local sidecars.
-        shm_dir, workers, slots: the local sidecars' settings.
-        copy: copy each slot out at once (JAX's CPU backend keeps page-aligned host memory
-            instead of copying it, and a slot is rewritten once released).
+        local: the settings of local sidecars, `(shm_dir, workers, slots)`.
         timeout: seconds a sidecar may stay silent while the trainer waits before it is
             taken for frozen (it heartbeats while it works, however slow a batch is).
+        copy: copy each slot out at once (JAX's CPU backend keeps page-aligned host memory
+            instead of copying it, and a slot is rewritten once released).
         owner: stops the local sidecars when it closes.
     """
 
     name = "sidecar"
+    on_trainer_thread = False
 
     def __init__(
         self,
         pipeline: Pipeline,
         placement: Placement,
         addresses: Sequence[str],
-        shm_dir: str,
-        workers: int | None,
-        slots: int,
-        copy: bool,
+        local: tuple[str, Workers, int],
         timeout: float,
+        copy: bool,
         owner: Lifecycle,
     ) -> None:
         self.pipeline, self.placement, self.copy, self.timeout = pipeline, placement, copy, timeout
@@ -57,13 +55,10 @@ class SidecarBackend:
         self._base = [HostCounters(tuple(StageTimes().values), None, None) for _ in self.local_hosts]
         self._targets: list[tuple[str, int | None]] = [(a, None) for a in addresses]
         if not addresses:
-            count = as_int(slots)
-            if count is None or count < 2:
-                raise ConfigError(f"slots={slots!r}: a sidecar's ring needs at least 2 slots (one read, one written)")
             for _ in self.local_hosts:
-                local = LocalSidecar(shm_dir, workers, count)
-                owner.add(f"local sidecar pid {local.process.pid}", local.stop)
-                self._targets.append((local.address, local.process.pid))
+                sidecar = LocalSidecar(*local)
+                owner.add(f"local sidecar pid {sidecar.process.pid}", sidecar.stop)
+                self._targets.append((sidecar.address, sidecar.process.pid))
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
         self._clients = []
@@ -73,7 +68,7 @@ class SidecarBackend:
             self._clients.append(client)
         hosts = self.placement.hosts
         streams = [
-            c.batches(self.pipeline, h, hosts, position, self.copy, jax_columns(h))
+            c.batches(self.pipeline, h, hosts, position, self.copy)
             for h, c in zip(self.local_hosts, self._clients, strict=True)
         ]
         return assembled(streams, self.placement, self.handoff, wait_for_devices=not self.copy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
@@ -20,10 +20,10 @@ import psutil
 
 from colo_data import defaults
 from colo_data.backends.sidecar.auth import KEY_ENV, connect, key_path, read_key
-from colo_data.backends.sidecar.protocol import SESSION_END_S, raise_remote, socket_path
+from colo_data.backends.sidecar.protocol import SESSION_END_S, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
-from colo_data.errors import SidecarError
-from colo_data.host.chunk import HostBatch, HostChunk, split_rows
+from colo_data.errors import SidecarError, from_wire
+from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
@@ -169,7 +169,7 @@ class SidecarClient:
 
     def _checked(self, reply: dict[str, Any]) -> dict[str, Any]:
         if "error" in reply:
-            raise_remote(reply, self.address)
+            raise from_wire(reply, f"the sidecar at {self.address}", SidecarError)
         return reply
 
     def _sweep(self) -> None:
@@ -185,11 +185,9 @@ class SidecarClient:
         hosts: int,
         position: int,
         copy: bool = False,
-        check: Callable[[HostBatch], HostBatch] | None = None,
     ) -> Iterator[HostChunk]:
         """Open a stream and yield this host's batches: views valid until the next one, or,
-        with `copy`, arrays of the trainer's own (for a consumer that keeps them). `check`
-        sees each slot's columns (`split_rows`)."""
+        with `copy`, arrays of the trainer's own (for a consumer that keeps them)."""
         try:
             self._send(
                 {
@@ -214,7 +212,7 @@ class SidecarClient:
                     group = {name: np.array(array) for name, array in group.items()}
                     self._send({"op": "release", "slot": slot})
                 self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
-                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"], check)
+                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"])
                 if not copy:
                     self._send({"op": "release", "slot": slot})
         finally:

@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 from colo_data import defaults
+from colo_data.host.resources import Workers
 from colo_data.runtime.child_env import child_env
 
 _STOP_S = 10.0
@@ -21,12 +22,12 @@ class LocalSidecar:
     """`colo-data sidecar serve` in a child process, on a socket in a private temp dir (the
     sidecar removes it when this process dies without `stop()`)."""
 
-    def __init__(self, shm_dir: str, workers: int | None, slots: int) -> None:
+    def __init__(self, shm_dir: str, workers: Workers, slots: int) -> None:
         self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
-        command += ["--workers", "auto" if workers is None else str(workers)]
+        command += ["--workers", str(workers)]
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=child_env())
 
     def stop(self, timeout: float = _STOP_S) -> None:

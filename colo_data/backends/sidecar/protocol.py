@@ -19,7 +19,8 @@ Messages, trainer -> sidecar:
          counters (stage values, CPU sample, ring fill): telemetry without a message of its own
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
-Any of these may instead be {"error": message, "type": class name, "traceback": text}.
+Any of these may instead be {"error": message, "type": class name, "traceback": text}
+(`colo_data.errors.to_wire`).
 While the sidecar works for the trainer (opening, computing a batch) and has sent nothing
 for `defaults.HEARTBEAT_S`, it sends {"alive": True}: a trainer that hears nothing at all
 for its timeout while it waits knows the sidecar is frozen, not slow.
@@ -29,11 +30,6 @@ slot count bounds how far the sidecar runs ahead.
 
 from __future__ import annotations
 
-import traceback
-from typing import Any
-
-from colo_data import errors
-
 FAMILY = "AF_UNIX"
 SCHEME = "unix://"
 SESSION_END_S = 30.0  # a trainer that comes while the last one's session ends waits at most this long for it
@@ -42,16 +38,3 @@ SESSION_END_S = 30.0  # a trainer that comes while the last one's session ends w
 def socket_path(address: str) -> str:
     """`unix:///run/colo/host0.sock` or a plain path -> the socket's path."""
     return address[len(SCHEME) :] if address.startswith(SCHEME) else address
-
-
-def error_reply(e: BaseException) -> dict[str, Any]:
-    """The reply that carries `e` back to the client, for `raise_remote` to re-raise there."""
-    return {"error": str(e), "type": type(e).__name__, "traceback": "".join(traceback.format_exception(e))}
-
-
-def raise_remote(reply: dict[str, Any], where: str) -> None:
-    """Re-raise a sidecar's error as the same colo-data error type, with its traceback."""
-    kind = getattr(errors, reply.get("type", ""), None)
-    if not (isinstance(kind, type) and issubclass(kind, errors.ColoDataError)):
-        kind = errors.SidecarError
-    raise kind(f"{reply['error']}\n--- raised in the sidecar at {where} ---\n{reply['traceback']}")

@@ -1,6 +1,8 @@
 """The shared-memory ring a sidecar session creates, planned from the pipeline's first host
-batch: slot size, batches per slot, and whether it fits the shm directory and memory limit.
-`colo-data doctor` and `sidecar serve CONFIG` use the same plan before any trainer connects."""
+batch: batches per slot, slot size, and whether it fits the shm directory and memory
+limit. The one place rings are sized: a session sizes its ring here, `colo-data doctor`
+and `sidecar serve CONFIG` check it before any trainer connects, and `colo-data manifest`
+sizes the shared-memory volume from it."""
 
 from __future__ import annotations
 
@@ -10,30 +12,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from colo_data.backends.sidecar.shm import check_capacity, ring_bytes, slot_bytes
+from colo_data.errors import ConfigError
 from colo_data.host.chunk import HostBatch
 from colo_data.host.pipeline import HostPipeline
 from colo_data.host.resources import memory_limit, shm_capacity
+from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
 
 SLOT_TARGET_BYTES = 4 * 2**20
 
 
-def batches_per_slot(chunk: HostBatch, rows: int, most: int, target: float = SLOT_TARGET_BYTES) -> int:
+def batches_per_slot(first: HostBatch, rows: int, most: int, target: float = SLOT_TARGET_BYTES) -> int:
     """Host batches of `rows` rows that one slot holds: as many as fit `target` bytes (at
     most `most`, a chunk's worth), at least one. Small batches then share a slot, its write
     and its two messages; large ones still take one slot each."""
-    records = len(next(iter(chunk.values())))
-    batch_bytes = rows * sum(column.nbytes for column in chunk.values()) / max(1, records)
+    records = len(next(iter(first.values())))
+    batch_bytes = rows * sum(column.nbytes for column in first.values()) / max(1, records)
     return max(1, min(most, int(target // max(1.0, batch_bytes))))
-
-
-def slot_target(shm_dir: str, slots: int) -> tuple[float, int | None]:
-    """The bytes one slot should hold and the cgroup memory limit: a shared slot takes at
-    most half the room (shm dir, memory limit) over the ring, so a small /dev/shm still gets
-    one batch a slot before it gets an error."""
-    limit = memory_limit()
-    room = min(shm_capacity(shm_dir), limit if limit is not None else math.inf)
-    return min(SLOT_TARGET_BYTES, room / (2 * slots)), limit
 
 
 @dataclass(frozen=True)
@@ -48,6 +43,18 @@ class RingPlan:
     free: int
     memory_limit: int | None
 
+    @classmethod
+    def of(cls, first: HostBatch, rows: int, most: int, total: int | None, shm_dir: str, slots: int) -> RingPlan:
+        """The ring for a stream whose first chunk is `first`, host batches of `rows` rows,
+        at most `most` batches a slot (a chunk's worth), `total` batches in all (None:
+        endless). A shared slot takes at most half the room over the ring (the shm dir's
+        free space, the cgroup memory limit), so a small /dev/shm still gets one batch a
+        slot before it gets an error."""
+        free, limit = shm_capacity(shm_dir), memory_limit()
+        room = min(free, limit if limit is not None else math.inf)
+        per_slot, size = _layout(first, rows, most, total, min(SLOT_TARGET_BYTES, room / (2 * slots)))
+        return cls(shm_dir, slots, per_slot, size, free, limit)
+
     @property
     def needed(self) -> int:
         return ring_bytes(self.slots, self.slot_size)
@@ -58,26 +65,44 @@ class RingPlan:
         check_capacity(self.directory, self.slots, self.slot_size, self.memory_limit)
 
 
-def plan_ring(pipeline: Pipeline, shm_dir: str, slots: int, hosts: int = 1, position: int = 0) -> RingPlan:
-    """The ring a session of host 0 of `hosts` at `position` would create, sized as the
-    session sizes it, from the pipeline's first host batch (computed here, one batch only).
+def _layout(first: HostBatch, rows: int, most: int, total: int | None, target: float) -> tuple[int, int]:
+    """Batches per slot and the slot size for slots of about `target` bytes."""
+    per_slot = batches_per_slot(first, rows, most, target)
+    in_first = per_slot if total is None else min(per_slot, total)  # a short stream's one slot holds it all
+    return per_slot, slot_bytes(_rows_like(first, rows * in_first))
+
+
+def _first_chunk(pipeline: Pipeline, hosts: int) -> tuple[HostPipeline, HostBatch]:
+    """Host 0 of `hosts` and its first chunk (computed here, nothing left running).
+
+    Raises:
+        ConfigError: the pipeline gives no batch (nothing to size a ring from).
+    """
+    host = HostPipeline(pipeline, 0, hosts)
+    chunks = host.chunks(0)
+    try:
+        first = next(chunks, None)
+    finally:
+        close_iterator(chunks)
+    if first is None:
+        raise ConfigError(f"the pipeline gives no batch for {hosts} host(s): nothing to size a ring from")
+    return host, first.columns
+
+
+def plan_ring(pipeline: Pipeline, shm_dir: str, slots: int, hosts: int = 1) -> RingPlan:
+    """The ring a session of host 0 of `hosts` would create, sized as the session sizes it.
     One host is the largest ring a pipeline can need: the sidecar checks a CONFIG with it
     at start, so a ring that cannot fit fails there, not at the first trainer's open."""
-    host_pipeline = HostPipeline(pipeline, 0, hosts, 0)
-    rows = host_pipeline.rows[1] - host_pipeline.rows[0]
-    target, limit = slot_target(shm_dir, slots)
-    total = pipeline.batches_from(position)
-    if total == 0:
-        first = None
-    elif pipeline.pack is not None:
-        chunk = next(host_pipeline.chunks(position), None)
-        first = None if chunk is None else chunk.columns
-    else:
-        first = host_pipeline.batch(position)
-    per_slot = 1 if first is None else batches_per_slot(first, rows, host_pipeline.chunk, target)
-    in_first = per_slot if total is None else min(per_slot, total)  # a short stream's one slot holds it all
-    size = 1 if first is None else slot_bytes(_rows_like(first, rows * in_first))
-    return RingPlan(shm_dir, slots, per_slot, size, shm_capacity(shm_dir), limit)
+    host, first = _first_chunk(pipeline, hosts)
+    return RingPlan.of(first, len(host.rows), host.chunk, pipeline.batches_from(0), shm_dir, slots)
+
+
+def roomy_slot_size(pipeline: Pipeline, hosts: int) -> int:
+    """The slot size of a session of host 0 of `hosts` whose shm dir has room for slots of
+    `SLOT_TARGET_BYTES`: a volume of twice `slots` such slots gives every session its
+    plan (how `colo-data manifest` sizes shared memory)."""
+    host, first = _first_chunk(pipeline, hosts)
+    return _layout(first, len(host.rows), host.chunk, pipeline.batches_from(0), SLOT_TARGET_BYTES)[1]
 
 
 def _rows_like(batch: HostBatch, rows: int) -> HostBatch:

@@ -25,18 +25,18 @@ import psutil
 
 from colo_data import defaults
 from colo_data.backends.sidecar.auth import KEY_ENV, admit, key_path, make_key, peer_pid
-from colo_data.backends.sidecar.protocol import FAMILY, SESSION_END_S, error_reply
-from colo_data.backends.sidecar.ring_plan import batches_per_slot, slot_target
-from colo_data.backends.sidecar.shm import ShmRing, slot_bytes
-from colo_data.errors import ConfigError, SidecarError
+from colo_data.backends.sidecar.protocol import FAMILY, SESSION_END_S
+from colo_data.backends.sidecar.ring_plan import RingPlan
+from colo_data.backends.sidecar.shm import ShmRing
+from colo_data.errors import ConfigError, SidecarError, to_wire
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.host.pipeline import HostPipeline
-from colo_data.host.resources import CpuBudget, cpu_budget
-from colo_data.host.workers import WorkerPool
+from colo_data.host.resources import CpuBudget, Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
+from colo_data.workers.processes import WorkerPool
 
 _WATCH_S = 0.5
 _HANDSHAKE_S = 5.0  # a peer that has not passed the key challenge by then is dropped
@@ -62,34 +62,32 @@ class _Session:
         host: int,
         hosts: int,
         position: int,
-        workers: int,
         shm_dir: str,
         slots: int,
         copy_threads: int,
         pool: WorkerPool | None,
         server: Lifecycle,
     ) -> None:
-        # One worker runs here, on the producer thread: the sidecar already is a process of
-        # its own, and a single worker process would only add a hop (measured: half the rate).
-        host_pipeline = HostPipeline(pipeline, host, hosts, workers if workers > 1 else 0)
-        host_pipeline.pool = pool
+        host_pipeline = HostPipeline(pipeline, host, hosts, pool)
         self.stages = host_pipeline.stages
-        self.cpu = CpuMeter("children" if host_pipeline.workers else "thread")  # sampled on the producer thread
+        self.cpu = CpuMeter("children" if pool is not None else "thread")  # sampled on the producer thread
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
-        self.rows = host_pipeline.rows[1] - host_pipeline.rows[0]
+        self.rows = len(host_pipeline.rows)
         self._owner = server.child(f"sidecar session of host {host} of {hosts}")
         self._chunks: Iterator[HostChunk] = host_pipeline.chunks(position, self._owner)
         try:
             first = next(self._chunks, None)
-            target, limit = slot_target(shm_dir, slots)
-            self.per_slot = 1 if first is None else batches_per_slot(first.columns, self.rows, host_pipeline.chunk, target)
             chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
+            total = pipeline.batches_from(position)
+            if first is None:  # an empty stream: a ring of one-byte slots announces its end
+                self.per_slot, size, limit = 1, 1, None
+            else:
+                plan = RingPlan.of(first.columns, self.rows, host_pipeline.chunk, total, shm_dir, slots)
+                self.per_slot, size, limit = plan.per_slot, plan.slot_size, plan.memory_limit
             self._groups = split_rows(chunks, self.rows * self.per_slot)
             self._first = next(self._groups, None)
-            size = slot_bytes(self._first.columns) if self._first is not None else 1
-            # sweeps stale rings, checks room
-            self.ring = ShmRing.create(shm_dir, slots, size, limit, copy_threads)
+            self.ring = ShmRing.create(shm_dir, slots, size, limit, copy_threads)  # sweeps stale rings, checks room
         except BaseException:
             self._close_batches()
             raise
@@ -133,7 +131,7 @@ class _Session:
                     batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
-                send(error_reply(e))
+                send(to_wire(e))
         except OSError:  # the trainer is gone; the session is being closed
             return
         finally:
@@ -165,8 +163,10 @@ class _Active(NamedTuple):
 
 class SidecarServer:
     """Serves trainer sessions on `socket_path` until stopped. `pipeline` (from a config) is
-    used when the trainer sends none; `workers=None` takes the CPU budget's worker count,
-    re-read at start. With `exit_with`, the server exits when that process dies. The socket
+    used when the trainer sends none; `workers="auto"` picks the count from the CPU budget,
+    read at start, less the sidecar's own thread and, for a trainer's own sidecar (the
+    trainer on the same CPUs), the trainer's. With `exit_with` (a trainer's own sidecar),
+    the server exits when that process dies. The socket
     gets `socket_mode` (owner-only by default), and a connection must prove it knows the
     key (`auth.py`) before anything it sends is unpickled."""
 
@@ -176,7 +176,7 @@ class SidecarServer:
         *,
         pipeline: Pipeline | None = None,
         shm_dir: str = defaults.SHM_DIR,
-        workers: int | None = None,
+        workers: Workers = "auto",
         slots: int = defaults.SLOTS,
         exit_with: int | None = None,
         socket_mode: int = 0o600,
@@ -188,7 +188,9 @@ class SidecarServer:
         self.pipeline = pipeline
         self.shm_dir = shm_dir
         self.budget = cpu_budget()
-        self.workers = self.budget.workers if workers is None else workers
+        beside = "the sidecar's own thread and the trainer" if exit_with is not None else "the sidecar's own thread"
+        self.choice = choose_workers(workers, self.budget, 2 if exit_with is not None else 1, beside)
+        self.workers = self.choice.count
         self.slots = slots
         self._session: _Session | None = None
         self._listener: Listener | None = None
@@ -197,7 +199,9 @@ class SidecarServer:
         self._turn = threading.Condition()  # guards `_active`
         self._active: _Active | None = None  # the trainer admitted last, until its session has ended
         self._owner = Lifecycle("sidecar server")
-        # started once, before any trainer connects, and reused by every session
+        # Started once, before any trainer connects, and reused by every session. One worker
+        # runs here, on the producer thread: the sidecar already is a process of its own, and
+        # a single worker process would only add a hop (measured: half the rate).
         self._pool = WorkerPool(self.workers, self._owner) if self.workers > 1 else None
         if exit_with is not None:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
@@ -229,7 +233,6 @@ class SidecarServer:
             request["host"],
             request["hosts"],
             request["position"],
-            self.workers,
             self.shm_dir,
             self.slots,
             copy_threads(self.budget),
@@ -304,7 +307,7 @@ class SidecarServer:
                     assert self._session is not None  # `_open` made it
                     self._session.start(send)
                 except Exception as e:
-                    send(error_reply(e))
+                    send(to_wire(e))
         finally:
             stop.set()
             heart.join()
@@ -439,7 +442,7 @@ class SidecarServer:
                 "(another --socket)"
             )
         with contextlib.suppress(OSError), conn:
-            conn.send(error_reply(SidecarError(message)))
+            conn.send(to_wire(SidecarError(message)))
 
     def _ending(self) -> None:
         """The trainer being served has closed its session or gone: a trainer that comes

@@ -1,5 +1,5 @@
 """`WorkerPool`: processes that compute a host pipeline's chunks. Each is a fresh
-interpreter running this module, which imports only colo-data's host side (no JAX, no
+interpreter running this module, which imports only colo-data's chunk work (no JAX, no
 Grain: about 0.3 s) and never the user's `__main__` (cloudpickle sends the script's
 functions by value), so scripts need no `if __name__ == "__main__":` guard for it. Grain's
 multiprocessing spawns new processes for every iterator, each importing Grain and JAX
@@ -25,16 +25,15 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
 
-from colo_data import errors
-from colo_data.errors import ColoDataError, TransformError
+from colo_data.errors import ColoDataError, TransformError, from_wire, to_wire
 from colo_data.host import frames
 from colo_data.host.chunk import HostChunk, merge_shares
+from colo_data.host.chunk_work import ChunkAt, ChunkWork, Share
 from colo_data.host.resources import cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
@@ -47,8 +46,6 @@ _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled host pipeline and where its stream starts), then
     compute the chunks asked for, until the socket closes."""
-    from colo_data.host.pipeline import ChunkAt, HostPipeline, Share
-
     jobs: dict[int, Any] = {}
     while True:
         try:
@@ -59,8 +56,8 @@ def _serve(conn: socket.socket) -> None:
             _, job, payload, host, hosts, start, total, batches, share = message
             jobs.clear()  # one stream at a time: a new job ends the last one
             try:
-                host_pipeline = HostPipeline(cloudpickle.loads(payload), host, hosts)
-                jobs[job] = ChunkAt(host_pipeline, start, total, batches, Share(*share))
+                work = ChunkWork(cloudpickle.loads(payload), host, hosts)
+                jobs[job] = ChunkAt(work, start, total, batches, Share(*share))
             except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
                 jobs[job] = _raising(e)
             continue
@@ -68,7 +65,7 @@ def _serve(conn: socket.socket) -> None:
         try:
             reply: Any = jobs[job](index)
         except BaseException as e:  # handed to the parent, raised there
-            reply = (type(e).__name__, str(e), "".join(traceback.format_exception(e)))
+            reply = to_wire(e)
         try:
             frames.send(conn, (job, reply))
         except (BrokenPipeError, OSError):
@@ -90,7 +87,7 @@ class _Worker:
 
     def __init__(self, threads: int) -> None:
         ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", "colo_data.host.workers", str(theirs.fileno())]
+        command = [sys.executable, "-m", "colo_data.workers.processes", str(theirs.fileno())]
         env = child_env(threads)
         try:
             self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
@@ -201,11 +198,7 @@ class WorkerPool:
                 break
         if isinstance(result, HostChunk):
             return result
-        kind, message, remote = result
-        error = getattr(errors, kind, None)
-        if not (isinstance(error, type) and issubclass(error, ColoDataError)):
-            error = TransformError
-        raise error(f"{message}\n--- raised in a worker process ---\n{remote}")
+        raise from_wire(result, "a worker process", TransformError)
 
     def _died(self) -> ColoDataError:
         codes = [w.process.poll() for w in self._workers]

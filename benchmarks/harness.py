@@ -1,0 +1,311 @@
+"""The one harness of every benchmark here: the options they share, the timing of one run,
+interleaved rounds, ratios and their goals, and the results files. One copy, so that every
+benchmark times, compares and reports the same way (SPDL's `benchmark_utils.py` plays this
+part for SPDL's benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import operator
+import platform
+import statistics
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import psutil
+from absl import flags
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_BATCHES = 5  # --quick: the batches a run reads where a benchmark can cut it short
+SAMPLE_EVERY = 50  # batches between two samples of a CpuClock that samples
+WHOLE = "records_per_s"  # whole run, start-up included
+AFTER_FIRST = "after_first_per_s"  # after the first batch: start-up left out
+
+Measurement = dict[str, Any]  # one run's figures (measure's keys where it is a run of batches)
+Runs = dict[str, list[Measurement]]  # contender -> its measurement in each round
+Comparison = Literal[">=", ">", "<="]
+_COMPARE: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le}
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+def parser(doc: str, rounds: int = 3) -> argparse.ArgumentParser:
+    """The options every benchmark takes (`--rounds N`, `--quick`, `--out DIR`), described by
+    `doc`'s first line; a benchmark adds its own before `parse`."""
+    options = argparse.ArgumentParser(description=doc.splitlines()[0])
+    options.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default {rounds})")
+    options.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run of the machinery: 1 round, runs cut short (at most {QUICK_BATCHES} batches where a run can be)",
+    )
+    options.add_argument("--out", type=Path, default=RESULTS, help="the folder for <name>.md and <name>.json")
+    return options
+
+
+def parse(options: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed options, with `--quick` applied (`rounds` 1; `batches`, the most a run reads:
+    `QUICK_BATCHES`, else None) and the start noted (`started`); absl's flags are marked
+    parsed, as Grain's worker processes need."""
+    args = options.parse_args()
+    if args.quick:
+        args.rounds = 1
+    args.batches = QUICK_BATCHES if args.quick else None
+    args.started = time.perf_counter()
+    flags.FLAGS.mark_as_parsed()
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing one run
+
+
+class CpuClock(Protocol):
+    """CPU seconds used since the clock was made, by the processes it watches; `sample` is
+    called every `SAMPLE_EVERY` batches and at the end of a run."""
+
+    def sample(self) -> None: ...
+
+    def used(self) -> float: ...
+
+
+class ProcessTreeCpu:
+    """This process's CPU time, its reaped children's, and that of its live descendants,
+    read at the start and at the end of a run (nothing sampled in between)."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.start = self._now()
+
+    def _now(self) -> float:
+        times = self.me.cpu_times()
+        children = 0.0
+        for child in self.me.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                children += t.user + t.system
+            except psutil.Error:  # ended between the listing and the reading
+                pass
+        return times.user + times.system + times.children_user + times.children_system + children
+
+    def sample(self) -> None:
+        pass
+
+    def used(self) -> float:
+        return self._now() - self.start
+
+
+def measure(run: Callable[[], Iterator[int]], batches: int | None = None, cpu: CpuClock | None = None) -> Measurement:
+    """Time one run: `run()` yields the records of each batch. Records/s over the whole run
+    and after its first batch (start-up apart), the first batch's time and CPU seconds per
+    1k records (`cpu`, by default this process and its children). With `batches`, only the
+    first `batches` are read; a run cut short is closed after its timing."""
+    clock = cpu if cpu is not None else ProcessTreeCpu()
+    t0 = time.perf_counter()
+    stream = run()
+    records, first, first_s = 0, 0, 0.0
+    for count, n in enumerate(itertools.islice(stream, batches), 1):
+        if not records:
+            first, first_s = n, time.perf_counter() - t0
+        records += n
+        if count % SAMPLE_EVERY == 0:
+            clock.sample()
+    wall = time.perf_counter() - t0
+    clock.sample()
+    used = clock.used()
+    if isinstance(stream, Generator):
+        stream.close()
+    return {
+        "records": records,
+        "seconds": wall,
+        "first_batch_s": first_s,
+        WHOLE: records / wall,
+        AFTER_FIRST: (records - first) / (wall - first_s),
+        "cpu_s_per_1k": 1000 * used / records,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Interleaved rounds
+
+
+def rates(m: Measurement) -> str:
+    """One line of a run's records/s, for the progress lines."""
+    return f"{m[WHOLE]:,.0f} records/s, {m[AFTER_FIRST]:,.0f} after the first batch ({m['first_batch_s']:.2f} s to it)"
+
+
+def interleave(
+    contenders: Mapping[str, Callable[[], Measurement]],
+    rounds: int,
+    show: Callable[[Measurement], str] = rates,
+    retried: list[str] | None = None,
+) -> Runs:
+    """Run every contender once per round, in the same order each round (A, B, C, A, B, C, ...),
+    so that a noisy neighbour hits every contender alike, printing a line per run. With
+    `retried`, a run that raises RuntimeError is noted there and run once more."""
+    runs: Runs = {name: [] for name in contenders}
+    for r in range(rounds):
+        for name, contender in contenders.items():
+            tag = f"round {r + 1}/{rounds}  {name}"
+            try:
+                m = contender()
+            except RuntimeError as e:
+                if retried is None:
+                    raise
+                retried.append(f"{tag}: {e}")
+                print(f"{tag} failed, retrying once:\n{e}", flush=True)
+                m = contender()
+            runs[name].append(m)
+            print(f"{tag}: {show(m)}", flush=True)
+    return runs
+
+
+def values(runs: Sequence[Measurement], key: str) -> list[float]:
+    """`key` of every round."""
+    return [float(m[key]) for m in runs]
+
+
+def median(runs: Sequence[Measurement], key: str) -> float:
+    """The median of `key` over the rounds."""
+    return statistics.median(values(runs, key))
+
+
+def span(xs: Sequence[float], fmt: str) -> str:
+    """'min..max' of `xs`, each formatted with `fmt`."""
+    return f"{min(xs):{fmt}}..{max(xs):{fmt}}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Ratios and goals
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What a figure must be: a comparison and a threshold, written `Goal.of(">= 0.9")`."""
+
+    op: Comparison
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if self.op not in _COMPARE:
+            raise ValueError(f"goal comparison {self.op!r}: use one of {', '.join(_COMPARE)}")
+
+    @classmethod
+    def of(cls, text: str) -> Goal:
+        """The goal written as `"<op> <threshold>"`, e.g. `"> 1"`, `"<= 1.5"`."""
+        op, threshold = text.split()
+        return cls(op, float(threshold))  # type: ignore[arg-type]  # checked in __post_init__
+
+    def met(self, value: float) -> bool:
+        """Whether `value` meets the goal."""
+        return _COMPARE[self.op](value, self.threshold)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A measured ratio (or, with `unit` " s", a time), the goal it must meet if it has one,
+    and every round's value where it was taken within each round (`value` is then their
+    median)."""
+
+    name: str
+    value: float
+    goal: Goal | None = None
+    rounds: tuple[float, ...] = ()
+    unit: str = "x"
+
+    @property
+    def met(self) -> bool | None:
+        """Whether `value` meets the goal; None without one."""
+        return None if self.goal is None else self.goal.met(self.value)
+
+    def verdict(self) -> str:
+        """'met (>= 0.9x)' or '**NOT met** (>= 0.9x)', with how many rounds met it where known;
+        'no goal' without one. The one format of every benchmark's goals."""
+        if self.goal is None:
+            return "no goal"
+        per_round = f"; {sum(map(self.goal.met, self.rounds))}/{len(self.rounds)} rounds" if self.rounds else ""
+        said = "met" if self.met else "**NOT met**"
+        return f"{said} ({self.goal.op} {self.goal.threshold:g}{self.unit}{per_round})"
+
+
+Side = Sequence[Measurement]  # one contender's rounds
+
+
+def ratio_of_medians(name: str, a: Side, b: Side, key: str, goal: str | None = None) -> Ratio:
+    """`a`'s median `key` over `b`'s."""
+    return Ratio(name, median(a, key) / median(b, key), Goal.of(goal) if goal else None)
+
+
+def ratio_within_rounds(name: str, a: Side, b: Side, key: str, goal: str | None = None) -> Ratio:
+    """The median of `a`'s `key` over `b`'s taken round by round (both sides measured minutes
+    apart at most), with every round's value."""
+    xs = [x / y for x, y in zip(values(a, key), values(b, key), strict=True)]
+    return Ratio(name, statistics.median(xs), Goal.of(goal) if goal else None, tuple(xs))
+
+
+def ratio_table(ratios: Sequence[Ratio]) -> list[str]:
+    """The Markdown table of `ratios` and their goals (every round's range where known)."""
+    spans = any(r.rounds for r in ratios)
+    lines = ["| ratio | value | all rounds | goal |" if spans else "| ratio | value | goal |"]
+    lines.append("| --- | ---: | ---: | --- |" if spans else "| --- | ---: | --- |")
+    for r in ratios:
+        each = f" {span(r.rounds, '.2f') if r.rounds else ''} |" if spans else ""
+        lines.append(f"| {r.name} | {r.value:.2f}{r.unit} |{each} {r.verdict()} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+def elapsed(args: argparse.Namespace) -> float:
+    """Seconds since the options were parsed."""
+    return time.perf_counter() - args.started
+
+
+def write_results(
+    name: str,
+    args: argparse.Namespace,
+    lines: Sequence[str],
+    runs: Runs,
+    ratios: Sequence[Ratio],
+    retried: Sequence[str] = (),
+    details: Mapping[str, Any] | None = None,
+) -> None:
+    """Print the tables (`lines`, Markdown) and write them to `<out>/<name>.md`, and the figures
+    to `<out>/<name>.json`, whose keys are the same for every benchmark: when and where it ran,
+    the rounds, the runs, the ratios with their goals, the runs retried and the benchmark's own
+    `details`."""
+    lines = list(lines)
+    if args.quick:
+        lines += ["", "A --quick run: a smoke run of the machinery; its figures and verdicts measure nothing."]
+    if retried:
+        lines += ["", f"Failed and retried once: {len(retried)} run(s); see {name}.json `retried`."]
+    table = "\n".join(lines)
+    print("\n" + table, flush=True)
+    result = {
+        "benchmark": name,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cpus": psutil.cpu_count(),
+        "rounds": args.rounds,
+        "quick": args.quick,
+        "wall_s": elapsed(args),
+        "runs": runs,
+        "ratios": [{**asdict(r), "met": r.met} for r in ratios],
+        "retried": list(retried),
+        "details": dict(details or {}),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text(table + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {args.out / f'{name}.md'} and {args.out / f'{name}.json'}")

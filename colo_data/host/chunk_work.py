@@ -1,0 +1,278 @@
+"""Chunk work: host h of H's rows of a run of consecutive global batches, computed from the
+pipeline and a stream position alone (order, read, transforms, batch). Being a pure
+function of position is what lets the work run anywhere (on the host's own thread, in a
+worker process, on another machine) and still come back in the one global order. A
+worker process imports this module, not `HostPipeline`'s streaming machinery."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from time import perf_counter
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from colo_data import defaults
+from colo_data.errors import ColoDataError, TransformError
+from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.io.columns import Columns, table_to_columns
+from colo_data.io.sources import ReadAhead
+from colo_data.spec.mix import Mix, MixOrder
+from colo_data.spec.order import GlobalOrder, host_rows
+from colo_data.spec.pipeline import Pipeline
+from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
+
+
+class Share(NamedTuple):
+    """Worker `worker` of `workers`: the records whose row groups come at a rank `worker`
+    modulo `workers` in the epoch's reading order (`GlobalOrder.group_ranks`) are its to
+    compute, so that no two workers decode the same row group."""
+
+    worker: int
+    workers: int
+
+
+class ChunkPool(Protocol):
+    """What computes chunk work away from the host pipeline's own thread (worker
+    processes): every chunk shared out among its workers and handed back whole, in order."""
+
+    def chunks(
+        self, payload: bytes, host: int, hosts: int, start: int, total: int | None, batches: int, indices: range
+    ) -> Iterator[HostChunk]:
+        """Chunks `indices` of `batches` global batches each, of host `host` of `hosts` of the
+        pickled pipeline `payload`, whose stream starts at position `start` (`total` batches
+        from there, None: endless), in order. A pool serves one stream at a time."""
+        ...
+
+
+def check_batch(columns: Columns, rows: int) -> HostBatch:
+    """`columns` as a host batch: fixed-shape numeric numpy arrays of `rows` rows each;
+    anything else is a TransformError that names the column and the fix."""
+    for name, col in columns.items():
+        if not isinstance(col, np.ndarray):
+            kind = getattr(col, "type", type(col).__name__)
+            hint = (
+                f"add cd.pad_or_truncate({name!r}, LENGTH)"
+                if "list" in str(kind)
+                else "fill its nulls, encode it as numbers, or leave it out of the source's columns"
+            )
+            raise TransformError(f"column {name!r} is {kind} after the transforms, not a fixed-shape array: {hint}")
+        if col.dtype.kind not in "biuf":
+            raise TransformError(
+                f"column {name!r} has dtype {col.dtype} after the transforms; batches hold numbers and booleans: "
+                "encode it or leave it out of the source's columns"
+            )
+        if len(col) != rows:
+            raise TransformError(
+                f"column {name!r} has {len(col)} rows after the transforms, but {rows} records went in: "
+                "transforms must keep one row per record"
+            )
+    return columns
+
+
+class ChunkWork:
+    """Host `host` of `hosts` of `pipeline`: its rows `rows` of each global batch g (stream
+    positions `g*B + rows`), and the computation of any run of them. `stages` adds up the
+    time, records and bytes of each stage, per chunk."""
+
+    def __init__(self, pipeline: Pipeline, host: int = 0, hosts: int = 1) -> None:
+        self.pipeline, self.host, self.hosts = pipeline, host, hosts
+        self.rows = range(*host_rows(pipeline.global_batch_size, host, hosts))
+        self.stages = StageTimes()
+        self._order: GlobalOrder | MixOrder | None = None
+        self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
+        self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
+
+    @property
+    def order(self) -> GlobalOrder | MixOrder:
+        if self._order is None:
+            source = self.pipeline.source
+            if isinstance(source, Mix):
+                self._order = source.bind(self.pipeline.order)
+            else:
+                self._order = self.pipeline.order.bind(source.row_group_sizes)
+        return self._order
+
+    @property
+    def chunk(self) -> int:
+        """Global batches computed per call: enough that a call handles about
+        `defaults.CHUNK_RECORDS` of this host's records, so per-call costs are shared (packed
+        batches: one)."""
+        if self.pipeline.pack is not None:
+            return 1
+        return max(1, defaults.CHUNK_RECORDS // len(self.rows))
+
+    def stream(self, batch_position: int, count: int) -> np.ndarray:
+        """Stream positions of this host's rows of `count` consecutive global batches, the
+        first at stream position `batch_position`."""
+        size = self.pipeline.global_batch_size
+        starts = batch_position + self.rows.start + size * np.arange(count, dtype=np.int64)[:, None]
+        return (starts + np.arange(len(self.rows))).ravel()
+
+    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
+        """Global record indices at stream positions `stream` (any epochs)."""
+        return self.order.stream_indices(stream)
+
+    def _share_rows(self, stream: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
+        """Places (in `stream`) of the records whose row groups are worker `share`'s."""
+        ranks = self.order.stream_group_ranks(stream, indices)
+        return np.flatnonzero(ranks % share.workers == share.worker)
+
+    def read_ahead(self, batch_position: int, count: int, share: Share | None) -> None:
+        """Ask the source to start loading what the stream reads after this chunk, as far
+        as the order lets it see: one locality (the block order's window) ahead for local
+        files; on object storage, `source.lookahead` localities or chunks, whichever is
+        longer (the global order's next chunks). Only the span not asked for by the chunk
+        before is new (of it, the row groups that are `share`'s)."""
+        source = self.pipeline.source
+        if not isinstance(source, ReadAhead):
+            return
+        size = self.pipeline.global_batch_size
+        span = count * size
+        locality = -(-self.order.locality // size) * size
+        reach = (locality if source.lookahead == 1 else max(locality, span)) * source.lookahead
+        first, stop = batch_position + span, batch_position + span + reach
+        total = self.pipeline.total_records
+        if total is not None:
+            stop = min(stop, total // size * size)
+        last, asked = self._asked
+        begin = max(first, asked) if last <= batch_position <= asked else first
+        self._asked = (batch_position, max(stop, begin))
+        if begin >= stop:
+            return
+        stream = self.stream(begin, (stop - begin) // size)
+        indices = self.stream_indices(stream)
+        source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
+
+    def count_reads(self, stages: StageTimes) -> None:
+        """Add what loading row groups cost the source since the last count (I/O wait and
+        bytes fetched, decode time and bytes) to `stages`."""
+        source = self.pipeline.source
+        if not isinstance(source, ReadAhead):
+            return
+        now = source.read_stats()
+        seen = self._read_seen or (0.0,) * len(now)
+        self._read_seen = now
+        wait, requests, fetched, decode, decoded, decoded_bytes = (a - b for a, b in zip(now, seen, strict=True))
+        stages.add(IO_WAIT, wait, int(requests), int(fetched))
+        stages.add(DECODE, decode, int(decoded), int(decoded_bytes))
+
+    def compute(
+        self,
+        batch_position: int,
+        count: int = 1,
+        stages: StageTimes | None = None,
+        share: Share | None = None,
+        read_ahead: bool = True,
+    ) -> HostChunk:
+        """This host's rows of `count` consecutive global batches (one after the other), the
+        first starting at stream `batch_position`, or with `share` those of them whose row
+        groups are that worker's (the chunk's `places` say where they belong; it has no
+        columns when there are none). The stage timings go to `stages` (default: this
+        work's). `read_ahead=False` leaves the decoding ahead to whoever computes the next
+        chunks."""
+        stages = self.stages if stages is None else stages
+        t0 = perf_counter()
+        stream = self.stream(batch_position, count)
+        indices = self.stream_indices(stream)
+        rows = None if share is None else self._share_rows(stream, indices, share)
+        if rows is not None:
+            indices = indices[rows]
+        t1 = perf_counter()
+        stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+        if read_ahead:
+            self.read_ahead(batch_position, count, share)
+        if not len(indices):
+            return HostChunk({}, places=rows)
+        table = self.pipeline.source.take(indices)
+        columns = table_to_columns(table)
+        stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+        self.count_reads(stages)
+        source = self.pipeline.source
+        if isinstance(source, Mix):  # the index within the component, and the component
+            components, local = source.locate(indices)
+            if self.pipeline.index_column is not None:
+                columns[self.pipeline.index_column] = local
+            columns[source.component_column] = components
+        elif self.pipeline.index_column is not None:
+            columns[self.pipeline.index_column] = indices
+        return HostChunk(self.transformed(columns, batch_position, stages), places=rows)
+
+    def transformed(self, columns: Columns, batch_position: int, stages: StageTimes | None = None) -> HostBatch:
+        """The pipeline's transforms applied to a batch's columns, checked."""
+        stages = self.stages if stages is None else stages
+        rows = len(next(iter(columns.values())))
+        t0 = perf_counter()
+        for transform in self.pipeline.transforms:
+            columns = self._apply(transform, columns, batch_position)
+        t1 = perf_counter()
+        batch = check_batch(columns, rows)
+        nbytes = sum(column.nbytes for column in batch.values())
+        t2 = perf_counter()
+        stages.add(TRANSFORM, t1 - t0, rows, nbytes)
+        stages.add(BATCH, t2 - t1, rows, nbytes)
+        return batch
+
+    def _apply(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
+        """One transform on a batch's columns; its failure or a result that is not a dict
+        of columns is a TransformError naming the transform, the host and the position."""
+        try:
+            out = transform(columns)
+        except ColoDataError:
+            raise
+        except Exception as e:
+            raise TransformError(
+                f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
+                f"{position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
+            ) from e
+        if not isinstance(out, Mapping):
+            raise TransformError(
+                f"transform {transform!r} returned {type(out).__name__}, not a dict of columns (batch at stream "
+                f"position {position}): a transform returns the batch, e.g. `return {{**batch, 'x': ...}}`"
+            )
+        return out
+
+    def prepared(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
+        """`cd.Pack(prepare=...)`'s transform on records read for packing, from stream
+        `position` on: as `_apply`, and it must keep one row per record."""
+        rows = len(next(iter(columns.values())))
+        out = self._apply(transform, columns, position)
+        for name, column in out.items():
+            if len(column) != rows:
+                raise TransformError(
+                    f"cd.Pack(prepare=...): {transform!r} made column {name!r} {len(column)} rows long from {rows} "
+                    f"records (stream position {position}); a prepare transform keeps one row per record"
+                )
+        return out
+
+
+class ChunkAt:
+    """Chunk i of the host's batches after stream position `start` (`total` batches in the
+    stream from there, None: endless), `batches` global batches a chunk. With `share` (in a
+    worker process), that worker's share of the chunk, carrying its stage counters back with
+    it; `read_ahead=False`: no decoding ahead (worker processes do it for the chunks after
+    this one)."""
+
+    def __init__(
+        self,
+        work: ChunkWork,
+        start: int,
+        total: int | None,
+        batches: int,
+        share: Share | None = None,
+        read_ahead: bool = True,
+    ) -> None:
+        self.work, self.start, self.total, self.batches = work, start, total, batches
+        self.share, self.read_ahead = share, read_ahead
+
+    def __call__(self, i: int) -> HostChunk:
+        chunk, size = self.batches, self.work.pipeline.global_batch_size
+        count = chunk if self.total is None else min(chunk, self.total - i * chunk)
+        position = self.start + i * chunk * size
+        if self.share is None:
+            return self.work.compute(position, count, read_ahead=self.read_ahead)
+        stages = StageTimes()
+        part = self.work.compute(position, count, stages, self.share, self.read_ahead)
+        part.stages = stages.values
+        return part
