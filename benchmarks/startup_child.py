@@ -1,8 +1,8 @@
 """The timed process of benchmarks/startup.py: a fresh interpreter that builds a `cd.Loader`,
 takes its first batch, a warm-up and then the steady-state batches, and prints its clock readings as one JSON
-line. It also holds the CPU-bound per-record transform, which worker processes and sidecars
-import by name (startup.py puts this folder on their PYTHONPATH). It runs against the layout
-of any colo-data commit, so that one run can compare commits.
+line. Its CPU-bound per-record transform is benchmarks/workers_pipeline.py's, which worker
+processes and sidecars import by name (startup.py puts this folder on their PYTHONPATH). It
+runs against the layout of any colo-data commit, so that one run can compare commits.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from absl import flags
 from descendants import worker_processes
+from workers_pipeline import token_passes
 
 import colo_data as cd
 
@@ -25,20 +25,6 @@ try:
 except ImportError:  # the layout before the subpackages (commit b709df7 and earlier)
     from colo_data import demo  # type: ignore[attr-defined, no-redef]
 
-VOCAB = 32_000
-PASSES = 3  # about 0.25 ms of Python per record here: the transform, not the hand-off, is the cost
-
-
-def token_passes(record: dict[str, Any]) -> dict[str, Any]:
-    """CPU-bound per-record work, as a pure-Python tokenizer's is: `PASSES` passes of one
-    Python step per token (a rolling hash into the vocabulary)."""
-    tokens = np.asarray(record["tokens"]).tolist()
-    for _ in range(PASSES):
-        h = 0
-        for i, t in enumerate(tokens):
-            h = (h * 31 + t) % VOCAB
-            tokens[i] = h
-    return {**record, "tokens": np.asarray(tokens, dtype=np.int32)}
 
 
 def pipeline(kind: str, seq_len: int, batch: int) -> cd.Pipeline:

@@ -3,9 +3,15 @@ block-shuffled in windows of 2 row groups, tokens padded to 8, with the record i
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
+import cloudpickle
+
 import colo_data as cd
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes and sidecars get its functions by value
 
 BATCH = 12  # divisible by 1, 2, 3 and 4 hosts and by the 4 test devices
 MIX_SIZES = {"web": 60, "code": 25, "math": 7}  # the mixture tests' components; math: fewer records than a batch
@@ -23,9 +29,45 @@ def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipel
     return cd.Pipeline(**settings)
 
 
+class IdleHost:
+    """A transform that sleeps `seconds` a chunk where a host's own thread computes it (in
+    the trainer or a sidecar), not in a worker process: a host pipeline hands work to its
+    workers only while CPU goes unused, and this one leaves most of it unused whatever else
+    the machine runs (as a host waiting on remote reads does). Put it first in the
+    transforms of tests that need the workers at work (longer for heavier pipelines)."""
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch: dict) -> dict:
+        main = sys.modules.get("__main__")
+        if getattr(getattr(main, "__spec__", None), "name", None) != "colo_data.workers.processes":
+            time.sleep(self.seconds)
+        return batch
+
+
+idle_host = IdleHost()
+
+
 def backend_of(name: str, workers: int = 0, shm_dir: Path | str | None = None) -> cd.InProcess | cd.Sidecar | cd.Colocated:
     """The backend called `name` with `workers` worker processes (a sidecar's ring in
     `shm_dir`, if given)."""
     if name == "sidecar":
         return cd.Sidecar(workers=workers, **({"shm_dir": str(shm_dir)} if shm_dir is not None else {}))
     return cd.InProcess(workers=workers) if name == "inprocess" else cd.Colocated(workers=workers)
+
+
+def until_workers_made(loader: cd.Loader, deadline_s: float = 60.0) -> list[dict]:
+    """The loader's batches (as numpy) until its worker processes have made some records,
+    as its telemetry's `pool_wait` stage counts them. A host pipeline hands work to its
+    workers only while CPU goes unused: tests that need them put `idle_host` in the
+    pipeline's transforms."""
+    import time
+
+    import numpy as np
+
+    batches, stop = [], time.monotonic() + deadline_s
+    while not next(s for s in loader.telemetry().stages if s.name == "pool_wait").items:
+        assert time.monotonic() < stop, f"the workers made nothing in {deadline_s:g} s"
+        batches.append({name: np.asarray(a) for name, a in next(loader).items()})
+    return batches

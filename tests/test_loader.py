@@ -21,7 +21,7 @@ from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import BATCH, make_pipeline
+from pipelines import BATCH, idle_host, make_pipeline, until_workers_made
 
 SHUFFLES = ("none", "global", "block")
 
@@ -107,10 +107,13 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
 def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     shm = Path("/dev/shm")
     before = set(shm.iterdir())
-    with cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=2, backend=cd.InProcess(workers=1)) as loader:
-        for _ in range(3):
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+    with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=1)) as loader:
+        until_workers_made(loader)  # the hosts start their workers once CPU goes unused
+        deadline = time.monotonic() + 60
+        while len(_workers()) < 2:  # an endless stream: both hosts' workers are started and busy
+            assert time.monotonic() < deadline, f"one worker per host: {_workers()}"
             next(loader)
-        assert len(_workers()) == 2  # an endless stream: both hosts' workers are still busy
     gc.collect()
     deadline = time.monotonic() + 10  # Grain unlinks its segments on a background thread
     while (set(shm.iterdir()) - before or _workers()) and time.monotonic() < deadline:

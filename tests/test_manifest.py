@@ -12,6 +12,7 @@ import copy
 import importlib.metadata
 import inspect
 import json
+import math
 import re
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from colo_data.ops import versions
 from colo_data.ops.config import Config, load_config
 from colo_data.errors import ConfigError
 from colo_data.ops.manifest import SOCKET, parse_override, render
-from colo_data.host.resources import cpu_budget
+from colo_data.host.resources import choose_workers, cpu_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 COLO = Path(sys.executable).parent / "colo-data"
@@ -357,7 +358,7 @@ def test_explicit_shm_size_skips_the_measurement(tmp_path: Path) -> None:
         ('workers = "auto"', {}, "4", 3),
         ('workers = "auto"', {"sidecar_cpus": 2.5}, "2500m", 2),
         ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 0),
-        ('workers = "auto"', {"sidecar_cpus": 2}, "2", 0),
+        ('workers = "auto"', {"sidecar_cpus": 2}, "2", 1),
         ("workers = 6", {}, "7", 6),
         ("workers = 6", {"sidecar_cpus": 6.2}, "6200m", 6),
     ],
@@ -373,7 +374,11 @@ def test_sidecar_cpu_limit_gives_the_expected_workers(
     # the budget the sidecar will find under that limit: its quota and a machine of 64 CPUs
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setenv("COLO_DATA_CPUS", str(parse_quantity(cpu)))
-    assert cpu_budget(proc=str(tmp_path), root=str(tmp_path)).workers == workers
+    budget = cpu_budget(proc=str(tmp_path), root=str(tmp_path))
+    configured = config.sidecar["workers"]
+    assert choose_workers(configured, budget, "the sidecar's own thread").count == workers
+    if configured != "auto":  # room for every worker beside the sidecar's own thread
+        assert math.ceil(budget.cpus) >= workers + 1, budget
 
 
 @pytest.mark.parametrize(

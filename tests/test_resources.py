@@ -82,10 +82,8 @@ def test_v1_quota(tmp_path: Path) -> None:
 def test_v2_quota(tmp_path: Path) -> None:
     where = tree(tmp_path, ["0::/job"], [ROOTFS, V2_ONLY], {"sys/fs/cgroup/job/cpu.max": "150000 100000"})
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.quota, budget.workers) == (1.5, 1.5, 0)
+    assert (budget.cpus, budget.quota, budget.workers) == (1.5, 1.5, 1)
     assert budget.source == f"cgroup v2 cpu.max 150000 100000 at {tmp_path}/sys/fs/cgroup/job"
-    assert cpu_budget(0, **where).workers == 2
-    assert cpu_budget(5, **where).workers == 0
 
 
 @pytest.mark.parametrize(("v1_cpus", "v2_cpus", "winner"), [(3, 2, "cgroup v2"), (2, 3, "cgroup v1")])
@@ -100,7 +98,7 @@ def test_hybrid_smaller_quota_wins(tmp_path: Path, v1_cpus: int, v2_cpus: int, w
         },
     )
     budget = cpu_budget(**where)
-    assert (budget.cpus, budget.quota, budget.workers) == (2.0, 2.0, 0)
+    assert (budget.cpus, budget.quota, budget.workers) == (2.0, 2.0, 1)
     assert budget.source.startswith(winner)
 
 
@@ -231,11 +229,6 @@ def test_bad_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, override:
     monkeypatch.setenv("COLO_DATA_CPUS", override)
     with pytest.raises(ConfigError, match="COLO_DATA_CPUS"):
         cpu_budget(proc=str(tmp_path), root=str(tmp_path))
-
-
-def test_negative_reserve(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="reserve=-1"):
-        cpu_budget(-1, proc=str(tmp_path), root=str(tmp_path))
 
 
 def test_memory_limit_v1_smallest_over_the_hierarchy(tmp_path: Path) -> None:
@@ -386,21 +379,21 @@ def test_doctor_bad_override_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     assert "COLO_DATA_CPUS='lots'" in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize(
-    ("cpus", "beside", "workers"), [(0.5, 1, 0), (2.0, 1, 0), (2.0, 2, 0), (2.5, 1, 2), (3.0, 1, 2), (8.0, 2, 6), (64.0, 1, 63)]
-)
-def test_auto_workers_start_processes_only_where_two_or_more_cpus_are_left(cpus: float, beside: int, workers: int) -> None:
-    assert auto_workers(cpus, beside) == workers
+@pytest.mark.parametrize(("cpus", "workers"), [(0.5, 0), (1.0, 0), (1.5, 1), (2.0, 1), (2.5, 2), (8.0, 7), (64.0, 63)])
+def test_auto_workers_are_the_cpus_less_the_hosts_own_thread(cpus: float, workers: int) -> None:
+    assert auto_workers(cpus) == workers
 
 
 def test_the_worker_choice_says_why() -> None:
-    budget = CpuBudget(cpus=2.0, workers=0, source="affinity mask: 2 CPUs", affinity=2, quota=None)
-    chosen = choose_workers("auto", budget, 2, "the sidecar's own thread and the trainer")
-    assert chosen == WorkerChoice(
-        0, "auto: CPU budget 2 (affinity mask: 2 CPUs) less 2 for the sidecar's own thread and the trainer leaves 0"
+    budget = CpuBudget(cpus=2.0, workers=1, source="affinity mask: 2 CPUs", affinity=2, quota=None)
+    used = "used while CPU goes unused (beside {}) and while each one more pays"
+    chosen = choose_workers("auto", budget, "the sidecar's own thread and the trainer")
+    expected = "auto: CPU budget 2 (affinity mask: 2 CPUs) less 1 for the host's own thread; " + used.format(
+        "the sidecar's own thread and the trainer"
     )
-    one_left = choose_workers("auto", budget, 1, "the sidecar's own thread")
-    assert one_left.count == 0 and one_left.reason.endswith("leaves 1: one worker process would only add a hop")
-    roomy = choose_workers("auto", CpuBudget(8.0, 7, "cgroup v2 cpu.max 800000 100000", 64, 8.0), 1, "the trainer")
-    assert roomy.count == 7 and "less 1 for the trainer leaves 7" in roomy.reason
-    assert choose_workers(3, budget, 2, "the trainer") == WorkerChoice(3, "as configured")
+    assert chosen == WorkerChoice(1, expected)
+    half = choose_workers("auto", CpuBudget(0.5, 0, "COLO_DATA_CPUS=0.5", 2, None), "the sidecar's own thread")
+    assert half.count == 0 and half.reason.endswith("(COLO_DATA_CPUS=0.5): the host's own thread only")
+    roomy = choose_workers("auto", CpuBudget(8.0, 7, "cgroup v2 cpu.max 800000 100000", 64, 8.0), "the trainer")
+    assert roomy.count == 7 and "8 (cgroup v2 cpu.max 800000 100000) less 1" in roomy.reason
+    assert choose_workers(3, budget, "the trainer") == WorkerChoice(3, "as configured; " + used.format("the trainer"))

@@ -25,7 +25,7 @@ import colo_data as cd
 from colo_data.backends.sidecar.auth import connect, read_key
 from colo_data.testing import assert_batches_equal, read_all
 
-from pipelines import make_pipeline
+from pipelines import idle_host, make_pipeline, until_workers_made
 
 COLO = Path(sys.executable).parent / "colo-data"
 TESTS = Path(__file__).parent
@@ -205,12 +205,11 @@ def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     )
     try:
         assert server.stderr.readline().startswith(b"colo-data sidecar on")
-        pipeline = make_pipeline(token_corpus, epochs=None)
+        pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
         with cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}"), prefetch=0) as loader:
-            for _ in range(400):  # past the sidecar's own first chunk: the workers are busy
-                next(loader)
+            until_workers_made(loader)  # they start once the sidecar hands them work
             workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
-            assert len([p for p in workers if "colo_data.workers.processes" in " ".join(psutil.Process(p).cmdline())]) == 2
+            assert 1 <= len([p for p in workers if "colo_data.workers.processes" in " ".join(psutil.Process(p).cmdline())]) <= 2
             server.send_signal(signal.SIGKILL)
             with pytest.raises(cd.SidecarError):
                 for _ in range(10_000):
@@ -228,10 +227,10 @@ import sys
 import tempfile
 sys.path.insert(0, {tests!r})
 import colo_data as cd
-from pipelines import make_pipeline
-loader = cd.Loader(make_pipeline({corpus!r}, epochs=None), hosts=1, backend=cd.InProcess(workers=2))
-for _ in range(400):
-    next(loader)
+from pipelines import idle_host, make_pipeline, until_workers_made
+pipeline = make_pipeline({corpus!r}, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+loader = cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2))
+until_workers_made(loader)
 print("running", flush=True)
 import time; time.sleep(600)
 """
@@ -245,7 +244,7 @@ def test_a_killed_trainer_leaves_no_worker_processes(tmp_path: Path, token_corpu
     try:
         assert trainer.stdout.readline().strip() == b"running"
         workers = [c.pid for c in psutil.Process(trainer.pid).children(recursive=True)]
-        assert len(workers) >= 2, workers
+        assert workers, "the trainer's workers run"
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(10)
         assert not wait_gone(workers, 10), "worker processes outlived their trainer"

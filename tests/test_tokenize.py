@@ -25,7 +25,7 @@ import colo_data as cd
 from colo_data.ops import demo
 from colo_data.testing import read_all
 
-from pipelines import backend_of
+from pipelines import IdleHost, backend_of, until_workers_made
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers and sidecars cannot import this test module
 
@@ -128,14 +128,15 @@ def test_a_tokenizer_object_or_callable_travels_to_worker_processes(text_data: t
     want = expected_ids(corpus, path)
     pipeline = cd.Pipeline(
         source=cd.ArrowSource(str(corpus), columns=["text"]),
-        transforms=[cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", 16)],
+        transforms=[IdleHost(0.3), cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", 16)],  # workers get work
         global_batch_size=BATCH,
-        epochs=6,  # 60 batches: the first chunk (42) here, the rest in the workers
+        epochs=None,
         index_column="_index",
     )
-    batches = read_all(cd.Loader(pipeline, backend=cd.InProcess(workers=2)))
-    assert len(batches) == 60
-    rows = {index: row.tolist() for b in batches[42:] for index, row in zip(b["_index"].tolist(), b["text"], strict=True)}
+    with cd.Loader(pipeline, backend=cd.InProcess(workers=2)) as loader:
+        batches = until_workers_made(loader)
+        batches += [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(len(want) // BATCH)]
+    rows = {index: row.tolist() for b in batches for index, row in zip(b["_index"].tolist(), b["text"], strict=True)}
     assert rows == {i: (ids + [0] * 16)[:16] for i, ids in enumerate(want)}
 
 
@@ -177,7 +178,9 @@ def test_bad_input_is_a_named_error(text_data: tuple[Path, Path], tmp_path: Path
         short({"text": pa.array(["a", "b"])})
 
 
-def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(
+    text_data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`RAYON_NUM_THREADS` (the size of `tokenizers`' thread pool) is the CPU budget over the
     worker count in each worker process, unless the user set it."""
     from colo_data.host.resources import cpu_budget
@@ -192,10 +195,16 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(monke
         owner = Lifecycle("test workers")
         try:
             pool = WorkerPool(2, owner)
+            corpus, tokenizer = text_data
+            pipeline = cd.Pipeline(
+                source=cd.ArrowSource(str(corpus), columns=["text"]), global_batch_size=4,
+                transforms=[cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", 8)],
+            )
+            pool.stream(cloudpickle.dumps(pipeline), 0, 1).ready(2)  # the workers start when a stream asks for them
             environs = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in pool.pids]
         finally:
             owner.close()
         return {v.decode().partition("=")[2] for e in environs for v in e if v.startswith(b"RAYON_NUM_THREADS=")}
 
-    assert worker_setting(None) == {str(max(1, math.ceil(cpu_budget(reserve=0).cpus) // 2))}
+    assert worker_setting(None) == {str(max(1, math.ceil(cpu_budget().cpus) // 2))}
     assert worker_setting("3") == {"3"}

@@ -1,28 +1,33 @@
-"""Worker processes (colo_data/host/workers.py): started once and kept across restarts,
-light (no JAX in them), usable from a script without a `__main__` guard, and the same
-batches as without workers."""
+"""Worker processes (colo_data/workers/processes.py): started once and kept across restarts,
+light (no JAX in them), usable from a script without a `__main__` guard, the same batches
+as without workers; and how a host pipeline uses them (colo_data/host/pipeline.py
+`_pooled`): only while CPU goes unused, never waiting for them, given up when they cost
+more than they give."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import cloudpickle
 import numpy as np
 import psutil
-
 import pytest
+from pipelines import BATCH, idle_host, make_pipeline, until_workers_made
 
 import colo_data as cd
 from colo_data import defaults
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Share
-from colo_data.host.pipeline import HostPipeline
-from colo_data.workers.processes import WorkerPool
 from colo_data.runtime.child_env import process_settings
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
-from pipelines import BATCH, make_pipeline
+from colo_data.workers.processes import WORKER_NICE, WorkerPool
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
 
 def workers_of(me: psutil.Process) -> list[psutil.Process]:
@@ -30,20 +35,78 @@ def workers_of(me: psutil.Process) -> list[psutil.Process]:
 
 
 def test_workers_are_kept_across_restarts_and_hold_no_jax(token_corpus: Path) -> None:
-    pipeline = make_pipeline(token_corpus, "global", epochs=None)
+    pipeline = make_pipeline(token_corpus, "global", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     me = psutil.Process()
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
-        first = [to_numpy(next(loader)) for _ in range(60)]  # past the first chunk, which the host's thread makes
+        first = until_workers_made(loader)
         pids = sorted(p.pid for p in workers_of(me))
-        assert len(pids) == 2, pids
+        assert len(pids) == 1, f"one worker starts first, the next when one more is tried: {pids}"
         loader.set_state(cd.Loader(pipeline).get_state())
-        again = [to_numpy(next(loader)) for _ in range(60)]
-        assert sorted(p.pid for p in workers_of(me)) == pids, "the same workers serve the restarted stream"
+        again = [to_numpy(next(loader)) for _ in range(len(first))]
+        assert set(pids) <= {p.pid for p in workers_of(me)}, "the same workers serve the restarted stream"
         for pid in pids:
             maps = Path(f"/proc/{pid}/maps").read_text()
             assert "jaxlib" not in maps and "xla_extension" not in maps, f"worker {pid} loaded JAX"
+            assert psutil.Process(pid).nice() == WORKER_NICE, "workers run below the trainer's priority"
     assert_batches_equal(first, again, "after set_state")
-    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), 60), first, "workers vs none")
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(first)), first, "workers vs none")
+
+
+def test_a_sidecars_workers_make_the_same_batches(token_corpus: Path, tmp_path: Path) -> None:
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+    with cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=2, shm_dir=str(tmp_path))) as loader:
+        got = until_workers_made(loader)
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "a sidecar's workers vs none")
+
+
+def slow_in_workers(batch: dict) -> dict:
+    """Slow in a worker process only: there, a chunk takes 0.3 s more than here."""
+    if os.environ.get("COLO_DATA_TEST_TRAINER") != str(os.getpid()):
+        time.sleep(0.3)
+    return batch
+
+
+def test_workers_that_cost_more_than_they_give_are_given_up(
+    token_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool is tried once CPU goes unused; slower than the host's own thread, it is given
+    up (its chunks in flight are still taken) and not asked again for a while: the workers'
+    share of the stream stops growing, and the batches are the same."""
+    monkeypatch.setenv("COLO_DATA_TEST_TRAINER", str(os.getpid()))
+    transforms = [idle_host, slow_in_workers, cd.pad_or_truncate("tokens", 8)]
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
+
+    def pool_records(loader: cd.Loader) -> int:
+        return next(s for s in loader.telemetry().stages if s.name == "pool_wait").items
+
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
+        got = until_workers_made(loader)
+        tried = time.monotonic()
+        while time.monotonic() - tried < 3.0:  # the trial (0.5 s of the pool's chunks) is over, its chunks taken
+            got.append(to_numpy(next(loader)))
+        made = pool_records(loader)
+        while time.monotonic() - tried < 5.0:
+            got.append(to_numpy(next(loader)))
+        assert pool_records(loader) == made, "the pool was asked again within its retry time"
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
+
+
+def test_no_unused_cpu_no_work_for_the_workers(token_corpus: Path) -> None:
+    """With every CPU of the affinity mask kept busy by other processes, the host's thread
+    makes every chunk: its workers are not handed any (they would only take CPU from it)."""
+    pipeline = make_pipeline(token_corpus, "block", epochs=None)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
+            started, read = time.monotonic(), []
+            while time.monotonic() - started < 3.0:  # six of the host's decisions
+                read.append(to_numpy(next(loader)))
+            assert next(s for s in loader.telemetry().stages if s.name == "pool_wait").items == 0
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(read)), read, "the host's thread alone")
 
 
 def row_groups_of(pipeline: cd.Pipeline, indices: np.ndarray) -> set[int]:
@@ -117,6 +180,9 @@ def test_worker_processes_get_the_process_defaults_unless_set(token_corpus: Path
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(1, owner)
+        stream = pool.stream(cloudpickle.dumps(make_pipeline(token_corpus)), 0, 1)
+        assert not pool.pids, "workers start when a stream first asks for them"
+        stream.ready(1)
         environ = Path(f"/proc/{pool.pids[0]}/environ").read_bytes().split(b"\0")
         env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
     finally:
@@ -135,25 +201,24 @@ def test_the_sidecar_image_sets_the_same_process_defaults() -> None:
 
 
 def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> None:
-    """Chunks still in flight for an abandoned stream are passed over, not delivered."""
+    """Chunks still in flight for an abandoned stream are passed over, not delivered; a
+    chunk is the same made by one worker or shared by two."""
     pipeline = make_pipeline(token_corpus, "block", epochs=None)
+    payload, work = cloudpickle.dumps(pipeline), ChunkWork(pipeline)
     owner = Lifecycle("test")
     try:
-        host = HostPipeline(pipeline, 0, 1, WorkerPool(2, owner))
-        abandoned = host.chunks(0, owner)
-        next(abandoned), next(abandoned)  # chunk 0 here, chunk 1 from a worker; chunks 2-4 in flight
-        abandoned.close()  # type: ignore[attr-defined]
-        got = host.chunks(36, owner)
-        reference = HostPipeline(pipeline, 0, 1).chunks(36)  # smaller chunks: compare the rows
-        have = [next(got) for _ in range(4)]
-        rows = sum(chunk.rows for chunk in have)
-        want = []
-        while sum(chunk.rows for chunk in want) < rows:
-            want.append(next(reference))
-        for name in have[0].columns:
-            np.testing.assert_array_equal(
-                np.concatenate([c.columns[name] for c in have]), np.concatenate([c.columns[name] for c in want])[:rows]
-            )
+        pool = WorkerPool(2, owner)
+        abandoned = pool.stream(payload, 0, 1)
+        for position in (0, 60, 120):
+            abandoned.ask(position, 5, 2)
+        abandoned.take()  # the first; the other two are left in flight
+        stream = pool.stream(payload, 0, 1)
+        for position, workers in ((36, 1), (96, 2)):  # one worker's chunk, then one shared by both
+            stream.ask(position, 5, workers)
+        for position in (36, 96):
+            got, want = stream.take(), work.compute(position, 5)
+            for name in want.columns:
+                np.testing.assert_array_equal(got.columns[name], want.columns[name], f"{name} at {position}")
     finally:
         owner.close()
 
@@ -166,13 +231,16 @@ def test_a_script_without_a_main_guard_can_use_workers(tmp_path: Path, token_cor
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import colo_data as cd\n"
-        "from pipelines import make_pipeline\n"
-        f"loader = cd.Loader(make_pipeline({str(token_corpus)!r}, epochs=None), hosts=1, backend=cd.InProcess(workers=2))\n"
-        "rows = sum(len(next(loader)['_index']) for _ in range(40))\n"
+        "from pipelines import idle_host, make_pipeline, until_workers_made\n"
+        "def tag(batch):\n"
+        "    return {**batch, 'tag': batch['_index'] % 7}\n"
+        f"pipeline = make_pipeline({str(token_corpus)!r}, epochs=None, transforms=[idle_host, tag, cd.pad_or_truncate('tokens', 8)])\n"
+        "loader = cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2))\n"
+        "batches = until_workers_made(loader)\n"
         "loader.close()\n"
-        "print('rows', rows)\n"
+        "print('tags right', all((b['tag'] == b['_index'] % 7).all() for b in batches))\n"
     )
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rows 480" in result.stdout, result.stdout
+    assert "tags right True" in result.stdout, result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-3000:]

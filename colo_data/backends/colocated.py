@@ -80,7 +80,7 @@ class _HostSide:
 
     def __init__(self, pipeline: Pipeline, workers: Workers, controller: str) -> None:
         self.pipeline = pipeline
-        self.workers = choose_workers(workers, cpu_budget(), 1, "the sidecar's own thread").count
+        self.workers = choose_workers(workers, cpu_budget(), "the sidecar's own thread").count
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostPipeline] = {}
         self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}

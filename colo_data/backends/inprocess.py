@@ -35,14 +35,14 @@ class InProcessBackend:
         self.placement = placement
         self.local_hosts = placement.local_hosts
         self._budget = cpu_budget()
-        self.choice = choose_workers(workers, self._budget, 1, "the trainer")
+        self.choice = choose_workers(workers, self._budget, "the trainer and the host's own thread")
         count = self.choice.count
         # worker processes start now, while the trainer compiles, and are kept across runs
         self._hosts = [
-            HostPipeline(pipeline, h, placement.hosts, WorkerPool(count, owner) if count else None, ahead)
+            HostPipeline(pipeline, h, placement.hosts, WorkerPool(count, owner, self._budget) if count else None, ahead)
             for h in self.local_hosts
         ]
-        self.on_trainer_thread = not count and not ahead
+        self.on_trainer_thread = not ahead
         self.handoff = StageTimes()
         self._cpu: CpuMeter | None = None  # the worker processes', all hosts together
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
@@ -58,11 +58,13 @@ class InProcessBackend:
     def counters(self) -> tuple[list[float], list[HostCounters]]:
         out = []
         for i, host in enumerate(self._hosts):
-            cpu = self._base_cpu[i]
+            run: tuple[float, float] | None = None  # this run's (seconds, CPU seconds)
             if self._cpu is not None:  # one meter for all hosts' worker processes: each host gets its share
-                cpu = plus(cpu, (self._cpu.sample[0], self._cpu.sample[1] / len(self._hosts)))
-            elif host.cpu is not None:  # the thread computing the host's chunks
-                cpu = plus(cpu, host.cpu.sample)
+                run = (self._cpu.sample[0], self._cpu.sample[1] / len(self._hosts))
+            if host.cpu is not None:  # the thread making the host's chunks, over the same time
+                seconds, used = host.cpu.sample
+                run = (seconds, used) if run is None else (max(seconds, run[0]), run[1] + used)
+            cpu = self._base_cpu[i] if run is None else plus(self._base_cpu[i], run)
             out.append(HostCounters(tuple(host.stages.values), cpu, None))
         return list(self.handoff.values), out
 
@@ -74,4 +76,5 @@ class InProcessBackend:
 
     def infos(self) -> list[HostInfo]:
         b, w = self._budget, self.choice.count
-        return [HostInfo(h, "trainer process", max(1, w), w > 0, b.cpus, b.source, None, 0) for h in self.local_hosts]
+        why = self.choice.reason
+        return [HostInfo(h, "trainer process", max(1, w), w > 0, b.cpus, b.source, None, 0, why) for h in self.local_hosts]

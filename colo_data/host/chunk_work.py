@@ -7,7 +7,7 @@ worker process imports this module, not `HostPipeline`'s streaming machinery."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import NamedTuple, Protocol
 
@@ -33,16 +33,43 @@ class Share(NamedTuple):
     workers: int
 
 
+class PoolStream(Protocol):
+    """One stream's chunks computed by a pool: asked for by position, handed back whole, in
+    the order they were asked for."""
+
+    def ready(self, workers: int) -> bool:
+        """Whether `workers` of the pool's workers have set the stream up (their chunks
+        come without that wait)."""
+        ...
+
+    def has_next(self) -> bool:
+        """Whether the oldest chunk asked for has come (`take` would not wait)."""
+        ...
+
+    def ask(self, position: int, count: int, workers: int) -> None:
+        """Ask for the chunk of `count` global batches at stream `position`, shared out to
+        `workers` of the pool's workers."""
+        ...
+
+    def take(self) -> HostChunk:
+        """The chunk asked for first of those not taken yet (waiting for it)."""
+        ...
+
+
 class ChunkPool(Protocol):
     """What computes chunk work away from the host pipeline's own thread (worker
-    processes): every chunk shared out among its workers and handed back whole, in order."""
+    processes): every chunk shared out among `count` workers or fewer and handed back whole."""
 
-    def chunks(
-        self, payload: bytes, host: int, hosts: int, start: int, total: int | None, batches: int, indices: range
-    ) -> Iterator[HostChunk]:
-        """Chunks `indices` of `batches` global batches each, of host `host` of `hosts` of the
-        pickled pipeline `payload`, whose stream starts at position `start` (`total` batches
-        from there, None: endless), in order. A pool serves one stream at a time."""
+    count: int
+
+    def idle_cpus(self) -> float | None:
+        """CPUs of the host's budget left unused since the last call (None at the first):
+        a pool pays only with CPU that nothing else uses."""
+        ...
+
+    def stream(self, payload: bytes, host: int, hosts: int) -> PoolStream:
+        """A stream of host `host` of `hosts` of the pickled pipeline `payload`, set up in the
+        background. A pool serves one stream at a time: a new one ends the last."""
         ...
 
 

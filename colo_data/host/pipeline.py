@@ -6,6 +6,8 @@ in stream order."""
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterator
 
 import cloudpickle
@@ -14,15 +16,23 @@ import numpy as np
 from colo_data import defaults
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostChunk, column_schema, split_rows
-from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork
+from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
 from colo_data.host.packing import packed_batches
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec.pipeline import Pipeline
-from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
+from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 
 _FOREVER = 2**62
+_POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
+_DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up
+_IDLE_CPUS = 0.5  # CPUs of the budget that must go unused, while the host's thread produces, for the pool to start
+_SLOWER = 0.9  # one worker that delivers less than this times the host thread's rate alone is given up...
+_RETRY_S = 10.0  # ...and tried again after this long (doubling each time)
+# one more worker is kept when the stream runs this much faster with it (5%), or, with many, when it
+# adds half of what each producer (the host's thread and the workers) adds on average
+_GAIN = 0.05
 
 
 class HostPipeline:
@@ -35,10 +45,10 @@ class HostPipeline:
         hosts: the host count.
         pool: worker processes that compute the chunks (None: this process). A pool is
             started by its owner (a loader, a sidecar) and outlives the streams.
-        ahead: without a pool, compute the next chunk on a thread of its own while this
-            one is handed out (else a consumer that prefetches a few batches runs dry while
-            a chunk is computed: 5% input wait at a 2 ms step on the demo pipeline); `cpu`
-            samples that thread's CPU time.
+        ahead: make the next chunk (here, or take it from the pool) on a thread of its own
+            while this one is handed out (else a consumer that prefetches a few batches runs
+            dry while a chunk is computed: 5% input wait at a 2 ms step on the demo
+            pipeline); `cpu` samples that thread's CPU time.
 
     `stages` adds up the time, records and bytes of each stage, per chunk, also of the
     chunks that worker processes made.
@@ -52,7 +62,7 @@ class HostPipeline:
         self.rows = self.work.rows
         self.stages: StageTimes = self.work.stages
         self.pool = pool
-        self.ahead = ahead and pool is None  # worker processes already run ahead
+        self.ahead = ahead
         self.cpu: CpuMeter | None = None
 
     @property
@@ -84,10 +94,9 @@ class HostPipeline:
         return stream if owner is not None else _owning(stream, run)
 
     def _computed(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
-        """The chunks as computed: here, `chunk` batches at a time, or the first here and
-        the others `defaults.WORKER_CHUNKS` chunks at a time by the pool. `owner` stops the
-        source's read-ahead. Packed batches are planned in stream order, one at a time,
-        here (the pool is not used for them)."""
+        """The chunks as computed: here, `chunk` batches at a time, or with a pool as
+        `_pooled` shares them out. `owner` stops the source's read-ahead. Packed batches are
+        planned in stream order, one at a time, here (the pool is not used for them)."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
@@ -98,16 +107,116 @@ class HostPipeline:
         if self.pool is None or (total is not None and total <= chunk):
             chunk_count = _FOREVER if total is None else -(-total // chunk)
             return map(ChunkAt(self.work, start_position, total, chunk), range(chunk_count))
-        # The first chunk is computed here while the workers take the next ones: the first
-        # batch does not wait for a worker process to open the files.
-        first = ChunkAt(self.work, start_position, chunk, chunk, read_ahead=False)
-        start = start_position + chunk * self.pipeline.global_batch_size
-        shared = chunk * defaults.WORKER_CHUNKS
-        rest_total = None if total is None else total - chunk
-        indices = range(_FOREVER if rest_total is None else -(-rest_total // shared))
-        payload = cloudpickle.dumps(self.pipeline)
-        rest = self.pool.chunks(payload, self.host, self.hosts, start, rest_total, shared, indices)
-        return _merge_stages(_head_start(first, rest), self.stages)
+        return self._pooled(self.pool, start_position, total)
+
+    def _pooled(self, pool: ChunkPool, start_position: int, total: int | None) -> Iterator[HostChunk]:
+        """Chunks made here, and by as many of the pool's workers as pay; never slower than
+        this thread alone. This thread makes the chunks while the workers start (two
+        workers behind a host that waited for them ran at about 0.1x of none over the
+        first 100 batches). It hands the pool work only while at least `_IDLE_CPUS` of the
+        CPU budget go unused as it works (the workers start then, the first time), from
+        the moment the first worker is ready, one worker at first: `_POOL_AHEAD` chunks in
+        the pool's hands (the first ones smaller), and whenever the next of them has not
+        come, this thread makes chunks after them (as many batches as the pool has in
+        hand), so it is never idle while there is work. Each count of workers is on trial
+        for `_DECIDE_S` from its first chunk: one more is tried while the last made the
+        stream faster by `_GAIN`; a count that does not goes back to the one before; a
+        single worker that delivers less than `_SLOWER` times what this thread did alone is
+        given up, and tried again after `_RETRY_S` (doubling). On 2 CPUs a light pipeline
+        through a sidecar kept both busy without workers (two beside it ran at half its
+        rate); in process one worker doubled it and a second added nothing; a CPU-bound
+        one gained from both."""
+        size, chunk = self.pipeline.global_batch_size, self.chunk
+        end = None if total is None else start_position + total * size
+        stream: PoolStream | None = None  # asked for (its workers start, the first time) once CPU goes unused
+        wanted = False  # the pool is to be used from the moment its first worker is ready
+        position = start_position
+        frontier: int | None = None  # while the pool is in use: the first position not yet claimed
+        # chunks claimed, in stream order: (position, the chunk if made here, else None for the pool's)
+        claimed: deque[tuple[int, HostChunk | None]] = deque()
+        asked = 0  # requests in the pool's hands
+        in_pool = here = 0  # host batches claimed: in the pool's hands, and made here ahead
+        batches = chunk  # of the next request: 1, 2, 4 chunks, quick at first
+        level = 0  # the workers each new request is shared out to (0: the pool is not asked)
+        rates = [0.0]  # host records/s delivered with 0, 1, ... workers (with 0: while no worker starts)
+        started = 0  # the workers asked for so far (they start when first asked)
+        was_ready = False  # they were all ready at the last measurement
+        pool.idle_cpus()  # the idle CPUs are measured from here
+        window, made = time.monotonic(), 0  # this measurement's start and the host records delivered since
+        trial: float | None = None  # while a count of workers is on trial: when its first chunk came (0.0: not yet)
+        trial_from = 0  # the position of the first chunk asked of the count on trial
+        settled = False  # the count of workers that pays is found
+        retry, retry_at = _RETRY_S, 0.0
+
+        def here_until(stop: int | None) -> HostChunk:
+            """A chunk made here at `position`, ending at `stop` at the latest."""
+            count = chunk if stop is None else min(chunk, (stop - position) // size)
+            return self.work.compute(position, count, read_ahead=frontier is None)
+
+        while end is None or position < end:
+            now = time.monotonic()
+            if frontier is None and now - window >= _DECIDE_S:
+                idle = pool.idle_cpus()
+                if stream is None or was_ready:  # (while workers start, they take CPU from this thread)
+                    rates[0] = made / (now - window)
+                window, made = now, 0
+                was_ready = stream is not None and stream.ready(started)  # a dead worker raises here
+                # once asked for, the pool is wanted until its first worker is ready (starting, it leaves no CPU unused)
+                wanted = wanted or (now >= retry_at and idle is not None and idle >= _IDLE_CPUS)
+                if wanted and stream is None:
+                    stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts)
+                    started = 1
+            if wanted and stream is not None and stream.ready(1):  # from here the first worker works beside this thread
+                frontier, batches, level, wanted, settled = position + chunk * size, chunk, 1, False, False
+                trial, trial_from = 0.0, frontier
+                del rates[1:]
+            elif trial and now - trial >= _DECIDE_S:
+                rates.append(made / (now - trial))
+                trial = None
+                if level == 1 and rates[1] < _SLOWER * rates[0]:  # the pool costs more than it gives
+                    level, retry_at, retry = 0, now + retry, 2 * retry
+                elif level > 1 and rates[level] < rates[level - 1] * (1 + min(_GAIN, 0.5 / level)):  # it did not pay
+                    level, settled = level - 1, True
+                elif level < pool.count and not settled:
+                    assert frontier is not None
+                    level, trial, trial_from = level + 1, 0.0, frontier
+                    started = max(started, level)
+            while level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
+                assert stream is not None  # the pool is asked only once its stream is ready
+                count = batches if end is None else min(batches, (end - frontier) // size)
+                stream.ask(frontier, count, level)
+                claimed.append((frontier, None))
+                asked, in_pool, frontier = asked + 1, in_pool + count, frontier + count * size
+                batches = min(2 * batches, chunk * defaults.WORKER_CHUNKS)
+            head = claimed[0][0] if claimed else frontier  # where the claimed chunks start
+            if head is None or head > position:  # not claimed: made here
+                part = here_until(end if head is None else head if end is None else min(end, head))
+            elif claimed[0][1] is not None:  # made here ahead, its turn now
+                part = claimed.popleft()[1]  # type: ignore[assignment]
+                here -= part.rows // len(self.rows)
+            else:
+                assert frontier is not None and stream is not None  # chunks are claimed only while the pool is in use
+                if level and here < in_pool and not stream.has_next() and (end is None or frontier < end):
+                    # the pool's next chunk has not come: make the one after the last claimed, here
+                    count = chunk if end is None else min(chunk, (end - frontier) // size)
+                    claimed.append((frontier, self.work.compute(frontier, count, read_ahead=False)))
+                    here, frontier = here + count, frontier + count * size
+                    continue
+                at = claimed.popleft()[0]
+                waited = time.perf_counter()
+                part = stream.take()
+                self.stages.add(POOL_WAIT, time.perf_counter() - waited, part.rows, 0)
+                asked, in_pool = asked - 1, in_pool - part.rows // len(self.rows)
+                if part.stages is not None:
+                    self.stages.merge(part.stages)
+                    part.stages = None
+                if trial == 0.0 and at >= trial_from:  # a trial is timed from the first chunk of its count
+                    trial, made = time.monotonic(), -part.rows
+            position += part.rows // len(self.rows) * size
+            made += part.rows
+            if frontier is not None and not level and not claimed:  # given up, its chunks all taken
+                frontier, window, made = None, time.monotonic(), 0
+            yield part
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:
         """Packed host batches, transformed, each with the stream position after it."""
@@ -146,29 +255,6 @@ def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) ->
                     "dtype and row shape: cast to one dtype and pad to a fixed length in the transforms"
                 )
             position = chunk.end if chunk.end is not None else position + size * (chunk.rows // rows)
-            yield chunk
-    finally:
-        close_iterator(chunks)
-
-
-def _head_start(first: ChunkAt, rest: Iterator[HostChunk]) -> Iterator[HostChunk]:
-    """Chunk 0 computed on this thread, then the workers' chunks; closes `rest` when done or
-    closed."""
-    try:
-        yield first(0)
-        yield from rest
-    finally:
-        close_iterator(rest)
-
-
-def _merge_stages(chunks: Iterator[HostChunk], stages: StageTimes) -> Iterator[HostChunk]:
-    """Worker processes' chunks, whose stage counters are added to `stages`; closes `chunks`
-    when done or closed."""
-    try:
-        for chunk in chunks:
-            if chunk.stages is not None:
-                stages.merge(chunk.stages)
-                chunk.stages = None
             yield chunk
     finally:
         close_iterator(chunks)

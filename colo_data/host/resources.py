@@ -24,8 +24,8 @@ _UNLIMITED_BYTES = 2**60
 @dataclass(frozen=True)
 class CpuBudget:
     """How many CPUs this process may use (`cpus`, fractional quotas kept), the worker
-    processes that pay when `reserve` of them are kept for the main loop (`auto_workers`),
-    and which limit decided it (`source`)."""
+    processes that "auto" gives for them (`auto_workers`), and which limit decided it
+    (`source`)."""
 
     cpus: float
     workers: int
@@ -53,21 +53,17 @@ class _Mount:
     options: frozenset[str]
 
 
-def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -> CpuBudget:
+def cpu_budget(*, proc: str = "/proc/self", root: str = "/") -> CpuBudget:
     """The smallest of the affinity mask, every cgroup CPU quota from the process's own cgroup
     up to the hierarchy root (v1 and v2, both on hybrid hosts) and `COLO_DATA_CPUS`.
 
     Args:
-        reserve: CPUs left to the main loop; the worker count is what `auto_workers`
-            gives for the rest.
         proc: the proc directory; a test points it at a fixture tree.
         root: the file system root that cgroup mount points are under; likewise.
 
     Raises:
-        ConfigError: `reserve` is negative or `COLO_DATA_CPUS` is not a positive number.
+        ConfigError: `COLO_DATA_CPUS` is not a positive number.
     """
-    if reserve < 0:
-        raise ConfigError(f"reserve={reserve}: the CPUs kept for the main loop must be >= 0")
     affinity = len(os.sched_getaffinity(0))
     quotas = [*_cpu_quotas(proc, root)]
     limits = [*quotas, _Limit(float(affinity), f"affinity mask: {affinity} CPUs")]
@@ -77,7 +73,7 @@ def cpu_budget(reserve: int = 1, *, proc: str = "/proc/self", root: str = "/") -
     tightest = min(limits, key=lambda limit: limit.value)
     return CpuBudget(
         cpus=tightest.value,
-        workers=auto_workers(tightest.value, reserve),
+        workers=auto_workers(tightest.value),
         source=tightest.source,
         affinity=affinity,
         quota=min((q.value for q in quotas), default=None),
@@ -107,31 +103,32 @@ class WorkerChoice:
     reason: str
 
 
-def auto_workers(cpus: float, beside: int) -> int:
-    """Worker processes that pay on `cpus` CPUs when `beside` of them are already busy (the
-    host's own thread, a trainer on the same CPUs): the rest, rounded up, or 0 when fewer
-    than 2 are left, since a single worker process only adds a hop to what the host's own
-    thread does."""
-    free = math.ceil(cpus) - beside
-    return free if free >= 2 else 0
+def auto_workers(cpus: float) -> int:
+    """Worker processes for a budget of `cpus` CPUs: the CPUs, rounded up, less one for the
+    host's own thread, which computes chunks beside them (none on 1 CPU or less). The count
+    is a ceiling, not a load: a host pipeline starts and hands work to its workers only
+    while CPU goes unused, and uses as many as deliver more than fewer did
+    (`HostPipeline`); they run below the trainer's priority."""
+    return max(0, math.ceil(cpus) - 1)
 
 
-def choose_workers(requested: Workers, budget: CpuBudget, beside: int, beside_what: str) -> WorkerChoice:
-    """`requested` worker processes as given, or for "auto" what pays on `budget`
-    (`auto_workers`), with the reason in words.
+def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> WorkerChoice:
+    """`requested` worker processes as given, or for "auto" `auto_workers` of `budget`,
+    with the reason in words.
 
     Args:
         requested: a count, or "auto".
         budget: this process's CPU budget.
-        beside: CPUs already busy next to the workers.
-        beside_what: what keeps them busy, for the reason.
+        beside: what else spends the budget first (the host's own thread, a trainer), for
+            the reason.
     """
+    used = f"used while CPU goes unused (beside {beside}) and while each one more pays"
     if requested != "auto":
-        return WorkerChoice(int(requested), "as configured")
-    count = auto_workers(budget.cpus, beside)
-    left = max(0, math.ceil(budget.cpus) - beside)
-    reason = f"auto: CPU budget {budget.cpus:g} ({budget.source}) less {beside} for {beside_what} leaves {left}"
-    return WorkerChoice(count, reason if count or not left else f"{reason}: one worker process would only add a hop")
+        return WorkerChoice(int(requested), f"as configured; {used}")
+    count = auto_workers(budget.cpus)
+    if not count:
+        return WorkerChoice(0, f"auto: CPU budget {budget.cpus:g} ({budget.source}): the host's own thread only")
+    return WorkerChoice(count, f"auto: CPU budget {budget.cpus:g} ({budget.source}) less 1 for the host's own thread; {used}")
 
 
 def memory_limit(*, proc: str = "/proc/self", root: str = "/") -> int | None:

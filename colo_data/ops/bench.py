@@ -24,7 +24,7 @@ from colo_data.host.chunk_work import check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
 from colo_data.spec.pipeline import Pipeline
-from colo_data.telemetry.counters import READ_PARTS, STAGE_LABELS, STAGES, StepClock
+from colo_data.telemetry.counters import STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.report import StepTrace, Telemetry, cpus_text, summarize
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
@@ -298,7 +298,7 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
     colo = runs[0].telemetry
     steps = max(1, colo.steady.steps if colo.steady.steps else colo.warmup.steps)
     stages = colo.stages
-    parts = {STAGES[i] for i in READ_PARTS}  # inside the read stage (decode mostly on other threads): not added
+    parts = {STAGES[i] for i in UNCOUNTED}  # read's parts, the wait for workers: shown, not added
     busy = sum(s.seconds for s in stages if s.name not in parts) or 1.0
     lines += ["", f"colo-data stages ({'steady state' if colo.steady.steps else 'warm-up'}, all hosts; hand-off in the trainer)"]
     stage_rows = [["stage", "ms/batch", "share", "records", "MB"]]
@@ -335,6 +335,8 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
             else "CPU budget unknown"
         )
         lines.append(f"host {host.host}: {host.runs_in}; {host.workers} {kind}{cpu}; {budget}{ring}")
+        if host.workers_chosen:
+            lines.append(f"  workers: {host.workers_chosen}")
     if colo.queue_depth is not None:
         lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
     for run in runs[1:]:

@@ -21,15 +21,22 @@ from colo_data.runtime.prefetch import close_iterator
 
 T = TypeVar("T")
 
-STAGES = ("order", "read", "io_wait", "decode", "transform", "batch", "shm_write", "handoff")
-_LABELS = ("order", "read", "read: waiting for I/O", "read: decode", "transform", "batch", "shared-memory write", "hand-off")
+STAGES = ("order", "read", "io_wait", "decode", "transform", "batch", "pool_wait", "shm_write", "handoff")
+_LABELS = (
+    "order", "read", "read: waiting for I/O", "read: decode", "transform", "batch", "waiting for worker processes",
+    "shared-memory write", "hand-off",
+)
 STAGE_LABELS = dict(zip(STAGES, _LABELS, strict=True))
-ORDER, READ, IO_WAIT, DECODE, TRANSFORM, BATCH, SHM_WRITE, HANDOFF = range(len(STAGES))
+ORDER, READ, IO_WAIT, DECODE, TRANSFORM, BATCH, POOL_WAIT, SHM_WRITE, HANDOFF = range(len(STAGES))
 WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker processes share out
 # Parts of the read stage, not stages of their own: `io_wait` is time the read waited for
 # row groups still being fetched (items: requests, bytes: bytes fetched from storage);
 # `decode` is time decoding row groups, mostly on background threads (items: row groups).
 READ_PARTS = (IO_WAIT, DECODE)
+# Time the host waited for chunks of its worker processes (items: records they made): how
+# much of the stream the workers made, and how long the host stood idle for them. The
+# workers' own stages are counted in the stages above.
+UNCOUNTED = (*READ_PARTS, POOL_WAIT)  # shown, but not added up as stages of the critical path
 HISTORY = 2**20  # steps kept for percentiles and plots (24 bytes each); totals count every step
 CPU_EVERY_S = 0.5
 

@@ -14,9 +14,9 @@ from colo_data.telemetry.counters import (
     HANDOFF,
     IO_WAIT,
     READ,
-    READ_PARTS,
     STAGE_LABELS,
     STAGES,
+    UNCOUNTED,
     WORKER_STAGES,
     StageTimes,
     StepClock,
@@ -71,6 +71,7 @@ class HostSide:
     ring_slots: int | None
     ring_slots_in_use: float | None
     shm_bytes: int
+    workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class HostInfo:
     cpu_budget_source: str | None
     ring_slots: int | None
     shm_bytes: int
+    workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
 
 
 def _stages(values: Sequence[float] | np.ndarray) -> tuple[Stage, ...]:
@@ -187,12 +189,12 @@ def _short_source(source: str | None) -> str:
 def _critical_seconds(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> dict[str, float]:
     """Each stage's time on the critical path: a stage that worker processes share out
     counts once per worker, hosts with their own processes run side by side (the slowest
-    counts), hosts sharing the trainer's one thread add up. The read stage's parts
-    (`READ_PARTS`) are inside it: not counted."""
-    out = {name: 0.0 for i, name in enumerate(STAGES) if i not in READ_PARTS}
+    counts), hosts sharing the trainer's one thread add up. The read stage's parts and the
+    wait for worker processes (`UNCOUNTED`) are not counted."""
+    out = {name: 0.0 for i, name in enumerate(STAGES) if i not in UNCOUNTED}
     for host in hosts:
         for i, stage in enumerate(host.stages):
-            if i in READ_PARTS:
+            if i in UNCOUNTED:
                 continue
             seconds = stage.seconds / host.workers if host.worker_processes and i in WORKER_STAGES else stage.seconds
             out[stage.name] = out[stage.name] + seconds if shared_thread else max(out[stage.name], seconds)
@@ -320,6 +322,7 @@ def summarize(
                 ring_slots=info.ring_slots,
                 ring_slots_in_use=in_use,
                 shm_bytes=info.shm_bytes,
+                workers_chosen=info.workers_chosen,
             )
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)

@@ -16,8 +16,10 @@ is gone); the pool's `close()` ends them within a deadline, killing what does no
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
 import queue
 import signal
 import socket
@@ -25,60 +27,60 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, cast
 
 import cloudpickle
 
 from colo_data.errors import ColoDataError, TransformError, from_wire, to_wire
 from colo_data.host import frames
 from colo_data.host.chunk import HostChunk, merge_shares
-from colo_data.host.chunk_work import ChunkAt, ChunkWork, Share
-from colo_data.host.resources import cpu_budget
+from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.host.cpu_use import IdleCpus
+from colo_data.host.resources import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
+from colo_data.telemetry.counters import StageTimes
 
-AHEAD = 3  # chunks in flight (each is shared out to every worker)
+READY = "ready"  # a worker's reply to a job it has set up
+WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
 def _serve(conn: socket.socket) -> None:
-    """A worker: take a job (a pickled host pipeline and where its stream starts), then
-    compute the chunks asked for, until the socket closes."""
-    jobs: dict[int, Any] = {}
+    """A worker: take a job (a pickled pipeline and the host), say it is ready, then compute
+    the share of each chunk asked of it, until the socket closes."""
+    jobs: dict[int, ChunkWork] = {}
     while True:
         try:
             message = frames.receive(conn, lambda: True, _POLL_S)
         except (EOFError, OSError):  # the parent closed the socket or died
             return
+        reply: Any
         if message[0] == "job":
-            _, job, payload, host, hosts, start, total, batches, share = message
+            _, job, payload, host, hosts = message
             jobs.clear()  # one stream at a time: a new job ends the last one
             try:
-                work = ChunkWork(cloudpickle.loads(payload), host, hosts)
-                jobs[job] = ChunkAt(work, start, total, batches, Share(*share))
+                jobs[job] = ChunkWork(cloudpickle.loads(payload), host, hosts)
+                reply = READY
             except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
-                jobs[job] = _raising(e)
-            continue
-        _, job, index = message
-        try:
-            reply: Any = jobs[job](index)
-        except BaseException as e:  # handed to the parent, raised there
-            reply = to_wire(e)
+                reply = to_wire(e)
+        else:
+            _, job, position, count, share = message
+            if job not in jobs:  # a request of a stream that a newer job ended
+                continue
+            stages = StageTimes()
+            try:
+                reply = jobs[job].compute(position, count, stages, Share(*share))
+                reply.stages = stages.values
+            except BaseException as e:  # handed to the parent, raised there
+                reply = to_wire(e)
         try:
             frames.send(conn, (job, reply))
         except (BrokenPipeError, OSError):
             return
-
-
-def _raising(error: BaseException) -> Any:
-    """A chunk maker that fails every chunk with `error` (the job could not be set up)."""
-
-    def chunk(index: int) -> Any:
-        raise error
-
-    return chunk
 
 
 class _Worker:
@@ -96,6 +98,14 @@ class _Worker:
             raise
         finally:
             theirs.close()
+        # Below the trainer and the host's own thread: a worker takes the CPU that those
+        # leave, so that its start (its imports while the first batches are made) and its
+        # work slow the training loop as little as can be (at nice 10, starting two workers
+        # beside a light in-process pipeline still cost a third of its rate for a moment:
+        # its two threads hand the GIL to each other thousands of times a second, and each
+        # wake-up waited for a worker). Any user may lower a process's priority.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, WORKER_NICE)
         self.sock = ours
         self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.process.pid}", daemon=True)
@@ -127,57 +137,62 @@ class _Worker:
 
 
 class WorkerPool:
-    """`count` worker processes, owned by `owner`.
+    """Up to `count` worker processes, owned by `owner`, on the CPUs of `budget`, below
+    everything else's scheduling priority. Each starts when a stream first asks for it,
+    which a host pipeline does once CPU goes unused and one more worker would pay, and
+    serves every stream after: workers that would not pay never cost the CPU of starting
+    (two workers started beside a light pipeline through a sidecar, on 2 busy CPUs, halved
+    its rate while they started; in process, two starting at once cost a fifth of it for
+    a second, one a twentieth).
 
     Args:
         count: worker processes.
         owner: stops them when it closes.
+        budget: the CPU budget they share with the host (default: this process's).
+        also: pids of other processes that spend the same budget (a trainer beside its own
+            sidecar), for `idle_cpus`.
     """
 
-    def __init__(self, count: int, owner: Lifecycle) -> None:
+    def __init__(self, count: int, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = ()) -> None:
+        self.count = count
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
-        threads = max(1, math.ceil(cpu_budget(reserve=0).cpus) // count)  # each worker's share, for its native thread pools
+        self._budget = budget or cpu_budget()
+        self._idle = IdleCpus(self._budget, also)
+        self._closed = False
+        self._key = owner.add(f"{count} worker processes", self.close)
+
+    def _grow(self, count: int, job: tuple[Any, ...]) -> None:
+        """Start workers until `count` run, each handed `job` (the stream's set-up)."""
+        if self._closed:
+            raise ColoDataError("the worker processes were stopped: their loader or sidecar was closed")
+        threads = max(1, math.ceil(self._budget.cpus) // self.count)  # each worker's share, for its native thread pools
         try:
-            for _ in range(count):
+            while len(self._workers) < count:
                 self._workers.append(_Worker(threads))
+                self._send(self._workers[-1], job)
         except BaseException:
             self.close(0.0)
             raise
-        self._key = owner.add(f"{count} worker processes", self.close)
 
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers]
 
-    def chunks(
-        self, payload: bytes, host: int, hosts: int, start: int, total: int | None, batches: int, indices: range
-    ) -> Iterator[HostChunk]:
-        """Chunks `indices` of `batches` global batches each, of host `host` of `hosts` of the
-        pickled pipeline `payload`, whose stream starts at position `start` (`total` batches
-        from there, None: endless), in order, each put together from the workers' shares of
-        it, `AHEAD` chunks in flight or waiting. The first requests go out now, before the
-        iterator is first read. A pool serves one stream at a time."""
-        job = next(self._jobs)
-        count = len(self._workers)
-        for share, worker in enumerate(self._workers):
-            self._send(worker, ("job", job, payload, host, hosts, start, total, batches, (share, count)))
-        ahead = iter(indices)
-        for index in itertools.islice(ahead, AHEAD):
-            self._ask(job, index)
-        return self._results(job, indices, ahead)
+    def idle_cpus(self) -> float | None:
+        """CPUs of the budget left unused since the last call (None at the first)."""
+        return self._idle.read()
 
-    def _ask(self, job: int, index: int) -> None:
+    def stream(self, payload: bytes, host: int, hosts: int) -> ProcessStream:
+        """A stream of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
+        which the workers set up in the background (`ProcessStream.ready`). Workers start
+        when a stream first needs them, one by one: each costs a start (imports, the
+        pipeline's set-up) that a pipeline working at full speed beside it feels. A pool
+        serves one stream at a time: a new one ends the last."""
+        job = ("job", next(self._jobs), payload, host, hosts)
         for worker in self._workers:
-            self._send(worker, ("chunk", job, index))
-
-    def _results(self, job: int, indices: range, ahead: Iterator[int]) -> Iterator[HostChunk]:
-        for _ in indices:
-            shares = [self._receive(worker, job) for worker in self._workers]
-            following = next(ahead, None)
-            if following is not None:
-                self._ask(job, following)
-            yield merge_shares(shares)
+            self._send(worker, job)
+        return ProcessStream(self, job)
 
     def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         try:
@@ -185,18 +200,22 @@ class WorkerPool:
         except (BrokenPipeError, OSError) as e:
             raise self._died() from e
 
-    def _receive(self, worker: _Worker, job: int) -> HostChunk:
+    def _receive(self, worker: _Worker, job: int, block: bool = True) -> HostChunk | str | None:
         """The worker's next reply for `job` (replies for a stream that was left early are
-        passed over)."""
+        passed over): its share of a chunk, or `READY`; None when `block` is False and none
+        has come yet. A worker's error is raised here, as the same colo-data type."""
         while True:
-            reply = worker.replies.get()
+            try:
+                reply = worker.replies.get(block)
+            except queue.Empty:
+                return None
             if reply is _GONE:
                 worker.replies.put(_GONE)  # for the next caller too
                 raise self._died()
             replied, result = reply
             if replied == job:
                 break
-        if isinstance(result, HostChunk):
+        if isinstance(result, HostChunk) or result == READY:
             return result
         raise from_wire(result, "a worker process", TransformError)
 
@@ -211,9 +230,61 @@ class WorkerPool:
         """End the workers: close their sockets (they exit), wait up to `timeout` seconds,
         then kill what is left; safe to call twice."""
         deadline = time.monotonic() + timeout
+        self._closed = True
         workers, self._workers = self._workers, []
         for worker in workers:
             worker.stop(deadline)
+
+
+class ProcessStream:
+    """One stream's requests to a `WorkerPool`: chunks asked for by position, shared out to
+    the first k workers (k chosen per chunk), handed back whole in the order asked for."""
+
+    def __init__(self, pool: WorkerPool, job: tuple[Any, ...]) -> None:
+        self._pool, self._set_up, self._job = pool, job, job[1]
+        self._ready = [False] * pool.count
+        self._asked: deque[int] = deque()  # the workers each chunk asked for and not taken yet is shared out to
+
+    def ready(self, workers: int) -> bool:
+        """Whether the first `workers` workers have set the job up (without waiting; those
+        not started yet start now). A worker that could not (a module of the pipeline that
+        it cannot import, say) raises its error here, and a worker that died is a
+        ColoDataError here, whether the stream uses the pool at the moment or not."""
+        self._pool._grow(workers, self._set_up)
+        if any(worker.process.poll() is not None for worker in self._pool._workers):
+            raise self._pool._died()
+        for i, worker in enumerate(self._pool._workers[:workers]):
+            if not self._ready[i]:
+                self._ready[i] = self._pool._receive(worker, self._job, block=False) == READY
+        return all(self._ready[:workers])
+
+    def has_next(self) -> bool:
+        """Whether the shares of the oldest chunk asked for have come (`take` would not
+        wait; a late reply of a stream left early may make it wait briefly)."""
+        if not self._asked:
+            return False
+        workers = self._asked[0]
+        return self.ready(workers) and all(not w.replies.empty() for w in self._pool._workers[:workers])
+
+    def ask(self, position: int, count: int, workers: int) -> None:
+        """Ask for the chunk of `count` global batches at stream `position`, shared out to
+        the first `workers` workers (those not started yet start now)."""
+        self._pool._grow(workers, self._set_up)
+        for share, worker in enumerate(self._pool._workers[:workers]):
+            self._pool._send(worker, ("chunk", self._job, position, count, (share, workers)))
+        self._asked.append(workers)
+
+    def take(self) -> HostChunk:
+        """The chunk asked for first of those not taken yet (waiting for it), put together
+        from the workers' shares."""
+        shares = []
+        for i, worker in enumerate(self._pool._workers[: self._asked.popleft()]):
+            reply = self._pool._receive(worker, self._job)
+            if reply == READY:  # before its share: `ready` had not seen it
+                self._ready[i] = True
+                reply = self._pool._receive(worker, self._job)
+            shares.append(cast(HostChunk, reply))
+        return merge_shares(shares)
 
 
 if __name__ == "__main__":

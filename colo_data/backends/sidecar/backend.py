@@ -104,8 +104,8 @@ class SidecarBackend:
             shm = info.get("slots", 0) * info.get("slot_bytes", 0)
             infos.append(
                 HostInfo(
-                    h, f"sidecar {address}", max(1, workers), workers > 1, budget.get("cpus"), budget.get("source"),
-                    info.get("slots"), shm,
+                    h, f"sidecar {address}", max(1, workers), workers > 0, budget.get("cpus"), budget.get("source"),
+                    info.get("slots"), shm, info.get("workers_chosen", ""),
                 )
             )
         return infos

@@ -189,7 +189,7 @@ class SidecarServer:
         self.shm_dir = shm_dir
         self.budget = cpu_budget()
         beside = "the sidecar's own thread and the trainer" if exit_with is not None else "the sidecar's own thread"
-        self.choice = choose_workers(workers, self.budget, 2 if exit_with is not None else 1, beside)
+        self.choice = choose_workers(workers, self.budget, beside)
         self.workers = self.choice.count
         self.slots = slots
         self._session: _Session | None = None
@@ -199,10 +199,10 @@ class SidecarServer:
         self._turn = threading.Condition()  # guards `_active`
         self._active: _Active | None = None  # the trainer admitted last, until its session has ended
         self._owner = Lifecycle("sidecar server")
-        # Started once, before any trainer connects, and reused by every session. One worker
-        # runs here, on the producer thread: the sidecar already is a process of its own, and
-        # a single worker process would only add a hop (measured: half the rate).
-        self._pool = WorkerPool(self.workers, self._owner) if self.workers > 1 else None
+        # One pool for every session (its processes start with the first session that hands
+        # them work); the producer thread works beside them.
+        also = () if exit_with is None else (exit_with,)  # a trainer's own sidecar shares the trainer's CPUs
+        self._pool = WorkerPool(self.workers, self._owner, self.budget, also) if self.workers else None
         if exit_with is not None:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
 
@@ -246,6 +246,7 @@ class SidecarServer:
             "shm_dir": self.shm_dir,
             "slots": self.slots,
             "workers": self.workers,
+            "workers_chosen": self.choice.reason,
             "copy_threads": copy_threads(self.budget),
             "batches_per_slot": self._session.per_slot,
             "slot_bytes": ring.slot_size,

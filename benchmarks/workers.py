@@ -1,0 +1,164 @@
+"""Never slower with more: worker counts 0, 1, 2 and "auto", in process and through the
+sidecar, on a light and a CPU-bound pipeline, each run in a fresh process, window by window.
+
+Pipelines (benchmarks/workers_child.py): `light`, 12 Parquet files of token lists in small,
+uneven row groups (150 to 1,500 rows), block shuffle, a 64-token pad, batch 32; `cpu`, the
+same with a CPU-bound per-record Python function before the pad. Each run builds
+`cd.Loader(pipeline, backend=cd.InProcess(workers=N) | cd.Sidecar(workers=N))` and reads
+`BATCHES` batches, each `jax.block_until_ready`, noting when each arrives. Rates are taken
+over windows of `WINDOW` batches after the first batch (the first window starts with it)
+and over the steady state (the second half of the run); configurations are interleaved
+within each round. A window's rate in a run is the median of it and its two neighbours on
+either side: an interpreter's pause (a garbage collection, say) halves one window's rate
+in every configuration, but near a different batch in each run, and would be taken for
+the configuration's own. Per window, the median over the rounds is compared. Goals:
+
+- on the light pipeline, with 2 workers, every window at least 0.9x the same window with
+  none, in process and through the sidecar: more workers are never slower, also while
+  they start (the CPU-bound pipeline's windows are shown too). The light pipeline also
+  runs with none a second time, as a contender of its own: the same ratio between two
+  runs of the same configuration is the noise floor of that measure;
+- "auto" at least 0.9x the best fixed count (0, 1, 2) in the steady state;
+- the CPU-bound pipeline through a sidecar with 2 workers at least 1.85x one in-process
+  thread (in process, no workers), steadily (every round).
+
+Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import harness
+from children import run
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CHILD = "import json, sys, workers_child; workers_child.main(json.loads(sys.argv[1]))"
+BATCH = 32
+WINDOW = 100  # batches
+NEIGHBOURS = 2  # windows on either side of one, for its rate
+BATCHES = {"light": 8000, "cpu": 4000}  # 5 to 10 s a run: time to take the pool on or give it up
+PIPELINES = ("light", "cpu")
+BACKENDS = ("inprocess", "sidecar")
+COUNTS: tuple[int | str, ...] = (0, 1, 2, "auto")
+AGAIN = "0 (again)"
+STEADY = "steady_records_per_s"
+
+
+def key(pipeline: str, backend: str, workers: int | str) -> str:
+    """The name of one configuration."""
+    return f"{pipeline}, {backend}, workers={workers}"
+
+
+def one_run(spec: dict[str, Any], env: dict[str, str]) -> harness.Measurement:
+    """One configuration in a fresh process: its window rates, steady rate and first batch."""
+    _, _, out, _, left = run([sys.executable, "-c", CHILD, json.dumps(spec)], env, ROOT)
+    got = json.loads(out.strip().splitlines()[-1])
+    arrived = got["arrived"]
+    windows = [WINDOW * BATCH / (arrived[end] - arrived[end - WINDOW]) for end in range(WINDOW, len(arrived), WINDOW)]
+    half = len(arrived) // 2
+    steady = (len(arrived) - 1 - half) * BATCH / (arrived[-1] - arrived[half])
+    return {
+        "windows": windows,
+        STEADY: steady,
+        "first_batch_s": arrived[0] - got["made"],
+        "chosen": got["chosen"],
+        "left_behind": left,
+    }
+
+
+def show(m: harness.Measurement) -> str:
+    """A progress line."""
+    low = min(m["windows"]) if m["windows"] else float("nan")
+    return f"first batch {m['first_batch_s']:.2f} s; steady {m[STEADY]:,.0f} records/s; lowest window {low:,.0f}"
+
+
+def smoothed(windows: list[float]) -> list[float]:
+    """Each window's rate as the median of it and its `NEIGHBOURS` on either side."""
+    return [statistics.median(windows[max(0, i - NEIGHBOURS) : i + NEIGHBOURS + 1]) for i in range(len(windows))]
+
+
+def window_medians(runs: list[harness.Measurement]) -> list[float]:
+    """Per window, the median over the rounds of its smoothed rate."""
+    return [statistics.median(rates) for rates in zip(*(smoothed(m["windows"]) for m in runs), strict=False)]
+
+
+def main() -> None:
+    """Run every configuration in interleaved rounds and write the window and steady tables."""
+    options = harness.parser(__doc__, rounds=5)
+    args = harness.parse(options)
+    pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": pythonpath}
+    corpus = Path(os.environ.get("COLO_DATA_CACHE", Path.home() / ".cache" / "colo-data")) / "workers-bench"
+    contenders = {}
+    for pipeline in PIPELINES:
+        for backend in BACKENDS:
+            for workers in COUNTS:
+                spec = {"pipeline": pipeline, "backend": backend, "workers": workers, "corpus": str(corpus)}
+                spec["batches"] = 2 * WINDOW + 1 if args.quick else BATCHES[pipeline]
+                contenders[key(pipeline, backend, workers)] = partial(one_run, spec, env)
+            if pipeline == "light":  # the same as workers=0, for the noise floor of the window ratios
+                contenders[key(pipeline, backend, AGAIN)] = contenders[key(pipeline, backend, 0)]
+    retried: list[str] = []
+    runs = harness.interleave(contenders, args.rounds, show, retried)
+
+    lines = [
+        f"Light and CPU-bound pipelines (block shuffle, 64-token pad, batch {BATCH}); {BATCHES['light']} and "
+        f"{BATCHES['cpu']} batches a run, each in a fresh process; windows of {WINDOW} batches after the first; "
+        f"medians of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs.",
+        "",
+        "| configuration | workers used (why) | first batch (s) | steady records/s | lowest window | first 3 windows |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for name, side in runs.items():
+        medians = window_medians(side)
+        chosen = "; ".join(f"{count}: {why}" for count, why in side[-1]["chosen"])
+        lines.append(
+            f"| {name} | {chosen} | {harness.median(side, 'first_batch_s'):.2f} | {harness.median(side, STEADY):,.0f} | "
+            f"{min(medians):,.0f} | {', '.join(f'{r:,.0f}' for r in medians[:3])} |"
+        )
+    ratios = []
+    for pipeline in PIPELINES:
+        for backend in BACKENDS:
+            two, none = (window_medians(runs[key(pipeline, backend, n)]) for n in (2, 0))
+            per_window = [a / b for a, b in zip(two, none, strict=False)]
+            worst = min(range(len(per_window)), key=per_window.__getitem__)
+            ratios.append(
+                harness.Ratio(
+                    f"{pipeline}, {backend}: 2 workers / none, lowest window (window {worst + 1} of {len(per_window)})",
+                    per_window[worst],
+                    harness.Goal.of(">= 0.9") if pipeline == "light" else None,
+                )
+            )
+            if pipeline == "light":
+                again = [a / b for a, b in zip(window_medians(runs[key(pipeline, backend, AGAIN)]), none, strict=False)]
+                name = f"{pipeline}, {backend}: none again / none, lowest window (the noise floor of the one above)"
+                ratios.append(harness.Ratio(name, min(again), None))
+            best = max(harness.median(runs[key(pipeline, backend, n)], STEADY) for n in (0, 1, 2))
+            auto = harness.median(runs[key(pipeline, backend, "auto")], STEADY)
+            name = f"{pipeline}, {backend}: auto / best fixed count, steady"
+            ratios.append(harness.Ratio(name, auto / best, harness.Goal.of(">= 0.9")))
+    ratios.append(
+        harness.ratio_within_rounds(
+            "cpu: sidecar, 2 workers / in process, none, steady (every round)",
+            runs[key("cpu", "sidecar", 2)],
+            runs[key("cpu", "inprocess", 0)],
+            STEADY,
+            ">= 1.85",
+        )
+    )
+    lines += ["", *harness.ratio_table(ratios)]
+    left = [f"{name}: {p}" for name, side in runs.items() for m in side for p in m["left_behind"]]
+    lines += ["", "left behind: " + ("; ".join(left) if left else "nothing")]
+    harness.write_results("workers", args, lines, runs, ratios, retried)
+
+
+if __name__ == "__main__":
+    main()

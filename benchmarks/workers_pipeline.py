@@ -1,0 +1,64 @@
+"""The pipelines of benchmarks/workers.py, in a module that imports no JAX: worker
+processes and sidecars import it to unpickle the CPU-bound function by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import colo_data as cd
+
+VOCAB = 32_000
+PASSES = 3  # passes over a record's tokens: about 70 µs of Python a record here, so the transform is the cost
+
+
+def token_passes(record: dict[str, Any]) -> dict[str, Any]:
+    """CPU-bound per-record work, as a pure-Python tokenizer's is: `PASSES` passes of one
+    Python step per token (a rolling hash into the vocabulary)."""
+    tokens = np.asarray(record["tokens"]).tolist()
+    for _ in range(PASSES):
+        h = 0
+        for i, t in enumerate(tokens):
+            h = (h * 31 + t) % VOCAB
+            tokens[i] = h
+    return {**record, "tokens": np.asarray(tokens, dtype=np.int32)}
+
+
+def corpus(directory: Path) -> Path:
+    """12 Parquet files of 6,000 to 12,000 token lists (8 to 160 tokens) in row groups of
+    150 to 1,500 rows, uneven on purpose; written once."""
+    if (directory / "done").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    for f in range(12):
+        n = int(rng.integers(6000, 12000))
+        offsets = np.concatenate([[0], np.cumsum(rng.integers(8, 160, n))]).astype(np.int32)
+        values = rng.integers(0, VOCAB, offsets[-1], dtype=np.int32)
+        table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, values)})
+        with pq.ParquetWriter(directory / f"part-{f:03d}.parquet", table.schema) as writer:
+            start = 0
+            while start < n:
+                group = int(rng.integers(150, 1500))
+                writer.write_table(table.slice(start, group))
+                start += group
+    (directory / "done").touch()
+    return directory
+
+
+def pipeline(kind: str, directory: Path) -> cd.Pipeline:
+    """`light`: block shuffle, a 64-token pad, batch 32; `cpu`: `token_passes` before it."""
+    transforms: list[Any] = [cd.pad_or_truncate("tokens", 64)]
+    if kind == "cpu":
+        transforms.insert(0, cd.per_record(token_passes))
+    return cd.Pipeline(
+        source=cd.ArrowSource(str(directory), columns=["tokens"]),
+        order=cd.Order(shuffle="block", seed=1),
+        transforms=transforms,
+        global_batch_size=32,
+        epochs=None,
+    )
