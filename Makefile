@@ -56,6 +56,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/lm.py
 	$(VENV)/bin/python benchmarks/mixture.py
 	$(VENV)/bin/python benchmarks/remote.py
+	$(VENV)/bin/python benchmarks/array_record_reads.py
 
 # After a change to the dependencies in pyproject.toml: pin them again (uv.lock) and export
 # the pins for SETUP=pip (tests/test_setup.py checks that the three agree).

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.backends.options import Colocated, InProcess, Sidecar, auto_backend
     from colo_data.host.pipeline import HostPipeline
     from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
+    from colo_data.io.array_record import ArrayRecordSource, parse_json
     from colo_data.io.columns import Column, Columns
     from colo_data.io.sources import ArrowSource, RecordSource, Source
     from colo_data.loader import checkpoint, elastic
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
 
 # public name -> the module that defines it, imported on first use
 _NAMES = {
+    "ArrayRecordSource": "colo_data.io.array_record",
     "ArrowSource": "colo_data.io.sources",
     "Colocated": "colo_data.backends.options",
     "Column": "colo_data.io.columns",
@@ -72,6 +74,7 @@ _NAMES = {
     "host_rows": "colo_data.spec.order",
     "memory_limit": "colo_data.host.resources",
     "pad_or_truncate": "colo_data.spec.transforms",
+    "parse_json": "colo_data.io.array_record",
     "per_record": "colo_data.spec.transforms",
     "tokenize": "colo_data.spec.tokenize",
 }
@@ -83,6 +86,7 @@ _MODULES = {
 }
 
 __all__ = [
+    "ArrayRecordSource",
     "ArrowSource",
     "ColoDataError",
     "Colocated",
@@ -120,6 +124,7 @@ __all__ = [
     "host_rows",
     "memory_limit",
     "pad_or_truncate",
+    "parse_json",
     "per_record",
     "tokenize",
     "verify",

@@ -1,0 +1,147 @@
+"""`cd.ArrayRecordSource` (colo_data/io/array_record.py): real ArrayRecord files written
+here, read many records at a time; every shuffle and worker processes give the records a
+list of the same dicts gives; bad paths, files and parse results are named errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import psutil
+import pyarrow as pa
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+from pipelines import idle_host, until_workers_made
+
+import colo_data as cd
+from colo_data.testing import assert_batches_equal, read_all, to_numpy
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers get its functions by value, not by importing it
+COUNTS = (700, 1300, 37)  # records per file: uneven, one file smaller than a block-shuffle group
+
+
+def record(i: int) -> dict:
+    return {"id": i, "tokens": list(range(i % 11)), "text": f"record {i}"}
+
+
+@pytest.fixture(scope="module")
+def array_records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 ArrayRecord files of JSON records (ids = global indices in file order)."""
+    directory = tmp_path_factory.mktemp("array_record")
+    start = 0
+    for f, count in enumerate(COUNTS):
+        writer = ArrayRecordWriter(str(directory / f"part-{f}.array_record"), "group_size:1")
+        for i in range(start, start + count):
+            writer.write(json.dumps(record(i)).encode())
+        writer.close()
+        start += count
+    return directory
+
+
+def pad(batch: dict) -> dict:
+    """Tokens padded to 12; the text column left out (a batch holds fixed-shape arrays)."""
+    return {k: v for k, v in cd.pad_or_truncate("tokens", 12)(batch).items() if k != "text"}
+
+
+def pipeline(source: object, shuffle: str) -> cd.Pipeline:
+    return cd.Pipeline(
+        source=source, order=cd.Order(shuffle=shuffle, seed=3), transforms=[pad], global_batch_size=16, epochs=1,
+        index_column="_index",
+    )
+
+
+def test_take_reads_any_indices_in_order(array_records: Path) -> None:
+    source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
+    assert len(source) == sum(COUNTS)
+    assert source.row_group_sizes.tolist() == [700, 1024, 276, 37]
+    indices = np.random.default_rng(0).permutation(len(source))[:300]
+    table = source.take(indices)
+    assert table.column("id").to_pylist() == indices.tolist()
+    assert table.column("tokens").to_pylist() == [record(int(i))["tokens"] for i in indices]
+    assert source.take([]).num_rows == 0
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global", "block"])
+def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle: str) -> None:
+    source = cd.ArrayRecordSource([str(p) for p in sorted(array_records.glob("*.array_record"))])
+    got = read_all(cd.Loader(pipeline(source, shuffle)))
+    ids = np.concatenate([b["id"] for b in got])
+    assert len(set(ids.tolist())) == len(ids) == 16 * (sum(COUNTS) // 16)  # once each; the last partial batch dropped
+    assert set(ids.tolist()) <= set(range(sum(COUNTS)))
+    assert all((b["id"] == b["_index"]).all() for b in got)
+    if shuffle != "block":  # a list has other block-shuffle groups; the other orders depend on the length only
+        records = [record(i) for i in range(sum(COUNTS))]
+        assert_batches_equal(read_all(cd.Loader(pipeline(records, shuffle))), got, f"{shuffle}: ArrayRecord vs a list")
+
+
+def test_worker_processes_read_it_without_jax(array_records: Path) -> None:
+    source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
+    endless = cd.Pipeline(
+        source=source, order=cd.Order(shuffle="global", seed=3), transforms=[idle_host, pad], global_batch_size=16, epochs=None,
+        index_column="_index",
+    )
+    with cd.Loader(endless, backend=cd.InProcess(workers=1)) as loader:
+        got = until_workers_made(loader)
+        got += [to_numpy(next(loader)) for _ in range(20)]
+        for worker in psutil.Process().children(recursive=True):
+            if "colo_data.workers.processes" in " ".join(worker.cmdline()):
+                maps = Path(f"/proc/{worker.pid}/maps").read_text()
+                assert "array_record" in maps and "jaxlib" not in maps, f"worker {worker.pid}"
+    assert_batches_equal(read_all(cd.Loader(endless), len(got)), got, "workers vs none")
+
+
+def test_the_fingerprint_follows_the_files(array_records: Path, tmp_path: Path) -> None:
+    first = cd.ArrayRecordSource(str(array_records / "*.array_record"))
+    assert cd.ArrayRecordSource(str(array_records / "*.array_record")).fingerprint() == first.fingerprint()
+    writer = ArrayRecordWriter(str(tmp_path / "part-0.array_record"), "group_size:1")
+    writer.write(b"{}")
+    writer.close()
+    assert cd.ArrayRecordSource(str(tmp_path / "*.array_record")).fingerprint() != first.fingerprint()
+
+
+def test_parse_gets_the_bytes_and_may_return_numpy(array_records: Path) -> None:
+    def lengths(records: list[bytes]) -> dict:
+        return {"n": np.array([len(r) for r in records]), "grid": np.zeros((len(records), 2, 3), np.float32)}
+
+    table = cd.ArrayRecordSource(str(array_records / "part-2.array_record"), parse=lengths).take([0, 5])
+    assert table.column("n").to_pylist() == [len(json.dumps(record(1300 + 700 + i))) for i in (0, 5)]
+    assert pa.types.is_fixed_size_list(table.column("grid").type)
+
+
+def test_bad_input_is_a_named_error(array_records: Path, tmp_path: Path) -> None:
+    with pytest.raises(cd.SourceError, match="no file matches"):
+        cd.ArrayRecordSource(str(tmp_path / "*.array_record"))
+    (tmp_path / "junk.array_record").write_bytes(b"not an array record file")
+    with pytest.raises(cd.SourceError, match="junk.array_record: cannot be read as an ArrayRecord file"):
+        cd.ArrayRecordSource(str(tmp_path / "junk.array_record"))
+    source = cd.ArrayRecordSource(str(array_records / "*.array_record"), parse=lambda records: {"x": [1]})
+    with pytest.raises(cd.TransformError, match="column 'x' has 1 values for 3 records"):
+        source.take([0, 1, 2])
+    with pytest.raises(cd.RecordIndexError, match="record index 2037 is outside"):
+        source.take([0, 2037])
+    with pytest.raises(cd.TransformError, match="record 0 of 1 is a JSON list"):
+        cd.parse_json([b"[1, 2]"])
+
+
+def test_a_thousand_files_read_under_ulimit_256(tmp_path: Path) -> None:
+    """More files than the process may open at once: the source keeps a bounded set of
+    readers open (here under `ulimit -n 256`, in a child process)."""
+    for f in range(1000):
+        writer = ArrayRecordWriter(str(tmp_path / f"part-{f:04d}.array_record"), "group_size:1")
+        writer.write(json.dumps({"id": f}).encode())
+        writer.close()
+    script = (
+        "import resource, sys, numpy as np, colo_data as cd\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+        f"source = cd.ArrayRecordSource({str(tmp_path / '*.array_record')!r})\n"
+        "order = np.random.default_rng(1).permutation(len(source))\n"
+        "assert source.take(order)['id'].to_pylist() == order.tolist()\n"
+        "print('read', len(source))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "read 1000"
