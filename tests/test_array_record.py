@@ -15,7 +15,7 @@ import psutil
 import pyarrow as pa
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
-from pipelines import idle_host, until_workers_made
+from pipelines import IdleHost, until_workers_made
 
 import colo_data as cd
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
@@ -73,6 +73,7 @@ def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle
     assert len(set(ids.tolist())) == len(ids) == 16 * (sum(COUNTS) // 16)  # once each; the last partial batch dropped
     assert set(ids.tolist()) <= set(range(sum(COUNTS)))
     assert all((b["id"] == b["_index"]).all() for b in got)
+    assert_batches_equal(read_all(cd.Loader(pipeline(source, shuffle), hosts=2)), got, f"{shuffle}: 2 hosts sharing it")
     if shuffle != "block":  # a list has other block-shuffle groups; the other orders depend on the length only
         records = [record(i) for i in range(sum(COUNTS))]
         assert_batches_equal(read_all(cd.Loader(pipeline(records, shuffle))), got, f"{shuffle}: ArrayRecord vs a list")
@@ -81,7 +82,7 @@ def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle
 def test_worker_processes_read_it_without_jax(array_records: Path) -> None:
     source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
     endless = cd.Pipeline(
-        source=source, order=cd.Order(shuffle="global", seed=3), transforms=[idle_host, pad], global_batch_size=16, epochs=None,
+        source=source, order=cd.Order(shuffle="global", seed=3), transforms=[IdleHost(0.1), pad], global_batch_size=16, epochs=None,
         index_column="_index",
     )
     with cd.Loader(endless, backend=cd.InProcess(workers=1)) as loader:

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -89,9 +90,16 @@ class ArrayRecordSource:
         self._sizes = tuple(os.path.getsize(f) for f in self.files)
         self._starts = np.concatenate([[0], np.cumsum(self._counts)])
         self._readers: OrderedDict[int, Any] = OrderedDict()  # opened on first use, in each process, the last used last
+        self._lock = threading.Lock()  # the host pipelines of one process share the source: one read at a time
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_readers": OrderedDict()}  # readers are per process
+        state = {**self.__dict__, "_readers": OrderedDict()}  # readers and the lock are per process
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -118,7 +126,8 @@ class ArrayRecordSource:
         records: list[bytes] = [b""] * idx.size
         for f in np.unique(which).tolist():
             at = np.flatnonzero(which == f)
-            got = self._reader(f).read((idx[at] - self._starts[f]).tolist())
+            with self._lock:
+                got = self._reader(f).read((idx[at] - self._starts[f]).tolist())
             for place, record in zip(at.tolist(), got, strict=True):
                 records[place] = record
         columns = self.parse(records)
