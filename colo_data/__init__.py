@@ -18,6 +18,7 @@ from colo_data.errors import (
     ColoDataError,
     ConfigError,
     CorruptFileError,
+    GrainError,
     LoaderBusyError,
     LoaderClosedError,
     RecordIndexError,
@@ -32,13 +33,14 @@ from colo_data.errors import (
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from colo_data.backends.options import Colocated, InProcess, Sidecar, auto_backend
     from colo_data.host.pipeline import HostPipeline
-    from colo_data.host.resources import CpuBudget, cpu_budget, memory_limit
+    from colo_data.host.resources import CpuBudget, cpu_budget, grain_multiprocessing_options, memory_limit
     from colo_data.io.array_record import ArrayRecordSource, parse_json
     from colo_data.io.columns import Column, Columns
     from colo_data.io.sources import ArrowSource, RecordSource, Source
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
+    from colo_data.spec.grain_pipeline import GrainPipeline
     from colo_data.spec.mix import Mix
     from colo_data.spec.order import GlobalOrder, Order, host_rows
     from colo_data.spec.pack import Pack
@@ -57,6 +59,7 @@ _NAMES = {
     "Columns": "colo_data.io.columns",
     "CpuBudget": "colo_data.host.resources",
     "GlobalOrder": "colo_data.spec.order",
+    "GrainPipeline": "colo_data.spec.grain_pipeline",
     "HostPipeline": "colo_data.host.pipeline",
     "InProcess": "colo_data.backends.options",
     "Loader": "colo_data.loader.loader",
@@ -71,6 +74,7 @@ _NAMES = {
     "TelemetryExport": "colo_data.telemetry.export",
     "auto_backend": "colo_data.backends.options",
     "cpu_budget": "colo_data.host.resources",
+    "grain_multiprocessing_options": "colo_data.host.resources",
     "host_rows": "colo_data.spec.order",
     "memory_limit": "colo_data.host.resources",
     "pad_or_truncate": "colo_data.spec.transforms",
@@ -96,6 +100,8 @@ __all__ = [
     "CorruptFileError",
     "CpuBudget",
     "GlobalOrder",
+    "GrainError",
+    "GrainPipeline",
     "HostPipeline",
     "InProcess",
     "Loader",
@@ -121,6 +127,7 @@ __all__ = [
     "checkpoint",
     "cpu_budget",
     "elastic",
+    "grain_multiprocessing_options",
     "host_rows",
     "memory_limit",
     "pad_or_truncate",

@@ -37,6 +37,11 @@ class TransformError(ColoDataError):
     """A transform failed or returned something that cannot become a batch."""
 
 
+class GrainError(ColoDataError):
+    """A user's Grain dataset failed (in `make_dataset` or while iterated) or gave elements
+    that cannot become host batches; the message names the host and what to change."""
+
+
 class ShmError(ColoDataError):
     """The shared-memory directory cannot hold the ring, or a segment is missing."""
 

@@ -192,7 +192,7 @@ def test_a_state_saved_as_plain_json_restores(token_corpus: Path, tmp_path: Path
 def test_bad_arguments() -> None:
     with pytest.raises(cd.StateError, match="not a colo-data loader state"):
         checkpoint.save_args({"learning_rate": 0.1})
-    with pytest.raises(cd.ConfigError, match="not a cd.Pipeline or cd.Loader"):
+    with pytest.raises(cd.ConfigError, match="not a cd.Pipeline, cd.GrainPipeline or cd.Loader"):
         checkpoint.restore_args("pipeline.toml")
 
 

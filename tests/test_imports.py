@@ -154,7 +154,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_import_graph_sees_every_import_and_finds_a_cycle_when_there_is_one() -> None:
     graph = import_graph()
     assert {"colo_data.errors", "colo_data.ops.config", "colo_data.ops.versions"} <= graph["colo_data.ops.manifest"]
-    assert "colo_data.spec.pipeline" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
+    assert "colo_data.spec.kinds" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
     assert "colo_data.telemetry.prometheus" in graph["colo_data.telemetry.export"]  # in a function
     assert "colo_data.backends.inprocess" in graph["colo_data.backends.options"]  # in a method
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

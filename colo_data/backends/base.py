@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 
 from colo_data.backends.placement import Placement
-from colo_data.errors import TransformError
-from colo_data.host.chunk import HostChunk
+from colo_data.errors import GrainError, TransformError
+from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change
 from colo_data.host.dtypes import jax_ready
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -30,10 +30,13 @@ class GlobalBatch:
         arrays: column name -> `jax.Array` with the global batch size as leading dimension.
         end: the stream position after it where the hosts say it (packed batches); None
             when the batch took exactly one global batch of records.
+        states: a Grain pipeline's state of each host (host -> state) after it; None for a
+            native pipeline.
     """
 
     arrays: dict[str, jax.Array]
     end: int | None = None
+    states: dict[int, Any] | None = None
 
 
 class Backend(Protocol):
@@ -66,16 +69,25 @@ def assembled(
     (`jax_ready`); the mode is read at each batch, on the thread that makes the arrays
     (`jax.enable_x64` as a context holds for one thread only). With `wait_for_devices`,
     each batch is on the devices before the next pieces are asked for (their memory is
-    reused then). Closes the streams when done or closed."""
+    reused then). The hosts' streams end together, or it is a GrainError (only a Grain
+    pipeline's hosts can end apart). Closes the streams when done or closed."""
     local = placement.local_hosts
     rows = placement.global_batch_size * len(local) // placement.hosts
     nbytes = 0
     try:
-        for pieces in zip(*streams, strict=True):  # the hosts' streams end together
+        while True:
+            got = [next(stream, None) for stream in streams]
+            if all(p is None for p in got):
+                return
+            pieces = [p for p in got if p is not None]
+            if len(pieces) < len(got):
+                ended = [h for h, p in zip(local, got, strict=True) if p is None]
+                raise ended_early(ended, [h for h in local if h not in ended])
             start = perf_counter()
             ends = {p.end for p in pieces if p.end is not None}
             if len(ends) > 1:
                 raise TransformError(f"the hosts {local} planned different packed batches (ending at {sorted(ends)})")
+            same_columns(local, [p.columns for p in pieces])
             x64 = jax.enable_x64.value
             columns = {h: jax_ready(p.columns, x64, f"host {h}") for h, p in zip(local, pieces, strict=True)}
             arrays = placement.assemble(columns)
@@ -83,10 +95,35 @@ def assembled(
                 jax.block_until_ready(arrays)
             nbytes = nbytes or sum(a.nbytes for p in pieces for a in p.columns.values())  # the same for every batch
             handoff.add(HANDOFF, perf_counter() - start, rows, nbytes)
-            yield GlobalBatch(arrays, ends.pop() if ends else None)
+            states = {h: p.states[0] for h, p in zip(local, pieces, strict=True) if p.states}
+            yield GlobalBatch(arrays, ends.pop() if ends else None, states or None)
     finally:
         for stream in streams:
             close_iterator(stream)
+
+
+def same_columns(hosts: Sequence[int], pieces: Sequence[HostBatch]) -> None:
+    """The hosts' pieces of one batch have the same columns, dtypes and row shapes, or a
+    TransformError names the hosts and columns that differ."""
+    first = column_schema(pieces[0])
+    for host, piece in zip(hosts[1:], pieces[1:], strict=True):
+        schema = column_schema(piece)
+        if schema != first:
+            changed, theirs, its = schema_change(first, schema)
+            raise TransformError(
+                f"host {hosts[0]} and host {host} made different columns {changed}: {theirs} against {its}; every "
+                "host's batch must have the same columns, dtypes and row shapes (pad to one fixed length, not to each "
+                "batch's longest)"
+            )
+
+
+def ended_early(ended: Sequence[int], going: Sequence[int]) -> GrainError:
+    """The error for hosts whose streams ended while others' went on."""
+    return GrainError(
+        f"host(s) {list(ended)} came to the end of their data while host(s) {list(going)} had more: every host's "
+        "dataset must give the same number of batches (shard with drop_remainder=True, or repeat the dataset and "
+        "stop after the steps you want)"
+    )
 
 
 def plus(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:

@@ -7,7 +7,8 @@ on those CPU devices. Host h is the h-th CPU device of the mesh, never `jax.proc
 What goes wrong on a host reaches the trainer: an exception as the same colo-data error
 type naming the host, with its traceback; warnings raised in the sidecar's process (which
 would stay in its log) in a note beside each call's batches, re-issued in the trainer
-naming their host. Warnings of worker processes (`workers` > 0) stay in the sidecar's log."""
+naming their host. Warnings of worker processes (`workers` > 0) stay in the sidecar's log.
+A Grain pipeline's host states come back the same way, beside each call's batches."""
 
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ from jax.experimental.colocated_python import (
 )
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from colo_data.backends.base import GlobalBatch
+from colo_data.backends.base import GlobalBatch, ended_early, same_columns
 from colo_data.backends.placement import Placement
-from colo_data.errors import ColoDataError, ConfigError, SidecarError, TransformError, from_wire, named_in
-from colo_data.host.chunk import HostBatch, HostChunk, column_schema
+from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarError, from_wire, named_in
+from colo_data.host.chunk import HostChunk
 from colo_data.host.dtypes import jax_ready
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.kinds import HostShare, host_pipeline
 from colo_data.host.resources import Workers, check_workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.processes import WorkerPool
@@ -46,6 +47,7 @@ from colo_data.workers.processes import WorkerPool
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
 NOTE_BYTES = 4096  # a host's warnings of one call, as zero-padded JSON: fetched by the trainer each call
+STATE_BYTES = 16384  # a Grain pipeline host's states of one call's batches, as zero-padded JSON
 _MESSAGE_CHARS = 1000  # of one warning's message in a note
 _PROCESS = uuid.uuid4().hex  # this interpreter: a colocated object compares it with its controller's
 
@@ -78,11 +80,11 @@ class _HostSide:
     the controller's `_PROCESS`: in another process (a sidecar's) this object carries each
     host's warnings back in the calls' notes; in the controller's own they show there."""
 
-    def __init__(self, pipeline: Pipeline, workers: Workers, controller: str) -> None:
+    def __init__(self, pipeline: AnyPipeline, workers: Workers, controller: str) -> None:
         self.pipeline = pipeline
         self.workers = choose_workers(workers, cpu_budget(), "the sidecar's own thread").count
         self.carries_warnings = controller != _PROCESS
-        self._pipelines: dict[int, HostPipeline] = {}
+        self._pipelines: dict[int, HostShare] = {}
         self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
         self._owner = Lifecycle("colocated host side")
 
@@ -91,7 +93,8 @@ class _HostSide:
         """The host whose CPU device holds `shard`: the request's row on that device."""
         return shard.index[0].indices(hosts)[0]
 
-    def _chunk(self, host: int, hosts: int, position: int, count: int) -> HostBatch:
+    def _chunk(self, host: int, hosts: int, position: int, count: int) -> HostChunk | None:
+        """The host's next chunk of `count` batches from `position`; None at the stream's end."""
         size = self.pipeline.global_batch_size
         current = self._streams.get(host)
         if current is None or current[0] != position:
@@ -99,12 +102,12 @@ class _HostSide:
                 _close(current)
             if host not in self._pipelines:  # its worker processes are kept across streams
                 pool = WorkerPool(self.workers, self._owner) if self.workers else None
-                self._pipelines[host] = HostPipeline(self.pipeline, host, hosts, pool)
+                self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
             current = (position, self._pipelines[host].chunks(position, run, batches=count), run)
-        chunk = next(current[1])
+        chunk = next(current[1], None)
         self._streams[host] = (position + count * size, current[1], current[2])
-        return chunk.columns
+        return chunk
 
     def open(self, request: jax.Array) -> jax.Array:
         """Each host's index as its CPU device sees it, for the controller to check."""
@@ -114,24 +117,32 @@ class _HostSide:
         ]
         return jax.make_array_from_single_device_arrays((hosts,), _batch_sharding(request), pieces)
 
-    def batches(self, request: jax.Array) -> tuple[list[dict[str, jax.Array]], jax.Array | None]:
+    def batches(self, request: jax.Array) -> tuple[list[dict[str, jax.Array]], jax.Array | None, jax.Array | None]:
         """The requested global batches, each a dict of arrays of shape (global batch size,
-        ...) whose shard on host h's CPU device is host h's rows, and the hosts' notes: a
-        (hosts, NOTE_BYTES) uint8 array whose row h holds host h's warnings of this call
-        (`_note`), None when this object runs in the controller's process. In JAX's 32-bit
-        mode a 64-bit column is cast to 32 bits, or is a TransformError when a value would
-        change."""
+        ...) whose shard on host h's CPU device is host h's rows (none at the stream's end),
+        the hosts' notes: a (hosts, NOTE_BYTES) uint8 array whose row h holds host h's
+        warnings of this call (`_note`), None when this object runs in the controller's
+        process, and a Grain pipeline's host states: a (hosts, STATE_BYTES) uint8 array,
+        row h host h's state after each batch as JSON (None for a native pipeline). In
+        JAX's 32-bit mode a 64-bit column is cast to 32 bits, or is a TransformError when a
+        value would change."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
-        per_host: list[tuple[int, Any, HostBatch]] = []
+        chunks: list[tuple[int, Any, HostChunk | None]] = []
         positions: dict[int, int] = {}
         caught: dict[int, list[warnings.WarningMessage]] = {}
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)
             with self._work_of(host, hosts, caught):
                 positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
-                per_host.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
-        _check_columns(per_host)
+                chunks.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
+        ended = [h for h, _, c in chunks if c is None]
+        if len(ended) == len(chunks):
+            return [], None, None
+        if ended:
+            raise ended_early(ended, [h for h, _, c in chunks if c is not None])
+        per_host = [(h, d, c.columns) for h, d, c in chunks if c is not None]
+        same_columns([h for h, _, _ in per_host], [c for _, _, c in per_host])
         x64 = jax.enable_x64.value  # read here: this process's JAX makes the arrays (and would narrow)
         ready = []
         for h, d, c in per_host:
@@ -144,10 +155,14 @@ class _HostSide:
             pieces = [jax.device_put(np.split(c[name], count), [d] * count) for _, d, c in ready]  # one call per host
             for i in range(count):
                 out[i][name] = jax.make_array_from_single_device_arrays(shape, sharding, [p[i] for p in pieces])
+        states = None
+        if any(c is not None and c.states is not None for _, _, c in chunks):
+            rows = [jax.device_put(_states(c, h)[None], d) for h, d, c in chunks if c is not None]
+            states = jax.make_array_from_single_device_arrays((hosts, STATE_BYTES), sharding, rows)
         if not self.carries_warnings:  # they showed in this process, the controller's
-            return out, None
+            return out, None, states
         notes = [jax.device_put(_note(caught.get(h, []))[None], d) for h, d, _ in ready]
-        return out, jax.make_array_from_single_device_arrays((hosts, NOTE_BYTES), sharding, notes)
+        return out, jax.make_array_from_single_device_arrays((hosts, NOTE_BYTES), sharding, notes), states
 
     @contextmanager
     def _work_of(self, host: int, hosts: int, caught: dict[int, list[warnings.WarningMessage]]) -> Iterator[None]:
@@ -209,6 +224,24 @@ def _note(records: Sequence[warnings.WarningMessage]) -> np.ndarray:
     return note
 
 
+def _states(chunk: HostChunk, host: int) -> np.ndarray:
+    """A chunk's Grain states as `STATE_BYTES` of zero-padded JSON."""
+    data = json.dumps(chunk.states).encode()
+    if len(data) > STATE_BYTES:
+        raise GrainError(
+            f"host {host}: the Grain iterator's state is {len(data):,} bytes as JSON; the colocated backend carries at "
+            f"most {STATE_BYTES:,} a call: use fewer mp_prefetch workers, or the sidecar backend"
+        )
+    row = np.zeros(STATE_BYTES, np.uint8)
+    row[: len(data)] = np.frombuffer(data, np.uint8)
+    return row
+
+
+def _unpacked_states(states: np.ndarray) -> list[list[Any]]:
+    """Each host's states of a call's batches, from `_states`' rows."""
+    return [json.loads(row.tobytes().rstrip(b"\0")) for row in states]
+
+
 def _reissue(notes: np.ndarray) -> None:
     """Issue here the warnings that the hosts' notes (`_note`, row h from host h) carry,
     each naming its host and where it was raised."""
@@ -248,20 +281,6 @@ def _close(stream: tuple[int, Iterator[HostChunk], Lifecycle]) -> None:
     stream[2].close()
 
 
-def _check_columns(per_host: Sequence[tuple[int, Any, HostBatch]]) -> None:
-    host0, _, first = per_host[0]
-    want = column_schema(first)
-    for host, _, chunk in per_host[1:]:
-        got = column_schema(chunk)
-        for name, schema in want.items():
-            if got.get(name) != schema:
-                raise TransformError(
-                    f"column {name!r}: host {host0} made {schema} rows, host {host} made "
-                    f"{got.get(name, 'no such column')}; transforms must give every host the same columns, dtypes "
-                    "and trailing shapes"
-                )
-
-
 def _as_colo_data_error(e: Exception, hosts: Sequence[jax.Device]) -> ColoDataError:
     """A failure of a colocated call as a colo-data error: the colo-data error type named
     in the remote message (the sidecar sends the text, not the exception), else a
@@ -286,7 +305,7 @@ class ColocatedHosts:
     those CPU devices, the batch dimension sharded over the hosts, for the caller to move
     onto the accelerators with `jax.device_put`."""
 
-    def __init__(self, pipeline: Pipeline, mesh: Mesh, workers: Workers = 0) -> None:
+    def __init__(self, pipeline: AnyPipeline, mesh: Mesh, workers: Workers = 0) -> None:
         self.pipeline, self.workers = pipeline, check_workers("ColocatedHosts", workers)
         self.hosts = colocated_hosts(mesh)
         size, count = pipeline.global_batch_size, len(self.hosts)
@@ -297,7 +316,7 @@ class ColocatedHosts:
                 f"e.g. {size - size % count or count} or {size - size % count + count}"
             )
         self.sharding = NamedSharding(Mesh(np.array(self.hosts), (_AXIS,)), PartitionSpec(_AXIS))
-        self.batches_per_call = HostPipeline(pipeline, 0, count).chunk
+        self.batches_per_call = host_pipeline(pipeline, 0, count).chunk
         self._remote: Any = None
         self._open()
 
@@ -335,6 +354,12 @@ class ColocatedHosts:
         """Global batches from stream `start_position` on (a trailing partial batch is
         dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
         objects after `close()`."""
+        for batch, _ in self.stream(start_position):
+            yield batch
+
+    def stream(self, start_position: int) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None]]:
+        """As `batches`, each global batch with a Grain pipeline's host states after it
+        (host -> state; None for a native pipeline)."""
         if self._remote is None:
             self._open()
         left = self.pipeline.batches_from(start_position)
@@ -343,10 +368,14 @@ class ColocatedHosts:
             if self._remote is None:
                 raise SidecarError("ColocatedHosts was closed while its batches were read: call batches() again")
             count = self.batches_per_call if left is None else min(self.batches_per_call, left)
-            batches, notes = self._call("batches", self._request(position, count))
+            batches, notes, states = self._call("batches", self._request(position, count))
             if notes is not None:
                 _reissue(np.asarray(notes))
-            yield from batches
+            if not batches:
+                return
+            per_host = None if states is None else _unpacked_states(np.asarray(states))
+            for i, batch in enumerate(batches):
+                yield batch, None if per_host is None else {h: s[i] for h, s in enumerate(per_host)}
             position += count * size
             left = None if left is None else left - count
 
@@ -380,7 +409,7 @@ class ColocatedBackend:
     name = "colocated"
     on_trainer_thread = False
 
-    def __init__(self, pipeline: Pipeline, placement: Placement, workers: Workers, owner: Lifecycle) -> None:
+    def __init__(self, pipeline: AnyPipeline, placement: Placement, workers: Workers, owner: Lifecycle) -> None:
         if pipeline.pack is not None:
             raise ConfigError("pack: packed pipelines run on the inprocess and sidecar backends, not yet colocated")
         self.placement = placement
@@ -390,17 +419,17 @@ class ColocatedBackend:
         owner.add("colocated hosts", lambda timeout: self._hosts.close())
 
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
-        return self._placed(self._hosts.batches(position))
+        return self._placed(self._hosts.stream(position))
 
-    def _placed(self, batches: Iterator[dict[str, jax.Array]]) -> Iterator[GlobalBatch]:
+    def _placed(self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None]]) -> Iterator[GlobalBatch]:
         """The hosts' global batches, moved from their CPU devices onto the mesh."""
         rows = self.placement.global_batch_size
         try:
-            for batch in batches:
+            for batch, states in batches:
                 start = perf_counter()
                 placed = jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()})
                 self.handoff.add(HANDOFF, perf_counter() - start, rows, 0)
-                yield GlobalBatch(placed)
+                yield GlobalBatch(placed, states=states)
         finally:
             close_iterator(batches)
 

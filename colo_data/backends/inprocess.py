@@ -8,17 +8,17 @@ from collections.abc import Iterator
 
 from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.kinds import host_pipeline
 from colo_data.host.resources import Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.processes import WorkerPool
 
 
 class InProcessBackend:
-    """The local hosts of `placement`, each a `HostPipeline` of `pipeline` with `workers`
+    """The local hosts of `placement`, each a host pipeline of `pipeline` with `workers`
     processes (0: a thread here; `ahead` computes a chunk ahead on it).
 
     Args:
@@ -31,7 +31,7 @@ class InProcessBackend:
 
     name = "inprocess"
 
-    def __init__(self, pipeline: Pipeline, placement: Placement, workers: Workers, ahead: bool, owner: Lifecycle) -> None:
+    def __init__(self, pipeline: AnyPipeline, placement: Placement, workers: Workers, ahead: bool, owner: Lifecycle) -> None:
         self.placement = placement
         self.local_hosts = placement.local_hosts
         self._budget = cpu_budget()
@@ -39,7 +39,7 @@ class InProcessBackend:
         count = self.choice.count
         # worker processes start now, while the trainer compiles, and are kept across runs
         self._hosts = [
-            HostPipeline(pipeline, h, placement.hosts, WorkerPool(count, owner, self._budget) if count else None, ahead)
+            host_pipeline(pipeline, h, placement.hosts, WorkerPool(count, owner, self._budget) if count else None, ahead)
             for h in self.local_hosts
         ]
         self.on_trainer_thread = not ahead

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from colo_data.backends.base import Backend
     from colo_data.backends.placement import Placement
     from colo_data.runtime.lifecycle import Lifecycle
-    from colo_data.spec.pipeline import Pipeline
+    from colo_data.spec.kinds import AnyPipeline
 
 SIDECAR_ENV = "COLO_DATA_SIDECAR"  # comma-separated sidecar addresses, one per local host
 
@@ -44,7 +44,7 @@ class BackendOptions(Protocol):
         `hosts` (None: the backend's own count)."""
         ...
 
-    def start(self, pipeline: Pipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
         """The transport for `pipeline` on `placement`; whatever it starts belongs to
         `owner`. `prefetch` is the Loader's (global batches it keeps ready)."""
         ...
@@ -77,7 +77,7 @@ class InProcess:
     def host_count(self, mesh: Mesh, requested: int | None) -> int:
         return _process_hosts(requested)
 
-    def start(self, pipeline: Pipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
         from colo_data.backends.inprocess import InProcessBackend
 
         return InProcessBackend(pipeline, placement, self.workers, prefetch > 0, owner)
@@ -142,7 +142,7 @@ class Sidecar:
     def host_count(self, mesh: Mesh, requested: int | None) -> int:
         return _process_hosts(requested)
 
-    def start(self, pipeline: Pipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
         from colo_data.backends.sidecar.backend import SidecarBackend
 
         local = placement.local_hosts
@@ -186,7 +186,7 @@ class Colocated:
             )
         return found
 
-    def start(self, pipeline: Pipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
         import pathwaysutils
 
         from colo_data.backends.colocated import ColocatedBackend

@@ -60,10 +60,16 @@ def verify(
     from colo_data.ops.config import load_config
     from colo_data.ops.verify import verify as run_checks
     from colo_data.spec.mix import Mix
+    from colo_data.spec.pipeline import Pipeline
 
     try:
         settings = load_config(config)
         pipeline = settings.build()
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigError(
+                f"{config}: {settings.pipeline} is a cd.GrainPipeline; verify checks native cd.Pipelines' records "
+                "(a Grain pipeline's batches are checked against Grain itself in its tests: see docs/grain.md)"
+            )
         mixed = isinstance(pipeline.source, Mix)
         length = f"{steps} batches" if steps else "one epoch of every component" if mixed else "one epoch"
         click.echo(

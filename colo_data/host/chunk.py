@@ -1,12 +1,13 @@
 """`HostChunk`: what a host pipeline hands on, consecutive host batches stacked along the
 rows, with the metadata that travels beside the columns (never inside them): where the
-stream stands after it (packed batches), a worker process's stage counters, and where a
-worker's share of a chunk goes in it."""
+stream stands after it (packed batches), a Grain pipeline's state after each batch, a
+worker process's stage counters, and where a worker's share of a chunk goes in it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,12 +28,15 @@ class HostChunk:
         stages: stage counters (`StageTimes.values`) a worker process measured for it.
         places: for a worker's share of a chunk, the row of the chunk that each of its rows
             is (it has no columns when the share is empty); None for a whole chunk.
+        states: a Grain pipeline's host state after each of the chunk's batches (JSON
+            values, one a batch); None for a native pipeline.
     """
 
     columns: HostBatch
     end: int | None = None
     stages: list[float] | None = None
     places: np.ndarray | None = None
+    states: list[Any] | None = None
 
     @property
     def rows(self) -> int:
@@ -43,6 +47,17 @@ def column_schema(columns: HostBatch) -> dict[str, str]:
     """Each column's dtype and row shape, e.g. `{"tokens": "int32[1024]"}`: what must stay
     the same from batch to batch and from host to host."""
     return {name: f"{column.dtype}{list(column.shape[1:])}" for name, column in columns.items()}
+
+
+def schema_change(first: dict[str, str], other: dict[str, str]) -> tuple[list[str], str, str]:
+    """The columns whose dtype or row shape differ between two `column_schema`s, and each
+    schema's entries for them as text (`{tokens: int32[8]}`), for an error message."""
+    changed = sorted(n for n in first.keys() | other.keys() if first.get(n) != other.get(n))
+
+    def text(schema: dict[str, str]) -> str:
+        return "{" + ", ".join(f"{n}: {schema.get(n)}" for n in changed) + "}"
+
+    return changed, text(first), text(other)
 
 
 def merge_shares(shares: list[HostChunk]) -> HostChunk:
@@ -86,16 +101,18 @@ def split_rows(
     chunks: Iterator[HostChunk], rows: int, check: Callable[[HostBatch], HostBatch] | None = None
 ) -> Iterator[HostChunk]:
     """Pieces of `rows` rows (the last of a chunk may hold fewer), cut from chunks as views;
-    the last piece of a chunk keeps its `end`. `check`, if given, sees (and may replace)
-    each chunk's columns first: once a chunk, not once a piece. Closes `chunks` when done or
-    closed."""
+    the last piece of a chunk keeps its `end`, each piece the `states` of its batches.
+    `check`, if given, sees (and may replace) each chunk's columns first: once a chunk, not
+    once a piece. Closes `chunks` when done or closed."""
     try:
         for chunk in chunks:
             height = chunk.rows
             whole = chunk.columns if check is None else check(chunk.columns)
+            states, per_batch = chunk.states, height // len(chunk.states) if chunk.states else 1
             for start in range(0, height, rows):
                 last = start + rows >= height
                 columns = {name: column[start : start + rows] for name, column in whole.items()}
-                yield HostChunk(columns, chunk.end if last else None)
+                piece = None if states is None else states[start // per_batch : -(-(start + rows) // per_batch)]
+                yield HostChunk(columns, chunk.end if last else None, states=piece)
     finally:
         close_iterator(chunks)

@@ -17,7 +17,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 
 # (kind, itemsize) of a 64-bit column -> the dtype JAX's 32-bit mode makes of it. Complex
 # columns cannot reach a batch (it holds numbers and booleans), so they have no entry.
@@ -82,7 +82,7 @@ def _message(name: str, dtype: np.dtype, narrow: np.dtype, value: object, reason
     )
 
 
-def check_index_column(pipeline: Pipeline, x64: bool) -> None:
+def check_index_column(pipeline: AnyPipeline, x64: bool) -> None:
     """The index column holds every record index: under 32-bit mode it is int32, so a
     source of more than 2**31 records is refused before anything starts.
 
@@ -93,9 +93,11 @@ def check_index_column(pipeline: Pipeline, x64: bool) -> None:
     Raises:
         ConfigError: the index column's int32 cannot hold the source's record indices.
     """
+    if pipeline.index_column is None or x64:
+        return
     records = len(pipeline.source)
     limit = int(np.iinfo(np.int32).max) + 1  # indices 0 .. 2**31 - 1
-    if pipeline.index_column is None or x64 or records <= limit:
+    if records <= limit:
         return
     raise ConfigError(
         f"index_column={pipeline.index_column!r}: the source has {records:,} records, but in JAX's default 32-bit "

@@ -15,7 +15,7 @@ import numpy as np
 
 from colo_data import defaults
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostChunk, column_schema, split_rows
+from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
 from colo_data.host.packing import packed_batches
 from colo_data.io.sources import ReadAhead
@@ -91,7 +91,7 @@ class HostPipeline:
             stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-host{self.host}")
         if batches is not None:
             stream = split_rows(stream, len(self.rows) * batches)
-        return stream if owner is not None else _owning(stream, run)
+        return stream if owner is not None else owning(stream, run)
 
     def _computed(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
         """The chunks as computed: here, `chunk` batches at a time, or with a pool as
@@ -227,7 +227,7 @@ class HostPipeline:
             position = end
 
 
-def _owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:
+def owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:
     """`chunks`, and when they end or are closed, what `run` started for them."""
     try:
         yield from chunks
@@ -247,11 +247,10 @@ def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) ->
             if first is None:
                 first = schema
             elif schema != first:
-                changed = sorted(n for n in first.keys() | schema.keys() if first.get(n) != schema.get(n))
+                changed, had, now = schema_change(first, schema)
                 raise TransformError(
                     f"host {host.host} of {host.hosts}: at stream position {position} the transforms gave column(s) "
-                    f"{changed} as {{{', '.join(f'{n}: {schema.get(n)}' for n in changed)}}}, where the first batch had "
-                    f"{{{', '.join(f'{n}: {first.get(n)}' for n in changed)}}}. The first batch fixes every column's "
+                    f"{changed} as {now}, where the first batch had {had}. The first batch fixes every column's "
                     "dtype and row shape: cast to one dtype and pad to a fixed length in the transforms"
                 )
             position = chunk.end if chunk.end is not None else position + size * (chunk.rows // rows)

@@ -112,6 +112,19 @@ def auto_workers(cpus: float) -> int:
     return max(0, math.ceil(cpus) - 1)
 
 
+def grain_multiprocessing_options(per_worker_buffer_size: int = 1) -> Any:
+    """Grain's `MultiprocessingOptions` for `mp_prefetch` inside a `GrainPipeline`, with one
+    worker process per CPU of this process's budget (cgroup quota, affinity mask,
+    `COLO_DATA_CPUS`) less one for the process that iterates the dataset, where Grain's
+    default is 10 and `os.cpu_count()` oversubscribes a container. Call it in
+    `make_dataset`: it runs where the host's share runs (the sidecar), on its budget."""
+    import grain  # noqa: PLC0415 - only a Grain pipeline needs it
+
+    return grain.MultiprocessingOptions(
+        num_workers=auto_workers(cpu_budget().cpus), per_worker_buffer_size=per_worker_buffer_size
+    )
+
+
 def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> WorkerChoice:
     """`requested` worker processes as given, or for "auto" `auto_workers` of `budget`,
     with the reason in words.

@@ -499,6 +499,14 @@ class RecordSource:
     CHUNK = 1024
 
     def __init__(self, records: Any) -> None:
+        filtered = _filter_in(records)
+        if filtered is not None:
+            raise ConfigError(
+                f"the source {type(records).__name__} filters records (its Grain graph has a {filtered}), and a "
+                "random-access source must give a record at every index. Run the Grain pipeline as it is with "
+                "cd.GrainPipeline(make_dataset=..., global_batch_size=...), or filter with cd.Pack(keep=...) "
+                "(docs/grain.md, 'MapDataset.filter')"
+            )
         self._records = records
         self._len = len(records)
 
@@ -523,6 +531,13 @@ class RecordSource:
             bad = int(idx[(idx < 0) | (idx >= self._len)][0])
             raise RecordIndexError(f"record index {bad} is outside [0, {self._len}) of {type(self._records).__name__}")
         rows = [self._records[int(i)] for i in idx]
+        if any(row is None for row in rows):
+            at = int(idx[[row is None for row in rows].index(True)])
+            raise ConfigError(
+                f"{type(self._records).__name__} gave None for record {at} (a filter): a random-access source must give "
+                "a record at every index; run the Grain pipeline with cd.GrainPipeline(make_dataset=..., ...) instead "
+                "(docs/grain.md, 'MapDataset.filter')"
+            )
         if rows and not isinstance(rows[0], dict):
             raise SourceError(
                 f"{type(self._records).__name__} yields {type(rows[0]).__name__} records; "
@@ -535,12 +550,32 @@ class RecordSource:
         return hashlib.sha256(f"{type(self._records).__name__}:{self._len}".encode()).hexdigest()[:16]
 
 
+def _filter_in(records: Any) -> str | None:
+    """The name of a Grain filter stage in a `grain.MapDataset`'s graph, if it has one."""
+    pending, seen = [records], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if "Filter" in type(node).__name__:
+            return type(node).__name__
+        pending.extend(getattr(node, "parents", ()))
+    return None
+
+
 def as_source(source: Any) -> Source:
     """Accept an `ArrowSource`, any `Source`, or a random-access record collection."""
     if isinstance(source, Source):
         return source
     if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
         return RecordSource(source)
+    if hasattr(source, "parents") and hasattr(source, "__iter__"):  # a grain.IterDataset: packing, filter, prefetch
+        raise SourceError(
+            f"{type(source).__name__} is a Grain IterDataset, not a random-access source: run it as it is with "
+            "cd.GrainPipeline(make_dataset=..., global_batch_size=...), where make_dataset(shard) builds a host's share "
+            "(see docs/grain.md)"
+        )
     raise SourceError(
         f"{type(source).__name__} is not a source: give a cd.ArrowSource, a grain.MapDataset "
         "or any object with __len__ and __getitem__ returning dict records."

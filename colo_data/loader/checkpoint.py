@@ -24,8 +24,8 @@ from etils import epath
 
 from colo_data.errors import ConfigError, StateError
 from colo_data.loader.loader import Loader
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import format_of, restore_position
+from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.state import format_of, restore
 
 STATE_FILE = "loader_state.json"
 _ORBAX_JSON_FILE = "metadata"  # where a plain ocp.args.JsonSave item keeps its dict
@@ -73,7 +73,8 @@ class LoaderStateHandler(ocp.handlers.JsonCheckpointHandler):
         pipeline = args.pipeline if args is not None else None
         if pipeline is not None:
             try:
-                restore_position(pipeline, state)
+                saved = state.get("hosts")  # a Grain pipeline's state is checked on the host count that saved it
+                restore(pipeline, state, len(saved) if isinstance(saved, list) and saved else 1)
             except StateError as e:
                 raise StateError(f"checkpoint item {directory}: {e}") from None
         return state
@@ -93,7 +94,7 @@ class LoaderStateRestore(ocp.args.CheckpointArgs):
     """Restore args of a loader state item; build them with `restore_args(pipeline)`.
     With a `pipeline` the restored state is also checked against it."""
 
-    pipeline: Pipeline | None = None
+    pipeline: AnyPipeline | None = None
 
 
 def save_args(loader: Loader | dict[str, Any]) -> LoaderStateSave:
@@ -109,13 +110,15 @@ def save_args(loader: Loader | dict[str, Any]) -> LoaderStateSave:
     return LoaderStateSave(dict(state))
 
 
-def restore_args(pipeline: Pipeline | Loader | None = None) -> LoaderStateRestore:
+def restore_args(pipeline: AnyPipeline | Loader | None = None) -> LoaderStateRestore:
     """Orbax restore args for a loader state item; the restored value is the state dict,
     for `cd.Loader(pipeline, state=...)` or `loader.set_state(...)`. Given the pipeline (or
     the loader) it restores into, a state of another pipeline fails already at restore,
     with a message that names the checkpoint item."""
     if isinstance(pipeline, Loader):
         pipeline = pipeline.pipeline
-    if pipeline is not None and not isinstance(pipeline, Pipeline):
-        raise ConfigError(f"cd.checkpoint.restore_args: pipeline={pipeline!r:.80} is not a cd.Pipeline or cd.Loader")
+    if pipeline is not None and not isinstance(pipeline, AnyPipeline):
+        raise ConfigError(
+            f"cd.checkpoint.restore_args: pipeline={pipeline!r:.80} is not a cd.Pipeline, cd.GrainPipeline or cd.Loader"
+        )
     return LoaderStateRestore(pipeline)

@@ -7,6 +7,7 @@ loader becomes unreachable, and at interpreter exit."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import warnings
 import weakref
@@ -26,13 +27,32 @@ from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.mix import Mix, same_stream
-from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.state import make_state, restore
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
 from colo_data.telemetry.report import StepTrace, Telemetry
+
+
+def all_host_states(local: dict[int, Any], pipeline: AnyPipeline) -> dict[int, Any]:
+    """Every host's Grain state: this process's hosts' (`local`) with, in a
+    multi-controller run, every other process's (gathered from all of them: each calls
+    `get_state` at the same step, as it saves a checkpoint). Native pipelines have none."""
+    if not isinstance(pipeline, GrainPipeline) or jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils  # noqa: PLC0415 - multi-controller runs only
+
+    data = np.frombuffer(json.dumps({str(h): s for h, s in local.items()}).encode(), np.uint8)
+    longest = int(np.max(multihost_utils.process_allgather(np.array([len(data)], np.int64))))
+    padded = np.zeros(longest, np.uint8)
+    padded[: len(data)] = data
+    everyone: dict[int, Any] = {}
+    for row in np.asarray(multihost_utils.process_allgather(padded)).reshape(-1, longest):
+        everyone.update({int(h): s for h, s in json.loads(row.tobytes().rstrip(b"\0")).items()})
+    return everyone
 
 
 def _closer(part: Any) -> Callable[[float], None]:
@@ -46,11 +66,14 @@ class _Runner:
     loader, its finalizer closes this."""
 
     def __init__(
-        self, pipeline: Pipeline, backend: Backend, owner: Lifecycle, meters: LoaderMeters, prefetch: int, position: int
+        self, pipeline: AnyPipeline, backend: Backend, owner: Lifecycle, meters: LoaderMeters, prefetch: int, position: int
     ) -> None:
         self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
         self.prefetch = prefetch
         self.position = position
+        # a Grain pipeline's host states at the last batch delivered (where it starts, at first)
+        resume = getattr(pipeline, "resume", None) or ()
+        self.host_states: dict[int, Any] = dict(enumerate(resume))
         self.first = position  # where this loader (or its last set_state) started
         self.run: Lifecycle | None = None
         self.batches: Iterator[GlobalBatch] | None = None
@@ -75,10 +98,11 @@ class _Runner:
     def telemetry(self) -> Telemetry:
         """The meters' telemetry, with a mixture's records per component since `first`."""
         telemetry = self.meters.telemetry()
-        source = self.pipeline.source
-        if not isinstance(source, Mix):
+        pipeline = self.pipeline
+        if isinstance(pipeline, GrainPipeline) or not isinstance(pipeline.source, Mix):
             return telemetry
-        order = source.bind(self.pipeline.order)
+        source = pipeline.source
+        order = source.bind(pipeline.order)
         now, then = order.component_positions(self.position), order.component_positions(self.first)
         counts = {name: q - p for name, q, p in zip(source.names, now, then, strict=True)}
         return dataclasses.replace(telemetry, components=counts)
@@ -116,6 +140,8 @@ class _Runner:
         done = perf_counter()
         records = self.pipeline.global_batch_size if batch.end is None else batch.end - self.position
         self.position += records
+        if batch.states is not None:
+            self.host_states.update(batch.states)
         self.meters.step(start, done, records, depth, batch.arrays)
         return batch
 
@@ -171,7 +197,7 @@ class Loader:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: AnyPipeline,
         *,
         backend: str | BackendOptions = "inprocess",
         hosts: int | None = None,
@@ -189,27 +215,31 @@ class Loader:
             raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
+        if not isinstance(pipeline, AnyPipeline):
+            raise ConfigError(f"pipeline={pipeline!r}: give a cd.Pipeline or a cd.GrainPipeline")
         self.backend: BackendOptions = resolve(backend)
-        pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state)
-        self.pipeline = pipeline
         self.options: dict[str, Any] = {
             "backend": self.backend, "hosts": hosts, "partition_spec": partition_spec, "prefetch": prefetch,
             "warmup": warmup, "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
-        check_index_column(pipeline, x64=jax.enable_x64.value)
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         self.hosts = self.backend.host_count(self.mesh, hosts)
+        pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state, self.hosts)
+        self.pipeline = pipeline
+        check_index_column(pipeline, x64=jax.enable_x64.value)
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
         owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
+        parts = owner.child("transport")  # what the transport starts: replaced with it (set_state of a Grain pipeline)
         try:
-            transport = self.backend.start(pipeline, self.placement, prefetch, owner)
+            transport = self.backend.start(pipeline, self.placement, prefetch, parts)
         except BaseException:
             owner.close()
             raise
         meters = LoaderMeters(clock, transport, prefetch)
         self._runner = _Runner(pipeline, transport, owner, meters, prefetch, position)
         self._runner.export = telemetry_export
+        self._transport_parts = parts
         # Not a method of self: the finalizer must not keep the loader alive. `atexit=False`:
         # the lifecycle's own exit hook runs first, before JAX's.
         self._finalizer = weakref.finalize(self, self._runner.close)
@@ -239,7 +269,8 @@ class Loader:
     def get_state(self) -> dict[str, Any]:
         """The global position as a small JSON-serialisable dict, the same for any host or
         worker count; give it to `set_state` or `Loader(..., state=)` to continue."""
-        return make_state(self.pipeline, self._runner.position)
+        runner = self._runner
+        return make_state(self.pipeline, runner.position, self.hosts, all_host_states(runner.host_states, self.pipeline))
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; the next batch is the one that followed it.
@@ -247,16 +278,24 @@ class Loader:
         Args:
             state: what `get_state()` returned (also from another host or worker count).
         """
-        rebased, position = restore(self.pipeline, state)
+        rebased, position = restore(self.pipeline, state, self.hosts)
         if isinstance(rebased.source, Mix) and not same_stream(rebased.source, self.pipeline.source):  # type: ignore[arg-type]
             raise StateError(
                 "set_state: this state continues the mixture under other weights (or from another interleaving); make "
                 "a new loader for it: cd.Loader(pipeline, state=state, ...)"
             )
-        if self._runner.owner.state == "closed":
+        runner = self._runner
+        if runner.owner.state == "closed":
             raise LoaderClosedError("set_state on a closed Loader: make a new one with cd.Loader(pipeline, state=state, ...)")
-        self._runner.stop()
-        self._runner.position = self._runner.first = position
+        runner.stop()
+        runner.position = runner.first = position
+        if isinstance(rebased, GrainPipeline):  # its hosts start from the states the pipeline carries: a new transport
+            self._transport_parts.close()
+            self._transport_parts = runner.owner.child("transport")
+            self.pipeline = runner.pipeline = rebased
+            transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
+            runner.backend = runner.meters.backend = transport
+            runner.host_states = dict(enumerate(rebased.resume or ()))
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         """Stop prefetching, the worker processes, the sidecar sessions and the sidecars

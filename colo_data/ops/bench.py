@@ -23,7 +23,8 @@ from colo_data.errors import ConfigError
 from colo_data.host.chunk_work import check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.report import StepTrace, Telemetry, cpus_text, summarize
 
@@ -75,11 +76,13 @@ class _Shielded:
         signal.signal(signal.SIGINT, self._previous)
 
 
-def _steps(pipeline: Pipeline, steps: int | None) -> int | None:
+def _steps(pipeline: AnyPipeline, steps: int | None) -> int | None:
     """The steps to run: `steps`, else the stream's global batches (one pass over the
-    pipeline's epochs), else None (run to the end: packed pipelines)."""
+    pipeline's epochs), else None (run to the end: packed and Grain pipelines)."""
     if steps is not None:
         return steps
+    if isinstance(pipeline, GrainPipeline):  # its datasets say where it ends
+        return None
     if pipeline.total_records is None:
         raise ConfigError("the pipeline repeats forever (epochs = None in its [args] or definition): give --steps N")
     return pipeline.batches_from(0)
@@ -90,7 +93,7 @@ def _bar(total: int | None, name: str) -> tqdm:
 
 
 def run_loader(
-    pipeline: Pipeline, *, steps: int | None, warmup: int, step_s: float, loader_options: dict[str, Any]
+    pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float, loader_options: dict[str, Any]
 ) -> Run:
     """Read `steps` global batches through `cd.Loader`, sleeping `step_s` after each one
     (the simulated training step), with a progress bar. Ctrl-C ends the run early; the
@@ -144,10 +147,15 @@ class _TransformedBatch:
         return check_batch(columns, len(records))
 
 
-def grain_loader(pipeline: Pipeline) -> tuple[grain.DataLoader, list[str]]:
+def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
     """The same logical pipeline with Grain alone: its `DataLoader` over the pipeline's
     random-access source, its own global shuffle, the pipeline's transforms on each batch,
     its default worker count (`worker_count=None`: os.cpu_count())."""
+    if isinstance(pipeline, GrainPipeline):
+        raise ConfigError(
+            "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain.py compares it "
+            "iterated in the trainer's process with the sidecar"
+        )
     if pipeline.pack is not None:
         raise ConfigError("--compare grain: packed pipelines (cd.Pack) have no Grain equivalent here")
     order = pipeline.order
@@ -170,7 +178,7 @@ def grain_loader(pipeline: Pipeline) -> tuple[grain.DataLoader, list[str]]:
     return loader, notes
 
 
-def run_grain(pipeline: Pipeline, *, steps: int | None, warmup: int, step_s: float) -> Run:
+def run_grain(pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float) -> Run:
     """The Grain equivalent, timed the same way at the trainer: each batch put on the
     devices (batch dimension sharded over all of them, as the Loader's default)."""
     total = _steps(pipeline, steps)

@@ -18,7 +18,7 @@ from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
 
 if TYPE_CHECKING:
-    from colo_data.spec.pipeline import Pipeline
+    from colo_data.spec.kinds import AnyPipeline
 
 _TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
 _SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
@@ -42,10 +42,11 @@ class Config:
             f"Fix the pipeline's code; the end of its traceback:\n{where}"
         )
 
-    def build(self) -> Pipeline:
-        """Import `module:function` (from the working directory or PYTHONPATH) and call it."""
+    def build(self) -> AnyPipeline:
+        """Import `module:function` (from the working directory or PYTHONPATH) and call it:
+        a `cd.Pipeline` or a `cd.GrainPipeline`."""
         # the pipeline machinery, imported only when a pipeline is built
-        from colo_data.spec.pipeline import Pipeline
+        from colo_data.spec.kinds import AnyPipeline
 
         module_name, _, function_name = self.pipeline.partition(":")
         if os.getcwd() not in sys.path:
@@ -75,8 +76,11 @@ class Config:
             raise ConfigError(f"{self.path}: [args] do not fit {self.pipeline}: {e}") from e
         except Exception as e:
             raise self._failed(f"calling {self.pipeline}", e) from e
-        if not isinstance(pipeline, Pipeline):
-            raise ConfigError(f"{self.path}: {self.pipeline} returned {type(pipeline).__name__}, not a colo_data.Pipeline")
+        if not isinstance(pipeline, AnyPipeline):
+            raise ConfigError(
+                f"{self.path}: {self.pipeline} returned {type(pipeline).__name__}, not a colo_data.Pipeline or "
+                "colo_data.GrainPipeline"
+            )
         return pipeline
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import StateError
+from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.mix import DENOMINATOR, Mix, schedule
 from colo_data.spec.pipeline import Pipeline
 
@@ -29,13 +30,19 @@ def _identity(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def make_state(pipeline: Pipeline, stream_position: int) -> dict[str, Any]:
+def make_state(
+    pipeline: Pipeline | GrainPipeline, stream_position: int, hosts: int = 1, host_states: dict[int, Any] | None = None
+) -> dict[str, Any]:
     """The state after `stream_position` records of the stream have been delivered.
 
     Args:
         pipeline: the pipeline the stream comes from; its identity is saved for the check.
         stream_position: records of the stream delivered so far, over all epochs.
+        hosts: the host count (a Grain pipeline's state is one per host).
+        host_states: a Grain pipeline's host states at the last batch delivered.
     """
+    if isinstance(pipeline, GrainPipeline):  # the one place the two kinds' states part
+        return {"format": FORMAT, **pipeline.state_at(stream_position, hosts, host_states or {})}
     if isinstance(pipeline.source, Mix):
         return _mix_state(pipeline, pipeline.source, stream_position)
     epoch, position = divmod(stream_position, pipeline.records_per_epoch)
@@ -64,26 +71,31 @@ def _mix_state(pipeline: Pipeline, mix: Mix, stream_position: int) -> dict[str, 
     }
 
 
-def restore(pipeline: Pipeline, state: dict[str, Any]) -> tuple[Pipeline, int]:
+def restore(
+    pipeline: Pipeline | GrainPipeline, state: dict[str, Any], hosts: int = 1
+) -> tuple[Pipeline | GrainPipeline, int]:
     """The pipeline to continue with and the stream position a state points at. For a
     `cd.Mix` the pipeline is rebased so that every component continues where the state
     left it: in the same interleaving under the same weights, and from there on under new
-    ones.
+    ones; a Grain pipeline carries each host's Grain state to continue from.
 
     Args:
         pipeline: the pipeline to continue.
         state: a dict that `make_state` returned.
+        hosts: the host count it continues on.
 
     Raises:
         StateError: as `restore_position`; for a mixture also a component added, removed or
             whose data changed, named.
     """
-    if not isinstance(pipeline.source, Mix):
-        return pipeline, restore_position(pipeline, state)
-    mix = pipeline.source
     problem = format_of(state)
     if problem is not None:
         raise StateError(f"the loader state is {problem}. Pass the dict that Loader.get_state() returned.")
+    if isinstance(pipeline, GrainPipeline):
+        return pipeline.resumed(state, hosts)
+    if not isinstance(pipeline.source, Mix):
+        return pipeline, restore_position(pipeline, state)
+    mix = pipeline.source
     if "mix" not in state:
         raise StateError("the loader state was saved from a pipeline without a cd.Mix; this pipeline's source is one")
     ours = {"seed": pipeline.order.seed, "order": pipeline.order.describe()}
@@ -144,6 +156,11 @@ def restore_position(pipeline: Pipeline, state: dict[str, Any]) -> int:
         raise StateError(f"the loader state is {problem}. Pass the dict that Loader.get_state() returned.")
     if "mix" in state:
         raise StateError("the loader state was saved from a pipeline over a cd.Mix; this pipeline's source is not one")
+    if "kind" in state:
+        raise StateError(
+            f"the loader state was saved from a cd.GrainPipeline (kind {state['kind']!r}); this is a native cd.Pipeline: "
+            "restore it into the pipeline that saved it, or start without a state"
+        )
     ours = _identity(pipeline)
     differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
     if differences:

@@ -14,7 +14,7 @@ from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.host.resources import Workers
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 
@@ -39,7 +39,7 @@ class SidecarBackend:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: AnyPipeline,
         placement: Placement,
         addresses: Sequence[str],
         local: tuple[str, Workers, int],

@@ -24,7 +24,7 @@ from colo_data.backends.sidecar.protocol import SESSION_END_S, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError, from_wire
 from colo_data.host.chunk import HostChunk, split_rows
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
 _POLL_S = 0.5
@@ -180,7 +180,7 @@ class SidecarClient:
 
     def batches(
         self,
-        pipeline: Pipeline | None,
+        pipeline: AnyPipeline | None,
         host: int,
         hosts: int,
         position: int,
@@ -212,7 +212,8 @@ class SidecarClient:
                     group = {name: np.array(array) for name, array in group.items()}
                     self._send({"op": "release", "slot": slot})
                 self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
-                yield from split_rows(iter([HostChunk(group, announced.get("after"))]), self.info["rows"])
+                chunk = HostChunk(group, announced.get("after"), states=announced.get("states"))
+                yield from split_rows(iter([chunk]), self.info["rows"])
                 if not copy:
                     self._send({"op": "release", "slot": slot})
         finally:

@@ -12,9 +12,10 @@ Messages, trainer -> sidecar:
   {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
       -> {"rows": r, "names": [...], "shm_dir": str, "slots": n, "workers": w, "workers_chosen": why, "copy_threads": t,
           "batches_per_slot": k, "slot_bytes": b, "budget": {...}}, then, unasked, one
-         {"slot": i, "layout": [...], "after": e | None, "stats": {...}} per filled slot, in stream
-         order (the slot holds k batches of r rows one after the other, the stream's last slot
-         maybe fewer; "after" is the stream position after its last batch for packed pipelines), and
+         {"slot": i, "layout": [...], "after": e | None, "states": [...] | None, "stats": {...}} per filled
+         slot, in stream order (the slot holds k batches of r rows one after the other, the stream's
+         last slot maybe fewer; "after" is the stream position after its last batch for packed
+         pipelines; "states" a Grain pipeline's host state after each of its batches), and
          {"end": True} after the last batch. "stats" are the session's cumulative telemetry
          counters (stage values, CPU sample, ring fill): telemetry without a message of its own
   {"op": "release", "slot": i}   (no answer: the slot may be written again)

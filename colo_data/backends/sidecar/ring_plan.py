@@ -14,10 +14,10 @@ import numpy as np
 from colo_data.backends.sidecar.shm import check_capacity, ring_bytes, slot_bytes
 from colo_data.errors import ConfigError
 from colo_data.host.chunk import HostBatch
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.kinds import HostShare, host_pipeline
 from colo_data.host.resources import memory_limit, shm_capacity
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 
 SLOT_TARGET_BYTES = 4 * 2**20
 
@@ -72,13 +72,13 @@ def _layout(first: HostBatch, rows: int, most: int, total: int | None, target: f
     return per_slot, slot_bytes(_rows_like(first, rows * in_first))
 
 
-def _first_chunk(pipeline: Pipeline, hosts: int) -> tuple[HostPipeline, HostBatch]:
+def _first_chunk(pipeline: AnyPipeline, hosts: int) -> tuple[HostShare, HostBatch]:
     """Host 0 of `hosts` and its first chunk (computed here, nothing left running).
 
     Raises:
         ConfigError: the pipeline gives no batch (nothing to size a ring from).
     """
-    host = HostPipeline(pipeline, 0, hosts)
+    host = host_pipeline(pipeline, 0, hosts)
     chunks = host.chunks(0)
     try:
         first = next(chunks, None)
@@ -89,7 +89,7 @@ def _first_chunk(pipeline: Pipeline, hosts: int) -> tuple[HostPipeline, HostBatc
     return host, first.columns
 
 
-def plan_ring(pipeline: Pipeline, shm_dir: str, slots: int, hosts: int = 1) -> RingPlan:
+def plan_ring(pipeline: AnyPipeline, shm_dir: str, slots: int, hosts: int = 1) -> RingPlan:
     """The ring a session of host 0 of `hosts` would create, sized as the session sizes it.
     One host is the largest ring a pipeline can need: the sidecar checks a CONFIG with it
     at start, so a ring that cannot fit fails there, not at the first trainer's open."""
@@ -97,7 +97,7 @@ def plan_ring(pipeline: Pipeline, shm_dir: str, slots: int, hosts: int = 1) -> R
     return RingPlan.of(first, len(host.rows), host.chunk, pipeline.batches_from(0), shm_dir, slots)
 
 
-def roomy_slot_size(pipeline: Pipeline, hosts: int) -> int:
+def roomy_slot_size(pipeline: AnyPipeline, hosts: int) -> int:
     """The slot size of a session of host 0 of `hosts` whose shm dir has room for slots of
     `SLOT_TARGET_BYTES`: a volume of twice `slots` such slots gives every session its
     plan (how `colo-data manifest` sizes shared memory)."""

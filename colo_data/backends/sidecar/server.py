@@ -30,11 +30,11 @@ from colo_data.backends.sidecar.ring_plan import RingPlan
 from colo_data.backends.sidecar.shm import ShmRing
 from colo_data.errors import ConfigError, SidecarError, to_wire
 from colo_data.host.chunk import HostChunk, split_rows
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.kinds import host_pipeline
 from colo_data.host.resources import CpuBudget, Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 from colo_data.workers.processes import WorkerPool
 
@@ -58,7 +58,7 @@ class _Session:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: AnyPipeline,
         host: int,
         hosts: int,
         position: int,
@@ -68,14 +68,14 @@ class _Session:
         pool: WorkerPool | None,
         server: Lifecycle,
     ) -> None:
-        host_pipeline = HostPipeline(pipeline, host, hosts, pool)
-        self.stages = host_pipeline.stages
+        host_share = host_pipeline(pipeline, host, hosts, pool)
+        self.stages = host_share.stages
         self.cpu = CpuMeter("children" if pool is not None else "thread")  # sampled on the producer thread
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
-        self.rows = len(host_pipeline.rows)
+        self.rows = len(host_share.rows)
         self._owner = server.child(f"sidecar session of host {host} of {hosts}")
-        self._chunks: Iterator[HostChunk] = host_pipeline.chunks(position, self._owner)
+        self._chunks: Iterator[HostChunk] = host_share.chunks(position, self._owner)
         try:
             first = next(self._chunks, None)
             chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
@@ -83,7 +83,7 @@ class _Session:
             if first is None:  # an empty stream: a ring of one-byte slots announces its end
                 self.per_slot, size, limit = 1, 1, None
             else:
-                plan = RingPlan.of(first.columns, self.rows, host_pipeline.chunk, total, shm_dir, slots)
+                plan = RingPlan.of(first.columns, self.rows, host_share.chunk, total, shm_dir, slots)
                 self.per_slot, size, limit = plan.per_slot, plan.slot_size, plan.memory_limit
             self._groups = split_rows(chunks, self.rows * self.per_slot)
             self._first = next(self._groups, None)
@@ -127,7 +127,7 @@ class _Session:
                     t1 = time.perf_counter()
                     self.stages.add(SHM_WRITE, t1 - t0, batch.rows, sum(array.nbytes for array in batch.columns.values()))
                     wire = [spec.to_wire() for spec in layout]
-                    send({"slot": slot, "layout": wire, "after": batch.end, "stats": self._stats(t1)})
+                    send({"slot": slot, "layout": wire, "after": batch.end, "states": batch.states, "stats": self._stats(t1)})
                     batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
@@ -174,7 +174,7 @@ class SidecarServer:
         self,
         socket_path: str,
         *,
-        pipeline: Pipeline | None = None,
+        pipeline: AnyPipeline | None = None,
         shm_dir: str = defaults.SHM_DIR,
         workers: Workers = "auto",
         slots: int = defaults.SLOTS,

@@ -1,0 +1,232 @@
+"""`GrainHost`: one host's share of a `GrainPipeline`: the user's Grain dataset for the
+host's shard, iterated here, each host batch handed on with the host's Grain iterator
+state after it (the state travels with its batch through any prefetch, ring or colocated
+call, so a checkpoint holds the state of exactly the batch the trainer last received)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from colo_data.errors import GrainError, StateError
+from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.pipeline import owning
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.telemetry.counters import BATCH, TRANSFORM, CpuMeter, StageTimes, metered
+
+
+class GrainHost:
+    """Host `host` of `hosts` of a `GrainPipeline`: rows `rows` of each global batch.
+
+    Args:
+        pipeline: the Grain pipeline.
+        host: this host's index along the mesh's data axis (its Grain shard index).
+        hosts: the host count (the Grain shard count).
+        pool: unused: a Grain pipeline's parallelism is its own (`mp_prefetch`); accepted so
+            that every transport makes host pipelines of either kind alike.
+        ahead: iterate the dataset on a thread of its own, one batch ahead.
+    """
+
+    chunk = 1  # host batches per chunk: a Grain iterator makes them one at a time
+
+    def __init__(self, pipeline: GrainPipeline, host: int = 0, hosts: int = 1, pool: Any = None, ahead: bool = False) -> None:
+        size = pipeline.global_batch_size
+        self.pipeline, self.host, self.hosts = pipeline, host, hosts
+        self.rows = range(host * size // hosts, (host + 1) * size // hosts)
+        self.stages = StageTimes()
+        self.pool = pool
+        self.ahead = ahead
+        self.cpu: CpuMeter | None = None
+
+    def chunks(self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
+        """This host's batches from stream `start_position` on (0, or where the pipeline's
+        `resume` state points), one a chunk, each with its Grain state in `states`."""
+        run = Lifecycle(f"Grain host {self.host} of {self.hosts}") if owner is None else owner
+        stream = self._batches(start_position)
+        if self.ahead:
+            self.cpu = CpuMeter("thread")
+            stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-grain-host{self.host}")
+        return stream if owner is not None else owning(stream, run)
+
+    def _where(self) -> str:
+        return f"host {self.host} of {self.hosts}"
+
+    def _batches(self, start_position: int) -> Iterator[HostChunk]:
+        """The batches; the Grain iterator (and its mp_prefetch processes) is closed on the
+        thread that iterates it, when this generator is closed (closing it from another
+        thread while that one waits in its `next` left the wait hanging)."""
+        iterator, data = self._iterator(start_position)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                columns = self._next_batch(iterator)
+                if columns is None:
+                    return
+                t1 = time.perf_counter()
+                state = _checked_state(iterator.get_state(), self._where())
+                self.stages.add(TRANSFORM, t1 - t0, len(self.rows), sum(c.nbytes for c in columns.values()))
+                yield HostChunk(columns, states=[{"data": data, "state": state}])
+        finally:
+            close_iterator(iterator)
+
+    def _iterator(self, start_position: int) -> tuple[Any, str]:
+        """The host's Grain iterator, at the start or at its saved state, and its data's
+        fingerprint."""
+        from absl import flags  # noqa: PLC0415 - Grain (and JAX) load only where a Grain pipeline runs
+        from grain.sharding import ShardOptions  # noqa: PLC0415
+
+        if not flags.FLAGS.is_parsed():  # Grain reads absl flags, and fails where no one parsed them
+            flags.FLAGS.mark_as_parsed()
+
+        shard = ShardOptions(shard_index=self.host, shard_count=self.hosts)
+        try:
+            dataset = self.pipeline.make_dataset(shard)
+        except Exception as e:
+            raise GrainError(
+                f"{self._where()}: make_dataset({shard}) raised {type(e).__name__}: {e}\n"
+                f"{''.join(traceback.format_exception(e))}"
+            ) from e
+        if not (hasattr(dataset, "__iter__") and hasattr(dataset, "parents")):
+            raise GrainError(
+                f"{self._where()}: make_dataset returned a {type(dataset).__name__}; return the host's grain.IterDataset "
+                "or grain.MapDataset (not an iterator or a DataLoader: see docs/grain.md)"
+            )
+        data = fingerprint(dataset)
+        iterator = iter(dataset)
+        pipeline = self.pipeline
+        if pipeline.resume is not None and start_position == pipeline.resume_position:
+            saved = pipeline.resume[self.host]
+            if saved["data"] != data:
+                raise StateError(
+                    f"{self._where()}: the loader state was saved over other data (fingerprint {saved['data']}, this "
+                    f"host's dataset has {data}: other files, sizes or record counts, or another pipeline); restore it "
+                    "into the pipeline that saved it, or start without a state"
+                )
+            iterator.set_state(saved["state"])
+        elif start_position != 0:
+            raise StateError(
+                f"{self._where()}: a Grain pipeline starts at its beginning or at a saved state, not at stream position "
+                f"{start_position}: continue with cd.Loader(pipeline, state=loader.get_state())"
+            )
+        return iterator, data
+
+    def _next_batch(self, iterator: Iterator[Any]) -> HostBatch | None:
+        """The next host batch: an element, or `len(rows)` records stacked; None at the end
+        (a trailing partial batch of records is dropped)."""
+        rows = len(self.rows)
+        if not self.pipeline.records:
+            element = next(iterator, None)
+            return None if element is None else _host_batch(element, rows, self._where())
+        records = []
+        for _ in range(rows):
+            record = next(iterator, None)
+            if record is None:
+                return None
+            records.append(_columns(record, self._where(), "record"))
+        t0 = time.perf_counter()
+        names = records[0].keys()
+        for i, record in enumerate(records):
+            if record.keys() != names:
+                raise GrainError(
+                    f"{self._where()}: record {i} of a batch has the keys {sorted(record)}, the first {sorted(names)}: "
+                    "every record must have the same keys"
+                )
+        try:
+            batch = {name: np.stack([r[name] for r in records]) for name in names}
+        except ValueError as e:
+            raise GrainError(
+                f"{self._where()}: the records of a batch cannot be stacked ({e}): pad every record's arrays to one "
+                "shape (e.g. in a .map before they come out)"
+            ) from e
+        self.stages.add(BATCH, time.perf_counter() - t0, rows, 0)
+        return batch
+
+
+def _columns(element: Any, where: str, what: str) -> HostBatch:
+    """An element's columns: a dict of names to arrays (or scalars, for records)."""
+    if not isinstance(element, dict) or not element:
+        raise GrainError(
+            f"{where}: the Grain dataset gave a {type(element).__name__} {what}; colo-data batches dicts of arrays "
+            "(name -> numpy array): end the dataset with a .map that returns one"
+        )
+    out = {}
+    for name, value in element.items():
+        array = np.asarray(value)
+        if not isinstance(name, str) or array.dtype == object or array.dtype.kind in "USV":
+            raise GrainError(
+                f"{where}: the Grain dataset's {what} has {name!r}: {type(value).__name__}; every value must be a numeric "
+                "or bool array under a str name (turn text into token ids, drop other values in a .map)"
+            )
+        out[name] = array
+    return out
+
+
+def _host_batch(element: Any, rows: int, where: str) -> HostBatch:
+    columns = _columns(element, where, "element")
+    for name, column in columns.items():
+        if column.ndim == 0 or len(column) != rows:
+            got = "a scalar" if column.ndim == 0 else f"leading size {len(column)}"
+            raise GrainError(
+                f"{where}: the Grain dataset's element has {name!r} with {got}; a host's batch is global_batch_size / "
+                f"hosts = {rows} rows: batch by {rows} in make_dataset (e.g. .batch({rows}, drop_remainder=True)), or "
+                "give records=True to have colo-data stack the records"
+            )
+    return columns
+
+
+def _checked_state(state: Any, where: str) -> Any:
+    """A Grain state that goes into the loader's JSON checkpoint as it is."""
+    try:
+        return json.loads(json.dumps(state))
+    except (TypeError, ValueError) as e:
+        raise GrainError(f"{where}: the Grain iterator's state is not JSON ({e}); colo-data saves it as JSON") from e
+
+
+def fingerprint(dataset: Any) -> str:
+    """A short hash of a Grain dataset's graph (each stage's type) and data: for an
+    ArrayRecord source its files' names, sizes and record counts, for a source with a
+    `fingerprint()` that, for any other its type and length. The same on every host of a
+    pipeline whose hosts read the same files."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    pending = [dataset]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        parts.append(type(node).__qualname__)
+        source = getattr(node, "_source", None)
+        if source is not None:
+            parts.append(_source_identity(source))
+        inner = getattr(node, "_ds", None)  # grain.experimental.ElasticIterator wraps its dataset here
+        pending.extend([*getattr(node, "parents", ()), *([inner] if inner is not None else [])])
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _source_identity(source: Any) -> str:
+    own = getattr(source, "fingerprint", None)
+    if callable(own):
+        return str(own())
+    instructions = getattr(source, "_read_instructions", None)  # ArrayRecord's data source
+    if instructions is not None:
+        return ";".join(
+            f"{os.path.basename(i.filename)}:{_size(i.filename)}:{i.start}:{i.end}" for i in instructions
+        )
+    return f"{type(source).__qualname__}:{len(source)}"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1

@@ -1,0 +1,130 @@
+"""`GrainPipeline`: a user's own Grain dataset, unchanged, run as each host's share of the
+stream. colo-data gives each host its shard (from the mesh, never `jax.process_index()`),
+runs the dataset where the backend says, and checkpoints each host's Grain iterator state
+with the batch it belongs to. Its promises are Grain's: resume on the same host count, and
+on another only through Grain's own `ElasticIterator`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colo_data.errors import ConfigError, StateError
+from colo_data.spec.integers import as_int
+
+KIND = "grain"
+# Grain's ElasticIterator state: the same on every host, valid for any host count
+_ELASTIC_KEYS = {"global_next_index"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrainPipeline:
+    """A Grain dataset per host, as one frozen, picklable value.
+
+    Args:
+        make_dataset: `make_dataset(shard)` with a `grain.sharding.ShardOptions` (this host's
+            place on the mesh's data axis and the host count) returns the host's
+            `grain.IterDataset` or `grain.MapDataset`. It runs where the host's share runs
+            (the trainer, the sidecar, the colocated sidecar), so it must be importable
+            there (or picklable by value with cloudpickle).
+        global_batch_size: rows of each global batch, over all hosts.
+        records: False: each element is one host's batch, a dict of arrays whose leading
+            size is `global_batch_size / hosts`; True: each element is one record (a dict
+            of arrays or scalars) and colo-data stacks `global_batch_size / hosts` of them.
+    """
+
+    make_dataset: Callable[[Any], Any]
+    global_batch_size: int
+    records: bool = False
+    # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "state": Grain's}`) and
+    # the stream position (records) they continue from.
+    resume: tuple[dict[str, Any], ...] | None = dataclasses.field(default=None, repr=False)
+    resume_position: int = dataclasses.field(default=0, repr=False)
+
+    # What the transports ask of every pipeline kind: a Grain pipeline's data, order, packing
+    # and end live inside its datasets.
+    source = None
+    pack = None
+    index_column = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.make_dataset):
+            raise ConfigError(
+                f"make_dataset={self.make_dataset!r}: give a function of a grain.sharding.ShardOptions that returns the "
+                "host's grain.IterDataset or grain.MapDataset"
+            )
+        size = as_int(self.global_batch_size)
+        if size is None or size < 1:
+            raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
+        object.__setattr__(self, "global_batch_size", size)
+        if not isinstance(self.records, bool):
+            raise ConfigError(f"records={self.records!r}: True (elements are records) or False (host batches)")
+
+    def batches_from(self, position: int) -> int | None:
+        """None: a Grain dataset's length is known only to it; its stream ends when the
+        hosts' datasets do."""
+        return None
+
+    def state_at(self, position: int, hosts: int, host_states: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """The loader state after `position` records (without its format, which
+        `spec.state` adds): each host's Grain state at the last batch delivered (or where
+        the stream started), as one small JSON dict.
+
+        Raises:
+            StateError: a host's state is not known here (its batches were computed by
+                another process).
+        """
+        missing = [h for h in range(hosts) if h not in host_states]
+        if missing:
+            raise StateError(
+                f"get_state: the Grain states of host(s) {missing} of {hosts} are not known in this process; save the "
+                "state in a process that reads every host's batches"
+            )
+        return {
+            "kind": KIND,
+            "position": position,
+            "global_batch_size": self.global_batch_size,
+            "hosts": [host_states[h] for h in range(hosts)],
+        }
+
+    def resumed(self, state: dict[str, Any], hosts: int) -> tuple[GrainPipeline, int]:
+        """This pipeline set to continue from `state` on `hosts` hosts, and the stream
+        position it continues from. Each host checks its data's fingerprint when it starts.
+
+        Raises:
+            StateError: not a Grain pipeline's state, another batch size, or another host
+                count (unless every host's state is an `ElasticIterator`'s).
+        """
+        if state.get("kind") != KIND:
+            raise StateError(
+                "the loader state was saved from a native cd.Pipeline; this is a cd.GrainPipeline: restore it into "
+                "the pipeline that saved it, or start without a state"
+            )
+        saved, position = state.get("hosts"), state.get("position")
+        if not (isinstance(saved, list) and saved and all(isinstance(s, dict) and "state" in s for s in saved)):
+            raise StateError(f"the Grain loader state has hosts={saved!r}: not one entry per host")
+        if not (isinstance(position, int) and position >= 0):
+            raise StateError(f"the Grain loader state has position={position!r}: not a stream position")
+        if state.get("global_batch_size") != self.global_batch_size:
+            raise StateError(
+                f"the Grain loader state was saved with global_batch_size={state.get('global_batch_size')!r}, this "
+                f"pipeline has {self.global_batch_size}: a Grain pipeline continues with the batch size it saved"
+            )
+        if len(saved) != hosts:
+            if not _elastic(saved):
+                raise StateError(
+                    f"the Grain loader state was saved on {len(saved)} host(s); this loader has {hosts}. A Grain "
+                    "iterator's state restores on the host count that saved it: restore on "
+                    f"{len(saved)} host(s), or make the pipeline elastic with grain.experimental.ElasticIterator over "
+                    "a MapDataset (see docs/grain.md)"
+                )
+            saved = [saved[0]] * hosts
+        return dataclasses.replace(self, resume=tuple(saved), resume_position=position), position
+
+
+def _elastic(saved: list[dict[str, Any]]) -> bool:
+    """Every host saved the same `ElasticIterator` state (valid for any host count)."""
+    first = saved[0]["state"]
+    return isinstance(first, dict) and set(first) == _ELASTIC_KEYS and all(s["state"] == first for s in saved)
