@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.io.array_record import ArrayRecordSource, parse_json
     from colo_data.io.columns import Column, Columns
     from colo_data.io.sources import ArrowSource, RecordSource, Source
+    from colo_data.io.tf_example import parse_tf_example
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
@@ -79,6 +80,7 @@ _NAMES = {
     "memory_limit": "colo_data.host.resources",
     "pad_or_truncate": "colo_data.spec.transforms",
     "parse_json": "colo_data.io.array_record",
+    "parse_tf_example": "colo_data.io.tf_example",
     "per_record": "colo_data.spec.transforms",
     "tokenize": "colo_data.spec.tokenize",
 }
@@ -132,6 +134,7 @@ __all__ = [
     "memory_limit",
     "pad_or_truncate",
     "parse_json",
+    "parse_tf_example",
     "per_record",
     "tokenize",
     "verify",

@@ -146,3 +146,53 @@ def test_a_thousand_files_read_under_ulimit_256(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "read 1000"
+
+
+def tf_example_bytes(i: int) -> bytes:
+    """A tf.train.Example as TensorFlow serializes it, written out by hand from the wire format
+    (no protobuf class of ours): {"id": int64_list [i], "text": bytes_list [b"r<i>"],
+    "score": float_list [0.5], "tokens": int64_list [0 .. i % 3]} (ids and tokens < 128)."""
+
+    def field(number: int, payload: bytes) -> bytes:  # a length-delimited field
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    def feature(name: str, kind: int, value: bytes) -> bytes:  # one entry of Features' map
+        return field(1, field(1, name.encode()) + field(2, field(kind, field(1, value))))
+
+    tokens = bytes(range(i % 3 + 1))
+    entries = (
+        feature("id", 3, bytes([i]))
+        + feature("text", 1, f"r{i}".encode())
+        + feature("score", 2, np.float32(0.5).tobytes())
+        + feature("tokens", 3, tokens)
+    )
+    return field(1, entries)
+
+
+def numeric_features(records: list[bytes]) -> dict:
+    return {name: column for name, column in cd.parse_tf_example(records).items() if name != "text"}
+
+
+def test_tf_examples_parse_without_tensorflow(tmp_path: Path) -> None:
+    path = tmp_path / "examples.array_record"
+    writer = ArrayRecordWriter(str(path), "group_size:1")
+    for i in range(40):
+        writer.write(tf_example_bytes(i))
+    writer.close()
+    columns = cd.parse_tf_example([tf_example_bytes(i) for i in (5, 7)])
+    assert list(columns) == ["id", "score", "text", "tokens"]
+    assert columns["id"].tolist() == [5, 7] and columns["id"].dtype == np.int64
+    assert columns["score"].tolist() == [0.5, 0.5] and columns["score"].dtype == np.float32
+    assert columns["text"] == [b"r5", b"r7"]
+    assert [t.tolist() for t in columns["tokens"]] == [[0, 1, 2], [0, 1]]
+
+    pipeline = cd.Pipeline(
+        source=cd.ArrayRecordSource(str(path), parse=numeric_features),
+        order=cd.Order(shuffle="global", seed=1),
+        global_batch_size=8,
+        transforms=[cd.pad_or_truncate("tokens", 3)],
+    )
+    ids = np.concatenate([b["id"] for b in read_all(cd.Loader(pipeline, hosts=2))])
+    assert sorted(ids.tolist()) == list(range(40))
+    with pytest.raises(cd.SourceError, match="record 1 of the chunk is not a tf.train.Example"):
+        cd.parse_tf_example([tf_example_bytes(1), b"\xff\xff\xff"])

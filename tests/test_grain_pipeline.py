@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -91,16 +92,16 @@ def test_mp_prefetch_runs_inside_the_sidecar_and_resumes(paths: list[str]) -> No
     unclosed-script test below runs them.)"""
     make = functools.partial(gp.maxtext_like, paths=paths, workers=1)
     # Grain's one worker gives the stream of none (checked with Grain itself: two would each take every 2nd record)
-    expected = gp.grain_batches(functools.partial(gp.maxtext_like, paths=paths), 2, STEPS)
+    expected = gp.grain_batches(functools.partial(gp.maxtext_like, paths=paths), 1, STEPS)
     pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH)
     backend = "sidecar"
-    with cd.Loader(pipeline, backend=backend, hosts=2) as loader:
+    with cd.Loader(pipeline, backend=backend, hosts=1) as loader:
         got = read(loader, RESUME_AT)
         state = loader.get_state()
         got += read(loader, STEPS - RESUME_AT)
     assert_host_by_host(expected, got, f"{backend} with mp_prefetch")
     assert "iterators_in_use_states" in json.dumps(state), "each host's state is mp_prefetch's"
-    with cd.Loader(pipeline, backend=backend, hosts=2, state=state) as loader:
+    with cd.Loader(pipeline, backend=backend, hosts=1, state=state) as loader:
         again = read(loader, STEPS - RESUME_AT)
     assert_host_by_host([e[RESUME_AT:] for e in expected], again, f"{backend} with mp_prefetch, resumed")
 
@@ -160,6 +161,17 @@ def test_the_stream_ends_where_every_host_dataset_ends(paths: list[str]) -> None
         batches = [to_numpy(b) for b in loader]
     assert len(batches) == 60 // (gp.BATCH // 3)
     assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(180))
+
+
+def test_a_state_before_the_first_batch_starts_at_the_beginning_on_any_host_count(paths: list[str]) -> None:
+    make = functools.partial(gp.maxtext_like, paths=paths)
+    pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH)
+    with cd.Loader(pipeline, hosts=2) as loader:
+        state = loader.get_state()
+    assert state["position"] == 0 and state["hosts"] == [None, None]
+    with cd.Loader(pipeline, hosts=3, state=state) as loader:
+        got = read(loader, 2)
+    assert_host_by_host(gp.grain_batches(make, 3, 2), got, "started from the first state")
 
 
 def test_a_state_restores_on_its_own_host_count_only(paths: list[str]) -> None:
@@ -241,8 +253,8 @@ BAD = {
     "ragged": (ragged, cd.TransformError, r"host 0 and host 1 made different columns \['x'\]"),
 }
 # every case on the in-process and colocated backends; through sidecars (4 s each to import Grain), those whose
-# error crosses the socket differently: a host's traceback, a host's own check, the hosts' streams ending apart
-CASES = [(b, c) for b in ("inprocess", "colocated") for c in BAD] + [("sidecar", c) for c in ("raises", "not-arrays", "uneven")]
+# error crosses the socket differently: a host's traceback, the hosts' streams ending apart
+CASES = [(b, c) for b in ("inprocess", "colocated") for c in BAD] + [("sidecar", c) for c in ("raises", "uneven")]
 
 
 @pytest.mark.parametrize("backend, case", CASES, ids=[f"{c}-{b}" for b, c in CASES])
@@ -319,6 +331,39 @@ def test_served_sidecars_of_a_config_give_grain_batches_for_1_2_and_3_hosts(path
             server.wait(30)
 
 
+def unseeded(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
+    """A dataset that gives other rows each time it is made (a random source without a seed)."""
+    start = int.from_bytes(os.urandom(2), "little")
+    return grain.MapDataset.range(start, start + 120).map(lambda i: {"x": np.int64(i)}).batch(12 // shard.shard_count)
+
+
+def test_colo_data_verify_checks_a_grain_config_against_grain(paths: list[str], tmp_path: Path) -> None:
+    (tmp_path / "grain_verify.py").write_text(
+        "import functools, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "import colo_data as cd\nimport grain_pipelines as gp\nimport test_grain_pipeline as t\n\n"
+        "def good(paths):\n"
+        "    return cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths), global_batch_size=gp.BATCH)\n\n"
+        "def bad():\n"
+        "    return cd.GrainPipeline(make_dataset=t.unseeded, global_batch_size=12)\n"
+    )
+    (tmp_path / "good.toml").write_text(f'pipeline = "grain_verify:good"\n[args]\npaths = {json.dumps(paths)}\n')
+    (tmp_path / "bad.toml").write_text('pipeline = "grain_verify:bad"\n')
+
+    def verify(config: str, hosts: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "colo_data.cli", "verify", config, "--hosts", hosts, "--steps", "4"]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    good = verify("good.toml", "2,5")
+    assert good.returncode == 0, good.stdout + good.stderr[-3000:]
+    for line in ("PASS  identical to Grain, 2 host(s), sidecar", "PASS  identical to Grain, 2 host(s), inprocess",
+                 "PASS  resume, 2 host(s)", "SKIP  identical to Grain, 5 host(s)"):
+        assert line in good.stdout, good.stdout
+    bad = verify("bad.toml", "1")
+    assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
+    assert "FAIL  identical to Grain, 1 host(s), inprocess: batch 0, host 0, column 'x'" in bad.stdout, bad.stdout
+
+
 UNCLOSED = """
 import functools, os, sys
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -328,7 +373,7 @@ import grain_pipelines as gp
 
 if __name__ == "__main__":
     make = functools.partial(gp.maxtext_like, paths={paths!r}, workers=1)
-    loader = cd.Loader(cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH), backend=sys.argv[1], hosts=2)
+    loader = cd.Loader(cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH), backend=sys.argv[1], hosts=1)
     for i, batch in enumerate(loader):
         if i >= 3:
             break

@@ -51,32 +51,32 @@ def verify(
     """Check CONFIG's pipeline on a short run: every host count yields identical global
     batches, each record appears exactly once (through the pipeline's index column), in
     the order the seed defines, and a state saved at one step and restored with another
-    host count continues identically. Exits 1 if a check fails, 2 if the pipeline cannot
-    be verified as given."""
+    host count continues identically. A cd.GrainPipeline is checked against Grain itself:
+    with each host count, the loader's batches (in process and through sidecars) are those
+    Grain gives host by host, and a saved state continues identically (--steps, default 8
+    batches). Exits 1 if a check fails, 2 if the pipeline cannot be verified as given."""
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
     from colo_data.errors import ColoDataError, ConfigError
     from colo_data.ops.config import load_config
     from colo_data.ops.verify import verify as run_checks
+    from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
     from colo_data.spec.mix import Mix
     from colo_data.spec.pipeline import Pipeline
 
     try:
         settings = load_config(config)
         pipeline = settings.build()
-        if not isinstance(pipeline, Pipeline):
-            raise ConfigError(
-                f"{config}: {settings.pipeline} is a cd.GrainPipeline; verify checks native cd.Pipelines' records "
-                "(a Grain pipeline's batches are checked against Grain itself in its tests: see docs/grain.md)"
-            )
-        mixed = isinstance(pipeline.source, Mix)
-        length = f"{steps} batches" if steps else "one epoch of every component" if mixed else "one epoch"
-        click.echo(
-            f"verify {config} ({settings.pipeline}, global batch {pipeline.global_batch_size}): "
-            f"{length}, hosts {', '.join(map(str, hosts))}"
-        )
-        checks = run_checks(pipeline, hosts, steps, resume_at, resume_hosts)
+        header = f"verify {config} ({settings.pipeline}, global batch {pipeline.global_batch_size}): "
+        if not isinstance(pipeline, Pipeline):  # a Grain pipeline: checked against Grain itself, host count by host count
+            click.echo(f"{header}{steps or DEFAULT_STEPS} batches against Grain's own, hosts {', '.join(map(str, hosts))}")
+            checks = verify_grain(pipeline, hosts, steps, resume_at)
+        else:
+            mixed = isinstance(pipeline.source, Mix)
+            length = f"{steps} batches" if steps else "one epoch of every component" if mixed else "one epoch"
+            click.echo(f"{header}{length}, hosts {', '.join(map(str, hosts))}")
+            checks = run_checks(pipeline, hosts, steps, resume_at, resume_hosts)
     except ConfigError as e:
         raise CannotVerify(str(e)) from e
     except ColoDataError as e:

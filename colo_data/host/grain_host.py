@@ -68,12 +68,13 @@ class GrainHost:
         try:
             while True:
                 t0 = time.perf_counter()
+                stacked = self.stages.values[3 * BATCH]  # the stacking time so far, apart from Grain's own
                 columns = self._next_batch(iterator)
                 if columns is None:
                     return
-                t1 = time.perf_counter()
+                seconds = time.perf_counter() - t0 - (self.stages.values[3 * BATCH] - stacked)
                 state = _checked_state(iterator.get_state(), self._where())
-                self.stages.add(TRANSFORM, t1 - t0, len(self.rows), sum(c.nbytes for c in columns.values()))
+                self.stages.add(TRANSFORM, seconds, len(self.rows), sum(c.nbytes for c in columns.values()))
                 yield HostChunk(columns, states=[{"data": data, "state": state}])
         finally:
             close_iterator(iterator)
@@ -103,8 +104,8 @@ class GrainHost:
         data = fingerprint(dataset)
         iterator = iter(dataset)
         pipeline = self.pipeline
-        if pipeline.resume is not None and start_position == pipeline.resume_position:
-            saved = pipeline.resume[self.host]
+        saved = pipeline.resume[self.host] if pipeline.resume is not None else None
+        if saved is not None and start_position == pipeline.resume_position:
             if saved["data"] != data:
                 raise StateError(
                     f"{self._where()}: the loader state was saved over other data (fingerprint {saved['data']}, this "

@@ -38,9 +38,9 @@ class GrainPipeline:
     make_dataset: Callable[[Any], Any]
     global_batch_size: int
     records: bool = False
-    # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "state": Grain's}`) and
-    # the stream position (records) they continue from.
-    resume: tuple[dict[str, Any], ...] | None = dataclasses.field(default=None, repr=False)
+    # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "state": Grain's}`, None
+    # for a host that starts at its beginning) and the stream position (records) they continue from.
+    resume: tuple[dict[str, Any] | None, ...] | None = dataclasses.field(default=None, repr=False)
     resume_position: int = dataclasses.field(default=0, repr=False)
 
     # What the transports ask of every pipeline kind: a Grain pipeline's data, order, packing
@@ -70,14 +70,14 @@ class GrainPipeline:
     def state_at(self, position: int, hosts: int, host_states: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """The loader state after `position` records (without its format, which
         `spec.state` adds): each host's Grain state at the last batch delivered (or where
-        the stream started), as one small JSON dict.
+        the stream started; None for a host at its beginning), as one small JSON dict.
 
         Raises:
             StateError: a host's state is not known here (its batches were computed by
                 another process).
         """
         missing = [h for h in range(hosts) if h not in host_states]
-        if missing:
+        if missing and position > 0:
             raise StateError(
                 f"get_state: the Grain states of host(s) {missing} of {hosts} are not known in this process; save the "
                 "state in a process that reads every host's batches"
@@ -86,7 +86,7 @@ class GrainPipeline:
             "kind": KIND,
             "position": position,
             "global_batch_size": self.global_batch_size,
-            "hosts": [host_states[h] for h in range(hosts)],
+            "hosts": [host_states.get(h) for h in range(hosts)],
         }
 
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[GrainPipeline, int]:
@@ -103,7 +103,7 @@ class GrainPipeline:
                 "the pipeline that saved it, or start without a state"
             )
         saved, position = state.get("hosts"), state.get("position")
-        if not (isinstance(saved, list) and saved and all(isinstance(s, dict) and "state" in s for s in saved)):
+        if not (isinstance(saved, list) and saved and all(s is None or (isinstance(s, dict) and "state" in s) for s in saved)):
             raise StateError(f"the Grain loader state has hosts={saved!r}: not one entry per host")
         if not (isinstance(position, int) and position >= 0):
             raise StateError(f"the Grain loader state has position={position!r}: not a stream position")
@@ -126,5 +126,7 @@ class GrainPipeline:
 
 def _elastic(saved: list[dict[str, Any]]) -> bool:
     """Every host saved the same `ElasticIterator` state (valid for any host count)."""
+    if any(s is None for s in saved):
+        return all(s is None for s in saved)  # nothing delivered yet: every host starts at its beginning
     first = saved[0]["state"]
     return isinstance(first, dict) and set(first) == _ELASTIC_KEYS and all(s["state"] == first for s in saved)
