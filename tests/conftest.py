@@ -38,6 +38,16 @@ def mix_corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture
+def own_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU budget given as COLO_DATA_CPUS, a hundredth of a CPU under the affinity mask:
+    a host pipeline then counts only the CPU its own process tree uses against the budget
+    (not the whole machine's), so that other work on the machine (the container build these
+    tests start in the background, a neighbour's job) does not keep its workers from
+    starting. For the tests that need worker processes at work."""
+    monkeypatch.setenv("COLO_DATA_CPUS", f"{len(os.sched_getaffinity(0)) - 0.01:g}")
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The container tests run last, and their image is built by a detached process from
     now on, so that its minutes of downloads and unpacking overlap the other tests."""

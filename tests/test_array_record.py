@@ -79,6 +79,7 @@ def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle
         assert_batches_equal(read_all(cd.Loader(pipeline(records, shuffle))), got, f"{shuffle}: ArrayRecord vs a list")
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_worker_processes_read_it_without_jax(array_records: Path) -> None:
     source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
     endless = cd.Pipeline(

@@ -158,6 +158,7 @@ class _SmallChunks(cd.HostPipeline):
         return 4
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_workers_run_in_the_colocated_object_and_close_stops_them(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -174,6 +174,7 @@ def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path,
     assert not any(shm_dir.iterdir())
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_worker_killed_is_an_error_not_a_hang(token_corpus: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])  # the sidecar hands its workers work
     with cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir)), prefetch=0) as loader:

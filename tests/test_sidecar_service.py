@@ -194,6 +194,7 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
     return alive
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     tmp_path: Path, token_corpus: Path, shm_dir: Path
 ) -> None:

@@ -122,6 +122,7 @@ class EncodeBatch:
 
 
 @pytest.mark.parametrize("kind", ["Tokenizer", "callable"])
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_a_tokenizer_object_or_callable_travels_to_worker_processes(text_data: tuple[Path, Path], kind: str) -> None:
     corpus, path = text_data
     tokenizer = Tokenizer.from_file(str(path)) if kind == "Tokenizer" else EncodeBatch(path)

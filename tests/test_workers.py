@@ -34,6 +34,7 @@ def workers_of(me: psutil.Process) -> list[psutil.Process]:
     return [c for c in me.children(recursive=True) if "colo_data.workers.processes" in " ".join(c.cmdline())]
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_workers_are_kept_across_restarts_and_hold_no_jax(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, "global", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     me = psutil.Process()
@@ -52,6 +53,7 @@ def test_workers_are_kept_across_restarts_and_hold_no_jax(token_corpus: Path) ->
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(first)), first, "workers vs none")
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_a_sidecars_workers_make_the_same_batches(token_corpus: Path, tmp_path: Path) -> None:
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     with cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=2, shm_dir=str(tmp_path))) as loader:
@@ -223,6 +225,7 @@ def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> 
         owner.close()
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_a_script_without_a_main_guard_can_use_workers(tmp_path: Path, token_corpus: Path) -> None:
     script = tmp_path / "unguarded.py"
     script.write_text(
