@@ -25,7 +25,7 @@ from colo_data.ops import demo
 from pipelines import backend_of, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = 6
+RUNS = 4
 
 # The loop users write most, with the loader never closed and the script just ending. Before
 # the loader had one owner for its threads, this aborted (SIGABRT, `terminate called ...`) in

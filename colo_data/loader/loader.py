@@ -268,7 +268,10 @@ class Loader:
 
     def get_state(self) -> dict[str, Any]:
         """The global position as a small JSON-serialisable dict, the same for any host or
-        worker count; give it to `set_state` or `Loader(..., state=)` to continue."""
+        worker count; give it to `set_state` or `Loader(..., state=)` to continue. For a
+        `cd.GrainPipeline`, every host's Grain state at the last batch delivered (in a
+        multi-controller run every process must call it at the same step: the states are
+        gathered from all of them)."""
         runner = self._runner
         return make_state(self.pipeline, runner.position, self.hosts, all_host_states(runner.host_states, self.pipeline))
 
@@ -294,7 +297,8 @@ class Loader:
             self._transport_parts = runner.owner.child("transport")
             self.pipeline = runner.pipeline = rebased
             transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
-            runner.backend = runner.meters.backend = transport
+            runner.backend = transport
+            runner.meters.replace_backend(transport)
             runner.host_states = dict(enumerate(rebased.resume or ()))
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:

@@ -25,6 +25,12 @@ class LoaderMeters:
         self.backend, self.prefetch = backend, prefetch
         self._at_warmup: tuple[list[float], list[HostCounters]] | None = None
 
+    def replace_backend(self, backend: Backend) -> None:
+        """A new transport (a Grain pipeline's `set_state`): its counters start at zero, so
+        the steady state is counted from the next run on, not from the old one's warm-up."""
+        self.backend = backend
+        self._at_warmup = None
+
     def start(self) -> None:
         """A run starts: with no warm-up, the steady state is counted from here."""
         if self.clock.count == 0 and self.clock.warmup == 0:
