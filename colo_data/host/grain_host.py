@@ -18,6 +18,7 @@ import numpy as np
 from colo_data.errors import GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.pipeline import owning
+from colo_data.io.sources import grain_stages
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec.grain_pipeline import GrainPipeline
@@ -198,19 +199,11 @@ def fingerprint(dataset: Any) -> str:
     `fingerprint()` that, for any other its type and length. The same on every host of a
     pipeline whose hosts read the same files."""
     parts: list[str] = []
-    seen: set[int] = set()
-    pending = [dataset]
-    while pending:
-        node = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in grain_stages(dataset):
         parts.append(type(node).__qualname__)
         source = getattr(node, "_source", None)
         if source is not None:
             parts.append(_source_identity(source))
-        inner = getattr(node, "_ds", None)  # grain.experimental.ElasticIterator wraps its dataset here
-        pending.extend([*getattr(node, "parents", ()), *([inner] if inner is not None else [])])
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ import fnmatch
 import hashlib
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
@@ -550,18 +550,23 @@ class RecordSource:
         return hashlib.sha256(f"{type(self._records).__name__}:{self._len}".encode()).hexdigest()[:16]
 
 
-def _filter_in(records: Any) -> str | None:
-    """The name of a Grain filter stage in a `grain.MapDataset`'s graph, if it has one."""
-    pending, seen = [records], set()
+def grain_stages(dataset: Any) -> Iterator[Any]:
+    """Each stage of a Grain dataset's graph once, from the output to the sources (the
+    `parents` of each, and the dataset that a `grain.experimental.ElasticIterator` wraps)."""
+    pending, seen = [dataset], set()
     while pending:
         node = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if "Filter" in type(node).__name__:
-            return type(node).__name__
-        pending.extend(getattr(node, "parents", ()))
-    return None
+        yield node
+        inner = getattr(node, "_ds", None)  # where ElasticIterator keeps its dataset
+        pending.extend([*getattr(node, "parents", ()), *([inner] if inner is not None else [])])
+
+
+def _filter_in(records: Any) -> str | None:
+    """The name of a Grain filter stage in a `grain.MapDataset`'s graph, if it has one."""
+    return next((type(n).__name__ for n in grain_stages(records) if "Filter" in type(n).__name__), None)
 
 
 def as_source(source: Any) -> Source:
