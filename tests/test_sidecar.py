@@ -184,11 +184,12 @@ def test_worker_killed_is_an_error_not_a_hang(token_corpus: Path, shm_dir: Path,
         assert 1 <= len(workers) <= 2, "the sidecar runs its worker processes"
         for w in workers:
             w.send_signal(signal.SIGKILL)
+        # by time, not by batches: a pool given up before the kill is looked at every half
+        # second, by then the ring may hold many batches made by the sidecar's own thread
         started = time.monotonic()
         with pytest.raises(cd.ColoDataError):
-            for _ in range(1000):
+            while time.monotonic() - started < 30:
                 next(loader)
-        assert time.monotonic() - started < 30
 
 
 TRAINER = """
