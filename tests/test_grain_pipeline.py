@@ -142,6 +142,39 @@ def test_set_state_on_an_open_loader_goes_back(paths: list[str]) -> None:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+def counting(shard: grain.sharding.ShardOptions, timed: bool) -> grain.IterDataset:
+    """Endless shuffled numbers batched per host; with `timed`, Grain's stage timing on."""
+    ds = grain.MapDataset.range(10_000).shuffle(seed=1).repeat()[shard.shard_index :: shard.shard_count]
+    out = ds.map(lambda i: {"x": np.full(16, i, np.int64)}).to_iter_dataset().batch(gp.BATCH // shard.shard_count)
+    if not timed:
+        return out
+    timing = grain.experimental.DatasetOptions(execution_tracking_mode=grain.experimental.ExecutionTrackingMode.STAGE_TIMING)
+    return grain.experimental.WithOptionsIterDataset(out, timing)
+
+
+def test_grains_own_stage_times_are_the_hosts_stages() -> None:
+    """With Grain's stage timing on, the telemetry's stages are Grain's nodes (source under
+    read, shuffle and slice under order, map under transform, batch under batch), once Grain
+    has folded them into its summary (every 5 s); without it, Grain's next() is one
+    transform."""
+
+    def stages(timed: bool, deadline_s: float) -> dict[str, Any]:
+        pipeline = cd.GrainPipeline(make_dataset=functools.partial(counting, timed=timed), global_batch_size=gp.BATCH)
+        with cd.Loader(pipeline, hosts=2) as loader:
+            until = time.monotonic() + deadline_s
+            while True:
+                next(loader)
+                got = {s.name: s for s in loader.telemetry().stages}
+                if time.monotonic() > until or all(got[n].seconds > 0 for n in ("order", "read", "transform", "batch")):
+                    return got
+
+    timed = stages(True, 30)
+    assert all(timed[n].seconds > 0 and timed[n].items > 0 for n in ("order", "read", "transform", "batch")), timed
+    plain = stages(False, 0.5)
+    assert plain["transform"].seconds > 0 and plain["transform"].items > 0, plain
+    assert all(plain[n].seconds == 0 for n in ("order", "read", "batch")), plain
+
+
 def test_records_are_stacked_into_host_batches(paths: list[str]) -> None:
     make = functools.partial(gp.records_of, paths=paths)
     pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH, records=True)
@@ -339,7 +372,9 @@ def unseeded(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
     return grain.MapDataset.range(start, start + 120).map(lambda i: {"x": np.int64(i)}).batch(12 // shard.shard_count)
 
 
-def test_colo_data_verify_checks_a_grain_config_against_grain(paths: list[str], tmp_path: Path) -> None:
+def test_colo_data_verify_and_bench_take_a_grain_config(paths: list[str], tmp_path: Path) -> None:
+    """verify passes a deterministic Grain config and fails one that is not; bench reads a
+    Grain config to its end and reports its steps and its hosts' stages."""
     (tmp_path / "grain_verify.py").write_text(
         "import functools, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
@@ -364,6 +399,18 @@ def test_colo_data_verify_checks_a_grain_config_against_grain(paths: list[str], 
     bad = verify("bad.toml", "1")
     assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
     assert "FAIL  identical to Grain, 1 host(s), inprocess: batch 0, host 0, column 'x'" in bad.stdout, bad.stdout
+
+    command = [sys.executable, "-m", "colo_data.cli", "bench", "good.toml", "--backend", "inprocess", "--hosts", "2",
+               "--warmup", "2", "--json", "bench.json"]
+    bench = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stdout + bench.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())["colo-data"]
+    ends = [sum(1 for _ in gp.maxtext_like(grain.sharding.ShardOptions(h, 2), paths)) for h in range(2)]
+    assert report["steps"] == ends[0] == ends[1] > report["warmup_steps"], "bench reads the Grain dataset to its end"
+    assert report["steady"]["records"] == (report["steps"] - report["warmup_steps"]) * gp.BATCH
+    for host in report["hosts"]:
+        transform = next(s for s in host["stages"] if s["name"] == "transform")
+        assert transform["seconds"] > 0 and transform["items"] > 0, host
 
 
 UNCLOSED = """

@@ -17,6 +17,7 @@ import numpy as np
 
 from colo_data.errors import GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.grain_stats import GrainStages
 from colo_data.host.pipeline import owning
 from colo_data.io.sources import grain_stages
 from colo_data.runtime.lifecycle import Lifecycle
@@ -66,6 +67,7 @@ class GrainHost:
         thread that iterates it, when this generator is closed (closing it from another
         thread while that one waits in its `next` left the wait hanging)."""
         iterator, data = self._iterator(start_position)
+        grain_stages = GrainStages(iterator)  # Grain's own stage times, where it keeps them
         try:
             while True:
                 t0 = time.perf_counter()
@@ -73,9 +75,12 @@ class GrainHost:
                 columns = self._next_batch(iterator)
                 if columns is None:
                     return
-                seconds = time.perf_counter() - t0 - (self.stages.values[3 * BATCH] - stacked)
+                if grain_stages.on:
+                    grain_stages.add_new(self.stages)
+                else:  # Grain's next() counted as one transform
+                    seconds = time.perf_counter() - t0 - (self.stages.values[3 * BATCH] - stacked)
+                    self.stages.add(TRANSFORM, seconds, len(self.rows), sum(c.nbytes for c in columns.values()))
                 state = _checked_state(iterator.get_state(), self._where())
-                self.stages.add(TRANSFORM, seconds, len(self.rows), sum(c.nbytes for c in columns.values()))
                 yield HostChunk(columns, states=[{"data": data, "state": state}])
         finally:
             close_iterator(iterator)
