@@ -186,6 +186,54 @@ def test_a_process_outside_the_mesh_is_told(token_corpus: Path, tmp_path: Path) 
     assert "process 1 holds no device of the mesh" in by_process[1].info["error"], by_process[1].info
 
 
+def read_grain(args: dict[str, Any]) -> dict[str, Any]:
+    """The worker: one process's Loader over the MaxText-style Grain pipeline, `steps`
+    batches, the state, `more` batches; then a new Loader from that state, `more` batches."""
+    import functools  # noqa: PLC0415
+
+    import grain_pipelines as gp  # noqa: PLC0415 - Grain only in the processes of this test
+
+    make = functools.partial(gp.maxtext_like, paths=args["paths"])
+    pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH)
+    with cd.Loader(pipeline) as loader:
+        batches = [record(b) for b in itertools.islice(loader, args["steps"])]
+        state = loader.get_state()
+        batches += [record(b) for b in itertools.islice(loader, args["more"])]
+    with cd.Loader(pipeline, state=state) as loader:
+        batches += [record(b) for b in itertools.islice(loader, args["more"])]
+    return dict(batches=batches, info=dict(state=state))
+
+
+def test_a_grain_pipelines_state_gathers_every_processs_host(tmp_path: Path) -> None:
+    """Two processes, each driving its own host of a GrainPipeline: each one's get_state()
+    holds both hosts' Grain states (gathered across the processes), and resuming from it in
+    both gives Grain's own batches, host by host."""
+    import functools  # noqa: PLC0415
+
+    import grain  # noqa: PLC0415
+    import grain_pipelines as gp  # noqa: PLC0415
+
+    paths = gp.write_records(tmp_path)
+    steps, more = 2, 2
+    results = run(read_grain, 2, dict(paths=paths, steps=steps, more=more), tmp_path, timeout=TIMEOUT_S)
+    states = [r.info["state"] for r in results]
+    assert states[0] == states[1], states
+    assert len(states[0]["hosts"]) == 2 and all(h is not None for h in states[0]["hosts"]), states[0]
+    for h, host in enumerate(states[0]["hosts"]):
+        iterator = iter(gp.maxtext_like(grain.sharding.ShardOptions(h, 2), paths))
+        for _ in range(steps):
+            next(iterator)
+        assert host["state"] == iterator.get_state(), f"host {h}'s state is not Grain's after {steps} batches"
+    expected = gp.grain_batches(functools.partial(gp.maxtext_like, paths=paths), 2, steps + more)
+    got = merge(results)
+    rows = gp.BATCH // 2
+    for i, batch in enumerate(got):
+        step = i if i < steps + more else i - more  # the resumed loader's batches follow the first ones
+        for h in range(2):
+            for name, want in expected[h][step].items():
+                np.testing.assert_array_equal(batch[name][h * rows : (h + 1) * rows], want, err_msg=f"batch {i}, host {h}, {name}")
+
+
 # The harness itself: a failing or hanging group ends within its bounds, with every child's
 # output in the message and no process left behind.
 
