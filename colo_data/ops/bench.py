@@ -153,7 +153,7 @@ def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
     its default worker count (`worker_count=None`: os.cpu_count())."""
     if isinstance(pipeline, GrainPipeline):
         raise ConfigError(
-            "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain.py compares it "
+            "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain_pipeline.py compares it "
             "iterated in the trainer's process with the sidecar"
         )
     if pipeline.pack is not None:

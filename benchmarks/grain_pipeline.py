@@ -12,36 +12,28 @@ The pipeline is MaxText-style: ArrayRecord files of JSON text records, parse, to
 and the input wait (the share of the wall time the trainer waits in `next()`) after the
 first batch (the sidecar starts while a trainer compiles: the first batch's time is shown
 apart), medians of interleaved rounds. Goal (issue 22): (b) at least 1.3x (a), with a lower input
-wait. Run: `.venv/bin/python benchmarks/grain.py [--rounds N] [--quick] [--out DIR]`.
+wait. Run: `.venv/bin/python benchmarks/grain_pipeline.py [--rounds N] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
-import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
-# This file's name is Grain's: Grain must come from the package index, not from here.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
-import grain  # noqa: E402
+import grain
+import harness
+import jax
+import numpy as np
+from absl import flags
+from array_record.python.array_record_module import ArrayRecordWriter
+from grain.experimental import FirstFitPackIterDataset
 
-sys.path.append(HERE)
-
-import functools  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import harness  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import flags  # noqa: E402
-from array_record.python.array_record_module import ArrayRecordWriter  # noqa: E402
-from grain.experimental import FirstFitPackIterDataset  # noqa: E402
-
-import colo_data as cd  # noqa: E402
+import colo_data as cd
 
 FILES, PER_FILE = 4, 4_000
 LENGTH, BATCH = 512, 32
