@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Both tools keep a cache in the repository (.ruff_cache, .mypy_cache): mypy takes about
-# 30 s without one, 1 s with it.
+# 12 s without one (JAX not followed: see pyproject.toml), 1 s with it.
 COMMANDS = {
     "ruff": ["-m", "ruff", "check", "colo_data"],
     "mypy": ["-m", "mypy", "colo_data"],

@@ -70,6 +70,7 @@ def slow_in_workers(batch: dict) -> dict:
     return batch
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_workers_that_cost_more_than_they_give_are_given_up(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

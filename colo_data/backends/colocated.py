@@ -338,7 +338,7 @@ class ColocatedHosts:
         # as long as a compiled method holds it, and a first call that fails holds nothing
         # (every later call would find no object), so this one cannot fail on the data.
         # jax types the wrapper `type[object]`, though it takes `_HostSide`'s arguments
-        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers, _PROCESS)  # type: ignore[call-arg]
+        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers, _PROCESS)
         try:
             seen = np.asarray(self._call("open", self._request(0, 1)))
         except BaseException:

@@ -54,7 +54,7 @@ class Placement:
         needed: set[int] = set()
         for index in self.sharding(1).addressable_devices_indices_map((global_batch_size,)).values():
             # jax types the values `Index | None`, but they come from `devices_indices_map`: never None
-            start, stop, _ = index[0].indices(global_batch_size)  # type: ignore[index]
+            start, stop, _ = index[0].indices(global_batch_size)
             needed.update(range(start // self.per_host, -(-stop // self.per_host)))
         self.local_hosts = sorted(needed)
         if not self.local_hosts:
