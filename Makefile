@@ -58,6 +58,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/remote.py
 	$(VENV)/bin/python benchmarks/array_record_reads.py
 	$(VENV)/bin/python benchmarks/grain_pipeline.py
+	$(VENV)/bin/python benchmarks/packing.py
 
 # After a change to the dependencies in pyproject.toml: pin them again (uv.lock) and export
 # the pins for SETUP=pip (tests/test_setup.py checks that the three agree).

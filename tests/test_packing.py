@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import cloudpickle
+import grain
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -57,20 +60,48 @@ def check_rows(batches: list[dict[str, np.ndarray]], corpus: Path, length: int =
     return seen
 
 
-def test_plan_next_fit() -> None:
-    consumed, rows, offsets = plan(np.array([3, 4, -1, 2, 5, 2]), rows=2, length=8, max_segments=8, complete=True)
-    assert consumed == 5 and rows.tolist() == [0, 0, -1, 1, 1] and offsets.tolist() == [0, 3, -1, 0, 2]
-    assert plan(np.array([3, 4]), rows=2, length=8, max_segments=8, complete=False)[0] == 0  # not full: look further
-    assert plan(np.array([1, 1, 1]), rows=2, length=8, max_segments=1, complete=True)[0] == 2  # one record a row
+@pytest.mark.parametrize("method", ["next_fit", "first_fit", "best_fit"])
+def test_plan(method: str) -> None:
+    consumed, rows, offsets = plan(np.array([3, 4, -1, 2, 5, 2]), 2, 8, 8, complete=True, method=method)
+    if method == "best_fit":  # the last 2 fits nowhere; placed again longest first, all six fit
+        assert consumed == 6 and rows.tolist() == [0, 1, -1, 1, 0, 1] and offsets.tolist() == [0, 0, -1, 4, 3, 6]
+    else:
+        assert consumed == 5 and rows.tolist() == [0, 0, -1, 1, 1] and offsets.tolist() == [0, 3, -1, 0, 2]
+    assert plan(np.array([3, 4]), 2, 8, 8, complete=False, method=method)[0] == 0  # not full: look further
+    assert plan(np.array([1, 1, 1]), 2, 8, 1, complete=True, method=method)[0] == 2  # one record a row
+    # next fit closes row 0 at the 4, first and best fit put the 3 back in row 0
+    consumed, rows, offsets = plan(np.array([5, 4, 3, 2]), 2, 8, 8, complete=True, method=method)
+    expected = {"next_fit": (3, [0, 1, 1], [0, 0, 4])}.get(method, (4, [0, 1, 0, 1], [0, 0, 5, 4]))
+    assert (consumed, rows.tolist(), offsets.tolist()) == expected, method
+    # best fit: the 5 that fits nowhere goes in once the batch's records are placed again longest first
+    consumed, rows, offsets = plan(np.array([3, 3, 5, 5]), 2, 8, 8, complete=True, method=method)
+    if method == "best_fit":
+        assert consumed == 4 and rows.tolist() == [0, 1, 0, 1] and offsets.tolist() == [0, 0, 3, 3]
+    else:
+        assert consumed == 3 and rows.tolist() == [0, 0, 1] and offsets.tolist() == [0, 3, 0]
+    # best fit: the row it fills most, first fit: the first with room
+    rows = plan(np.array([4, 5, 2]), 2, 8, 8, complete=True, method=method)[1]
+    assert rows.tolist() == {"first_fit": [0, 1, 0]}.get(method, [0, 1, 1]), method
 
 
-@pytest.mark.parametrize("shuffle", ["none", "global", "block"])
-def test_every_record_once_and_the_same_batches_for_any_host_count(token_corpus: Path, shuffle: str) -> None:
-    pipeline = packed(token_corpus, shuffle)
+@pytest.mark.parametrize(
+    "shuffle, method", [("none", "best_fit"), ("global", "best_fit"), ("block", "best_fit"), ("global", "first_fit"),
+                        ("global", "next_fit")]
+)
+def test_every_record_once_and_the_same_batches_for_any_host_count(token_corpus: Path, shuffle: str, method: str) -> None:
+    pipeline = packed(token_corpus, shuffle, method=method)
     reference = read_all(cd.Loader(pipeline, hosts=1))
     seen = check_rows(reference, token_corpus)
     assert sorted(seen) == list(range(RECORDS)), "every record exactly once"
-    np.testing.assert_array_equal(seen, cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS)), "in stream order")
+    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS)).tolist()
+    place = {record: i for i, record in enumerate(stream)}
+    taken = 0
+    for batch in reference:  # each batch takes the next records of the stream, in its rows in stream order
+        records = [[int(i) for i in row if i >= 0] for row in batch["_index"]]
+        assert all(row == sorted(row, key=place.get) for row in records), f"{method}: a row out of stream order"
+        count = sum(len(row) for row in records)
+        assert sorted(sum(records, []), key=place.get) == stream[taken : taken + count], f"{method}: not the next records"
+        taken += count
     assert len(reference) < RECORDS // 4, "records share rows"
     for hosts in (2, 4):
         assert_batches_equal(reference, read_all(cd.Loader(pipeline, hosts=hosts)), f"{hosts} hosts, {shuffle}")
@@ -133,9 +164,82 @@ def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:
     assert state["epoch"] * RECORDS + state["position"] == len(seen), "the state counts the records consumed"
 
 
+def inputs_and_targets(columns: dict) -> dict:
+    """Two list columns of the same lengths: the tokens, and the tokens plus one."""
+    tokens = columns["tokens"].combine_chunks() if hasattr(columns["tokens"], "combine_chunks") else columns["tokens"]
+    targets = pa.ListArray.from_arrays(tokens.offsets, pc.add(tokens.values, 1))
+    return {"inputs": tokens, "targets": targets}
+
+
+def grain_first_fit(corpus: Path, pipeline: cd.Pipeline, rows: int) -> list[dict[str, np.ndarray]]:
+    """Grain's FirstFitPackIterDataset (one bin a row, bins in order) over the pipeline's
+    records in its stream order, batched by `rows`."""
+    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    tokens = tokens_of(corpus)
+    records = grain.MapDataset.source([{"inputs": tokens[i], "targets": tokens[i] + 1} for i in stream]).to_iter_dataset()
+    packed = grain.experimental.FirstFitPackIterDataset(
+        records, length_struct={"inputs": LENGTH, "targets": LENGTH}, num_packing_bins=rows, shuffle_bins=False
+    )
+    return [{k: np.asarray(v) for k, v in b.items()} for b in packed.batch(rows)]
+
+
+def test_several_columns_packed_as_grains_first_fit_with_its_names(token_corpus: Path) -> None:
+    """Two columns, one layout, Grain's key names: first fit gives Grain's own
+    FirstFitPackIterDataset's batches, key for key; best fit the same records, fuller."""
+    def pipeline(method: str, names: str = "grain") -> cd.Pipeline:
+        pack = cd.Pack(columns=("inputs", "targets"), length=LENGTH, method=method, names=names, prepare=[inputs_and_targets])
+        return dataclasses.replace(packed(token_corpus, "global"), pack=pack, index_column=None)
+
+    expected = grain_first_fit(token_corpus, pipeline("first_fit"), 4)
+    for hosts in (1, 2):
+        got = read_all(cd.Loader(pipeline("first_fit"), hosts=hosts))
+        assert len(got) == len(expected) and all(set(g) == set(e) for g, e in zip(got, expected, strict=True)), sorted(got[0])
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            for name in e:
+                np.testing.assert_array_equal(g[name], e[name], err_msg=f"{hosts} hosts, batch {i}, {name}")
+    best = read_all(cd.Loader(pipeline("best_fit")))
+    assert sum(int((b["inputs_segment_ids"] > 0).sum()) for b in best) == sum(len(t) for t in tokens_of(token_corpus))
+    assert len(best) <= len(expected)
+    shared = read_all(cd.Loader(pipeline("first_fit", names="colo-data")))
+    for g, e in zip(shared, expected, strict=True):  # one segment_ids and positions for both columns
+        assert set(g) == {"inputs", "targets", "segment_ids", "positions"}
+        np.testing.assert_array_equal(g["segment_ids"], e["inputs_segment_ids"])
+        np.testing.assert_array_equal(g["targets"], e["targets"])
+
+
+def test_columns_of_other_lengths_share_the_slots(token_corpus: Path) -> None:
+    """A record's slot is as long as its longest packed column: the shorter column is padded
+    within it; with Grain's names its segment ids mark its own tokens only."""
+    def shorter_targets(columns: dict) -> dict:
+        out = inputs_and_targets(columns)
+        return {**out, "targets": pc.list_slice(out["targets"], 0, 2)}  # at most 2 tokens
+
+    pack = cd.Pack(columns=("inputs", "targets"), length=LENGTH, names="grain", prepare=[shorter_targets])
+    batches = read_all(cd.Loader(dataclasses.replace(packed(token_corpus, "global"), pack=pack), hosts=2))
+    tokens = tokens_of(token_corpus)
+    for batch in batches:
+        for row in range(len(batch["inputs"])):
+            offset = 0
+            for segment, i in enumerate(int(i) for i in batch["_index"][row] if i >= 0):
+                n, m = len(tokens[i]), min(len(tokens[i]), 2)
+                np.testing.assert_array_equal(batch["inputs"][row, offset : offset + n], tokens[i])
+                np.testing.assert_array_equal(batch["targets"][row, offset : offset + m], tokens[i][:m] + 1)
+                assert (batch["targets_segment_ids"][row, offset : offset + n] == [segment + 1] * m + [0] * (n - m)).all()
+                assert (batch["inputs_segment_ids"][row, offset : offset + n] == segment + 1).all()
+                offset += n
+
+
 def test_bad_packing(token_corpus: Path) -> None:
     with pytest.raises(cd.ConfigError, match=r"length=0 must be an int >= 1"):
         cd.Pack("tokens", 0)
+    with pytest.raises(cd.ConfigError, match=r"method='worst_fit'; give one of best_fit, first_fit, next_fit"):
+        cd.Pack("tokens", 8, method="worst_fit")
+    with pytest.raises(cd.ConfigError, match=r"names='maxtext'; give 'colo-data'"):
+        cd.Pack("tokens", 8, names="maxtext")
+    with pytest.raises(cd.ConfigError, match=r"name the list column to pack, or several distinct ones"):
+        cd.Pack("tokens", 8, columns=("inputs", "targets"))
+    with pytest.raises(cd.ConfigError, match=r"give a tuple of column names"):
+        cd.Pack(columns="inputs", length=8)
     with pytest.raises(cd.ConfigError, match=r"no column 'words' in the source"):
         next(cd.Loader(dataclasses.replace(packed(token_corpus), pack=cd.Pack("words", 8))))
     with pytest.raises(cd.TransformError, match=r"column is int64, expected a list column"):

@@ -21,37 +21,129 @@ from colo_data.host.chunk_work import ChunkWork
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.mix import Mix
-from colo_data.spec.pack import POSITIONS, SEGMENT_IDS, Pack
+from colo_data.spec.pack import Pack
 from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
 
 
-def plan(lengths: np.ndarray, rows: int, length: int, max_segments: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:
-    """Place records (their `lengths`, -1 for a dropped record) in order into `rows` rows:
-    returns how many records the batch consumes and each consumed record's row and token
-    offset (-1 for dropped ones). Stops at the first record that fits no more; with
-    `complete` False (more records exist than `lengths` shows) it returns 0 consumed
-    unless the batch filled up, so that the caller can look further ahead."""
-    row_of = np.full(len(lengths), -1, np.int64)
-    offset_of = np.full(len(lengths), -1, np.int64)
+def plan(
+    lengths: np.ndarray, rows: int, length: int, max_segments: int, complete: bool, method: str = "next_fit"
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """Place records (their `lengths`, -1 for a dropped record) in order into `rows` rows by
+    `method` (see `cd.Pack`): returns how many records the batch consumes and each consumed
+    record's row and token offset (-1 for dropped ones); within a row, records lie in stream
+    order. Stops at the first record that fits no more; with `complete` False (more records
+    exist than `lengths` shows) it returns 0 consumed unless the batch filled up, so that
+    the caller can look further ahead."""
+    sizes = lengths.tolist()
+    row_of = [-1] * len(sizes)
+    if method == "next_fit":
+        stop = _next_fit(sizes, row_of, rows, length, max_segments)
+    else:
+        stop = _fit(sizes, row_of, rows, length, max_segments, method == "best_fit")
+    if stop is None:
+        if not complete:
+            return 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        stop = len(sizes)
+    row_at = np.array(row_of[:stop], np.int64)
+    return stop, row_at, _offsets(row_at, lengths[:stop])
+
+
+def _next_fit(sizes: list[int], row_of: list[int], rows: int, length: int, max_segments: int) -> int | None:
+    """One row after the other; the place of the first record that fits no more, or None."""
     row, used, segments = 0, 0, 0
-    for i, n in enumerate(lengths.tolist()):
+    for i, n in enumerate(sizes):
         if n < 0:
             continue
         if used + n > length or segments == max_segments:
             row, used, segments = row + 1, 0, 0
             if row == rows:
-                return i, row_of[:i], offset_of[:i]
-        row_of[i], offset_of[i] = row, used
+                return i
+        row_of[i] = row
         used, segments = used + n, segments + 1
-    if not complete:
-        return 0, row_of[:0], offset_of[:0]
-    return len(lengths), row_of, offset_of
+    return None
 
 
-def _list_parts(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets (one more than records) and values of a list column, as numpy."""
+def _fit(sizes: list[int], row_of: list[int], rows: int, length: int, max_segments: int, best: bool) -> int | None:
+    """First fit (the first row with room) or best fit (the row it fills most; when it fits
+    nowhere, the batch's records placed again longest first, each where it fits tightest);
+    the place of the first record that fits no more, or None."""
+    free, count = [length] * rows, [0] * rows
+    placed: list[int] = []
+    for i, n in enumerate(sizes):
+        if n < 0:
+            continue
+        row = _row_for(n, free, count, max_segments, best)
+        if row is None and best:
+            again = _decreasing([*placed, i], sizes, rows, length, max_segments)
+            if again is not None:
+                for j, r in zip([*placed, i], again[0], strict=True):
+                    row_of[j] = r
+                free, count = again[1], again[2]
+                placed.append(i)
+                continue
+        if row is None:
+            return i
+        row_of[i] = row
+        free[row] -= n
+        count[row] += 1
+        placed.append(i)
+    return None
+
+
+def _row_for(n: int, free: list[int], count: list[int], max_segments: int, best: bool) -> int | None:
+    """The row for a record of `n` tokens: the first with room, or (`best`) the one with the
+    least room that fits it (the first of those); None if none has room."""
+    chosen = None
+    for row, room in enumerate(free):
+        if room >= n and count[row] < max_segments:
+            if not best:
+                return row
+            if chosen is None or room < free[chosen]:
+                chosen = row
+    return chosen
+
+
+def _decreasing(
+    records: list[int], sizes: list[int], rows: int, length: int, max_segments: int
+) -> tuple[list[int], list[int], list[int]] | None:
+    """`records` placed longest first (ties in stream order), each in the row it fits
+    tightest: their rows (in the order given) and the rows' room and record counts; None if
+    one fits nowhere."""
+    free, count = [length] * rows, [0] * rows
+    row_of = dict.fromkeys(records, -1)
+    for j in sorted(records, key=lambda j: -sizes[j]):
+        row = _row_for(sizes[j], free, count, max_segments, True)
+        if row is None:
+            return None
+        row_of[j] = row
+        free[row] -= sizes[j]
+        count[row] += 1
+    return [row_of[j] for j in records], free, count
+
+
+def _offsets(row_of: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each placed record's token offset in its row: the lengths of the records before it
+    in the same row (stream order); -1 for records not placed."""
+    offsets = np.full(len(row_of), -1, np.int64)
+    placed = np.flatnonzero(row_of >= 0)
+    if len(placed):
+        order = placed[np.argsort(row_of[placed], kind="stable")]  # by row, stream order within
+        sizes = lengths[order]
+        ends = np.cumsum(sizes)
+        rows = row_of[order]
+        first = np.r_[True, rows[1:] != rows[:-1]]
+        row_start = np.maximum.accumulate(np.where(first, ends - sizes, 0))
+        offsets[order] = ends - sizes - row_start
+    return offsets
+
+
+def _list_parts(column: pa.ChunkedArray | pa.Array | np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (one more than records) and values of a list column, as numpy (a 2-D numpy
+    column: records of one length)."""
     if isinstance(column, np.ndarray):
-        raise TransformError(f"cd.Pack({name!r}): column is {column.dtype}, expected a list column")
+        if column.ndim != 2:
+            raise TransformError(f"cd.Pack({name!r}): column is {column.dtype}, expected a list column")
+        return np.arange(len(column) + 1, dtype=np.int64) * column.shape[1], column.reshape(-1)
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         raise TransformError(f"cd.Pack({name!r}): column is {array.type}, expected a list column")
@@ -64,14 +156,15 @@ def _list_parts(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[np.ndarr
 
 class _Window:
     """Records of the stream from `start` on, read ahead as needed: their global indices,
-    the packed column's offsets and values, and their lengths (-1: dropped by `keep`)."""
+    each packed column's offsets and values, and the records' slot lengths (their longest
+    packed column, at most the row length; -1: dropped by `keep`)."""
 
     def __init__(self, work: ChunkWork, pack: Pack, start: int) -> None:
         self.work, self.pack, self.start = work, pack, start
         self.indices = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)
-        self.offsets = np.zeros(1, np.int64)
-        self.values: np.ndarray | None = None
+        self.offsets = {name: np.zeros(1, np.int64) for name in pack.columns}
+        self.values: dict[str, np.ndarray] = {}
 
     def extend(self, count: int, total: int | None) -> bool:
         """Read `count` more records (fewer at the stream's end); False when none are left."""
@@ -96,11 +189,15 @@ class _Window:
             columns = self.work.prepared(transform, columns, first)
         if self.pack.prepare:
             self.work.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
-        if self.pack.column not in columns:
-            where = "after Pack(prepare=...)" if self.pack.prepare else "in the source"
-            raise ConfigError(f"cd.Pack: no column {self.pack.column!r} {where}; there are {sorted(columns)}")
-        offsets, values = _list_parts(columns[self.pack.column], self.pack.column)
-        lengths = np.minimum(np.diff(offsets), self.pack.length)
+        lengths = np.zeros(len(indices), np.int64)
+        for name in self.pack.columns:
+            if name not in columns:
+                where = "after Pack(prepare=...)" if self.pack.prepare else "in the source"
+                raise ConfigError(f"cd.Pack: no column {name!r} {where}; there are {sorted(columns)}")
+            offsets, values = _list_parts(columns[name], name)
+            lengths = np.maximum(lengths, np.minimum(np.diff(offsets), self.pack.length))
+            self.offsets[name] = np.concatenate([self.offsets[name][:-1], offsets + self.offsets[name][-1]])
+            self.values[name] = np.concatenate([self.values[name], values]) if name in self.values else values
         if self.pack.keep is not None:
             kept = np.asarray(self.pack.keep(columns), dtype=bool)
             if kept.shape != (len(indices),):
@@ -108,17 +205,15 @@ class _Window:
             lengths = np.where(kept, lengths, -1)
         self.indices = np.concatenate([self.indices, indices])
         self.lengths = np.concatenate([self.lengths, lengths])
-        self.offsets = np.concatenate([self.offsets[:-1], offsets + self.offsets[-1]])
-        self.values = values if self.values is None else np.concatenate([self.values, values])
         return True
 
     def drop(self, count: int) -> None:
         """Forget the first `count` records: the stream has moved past them."""
         self.start += count
         self.indices, self.lengths = self.indices[count:], self.lengths[count:]
-        cut = self.offsets[count]
-        assert self.values is not None
-        self.values, self.offsets = self.values[cut:], self.offsets[count:] - cut
+        for name, offsets in self.offsets.items():
+            cut = offsets[count]
+            self.values[name], self.offsets[name] = self.values[name][cut:], offsets[count:] - cut
 
 
 def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator[tuple[Columns, int]]:
@@ -135,14 +230,14 @@ def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator
         if len(window.indices) < ahead:  # read ahead a whole batch's worst case at once: fewer, larger reads
             window.extend(ahead, total)
         t0 = perf_counter()
-        consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
+        consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False, pack.method)
         while not consumed:  # filtered records used up the look-ahead: look further
             if not window.extend(max(ahead, len(window.indices)), total):
-                consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, True)
+                consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, True, pack.method)
                 if not (row_of >= 0).any():  # the stream's last records were all dropped
                     return
                 break
-            consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False)
+            consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False, pack.method)
         batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, mix)
         work.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
@@ -165,25 +260,32 @@ def _host_rows(
     mixture's component column each record's component (-1 where a row has no record)."""
     height, length = stop_row - first_row, pack.length
     mine = np.flatnonzero((row_of >= first_row) & (row_of < stop_row))
+    mine = mine[np.lexsort((offset_of[mine], row_of[mine]))]  # by row, then place in the row
     rows = row_of[mine] - first_row
-    sizes = window.lengths[mine]
-    assert window.values is not None
-    tokens = np.full((height, length), pack.pad_value, dtype=window.values.dtype)
-    segment_ids = np.zeros((height, length), np.int32)
-    positions = np.zeros((height, length), np.int32)
     # the segment number of each placed record within its row: 1, 2, ...
     new_row = np.r_[True, rows[1:] != rows[:-1]] if len(rows) else np.zeros(0, bool)
     starts_at = np.flatnonzero(new_row)
     segment = np.arange(len(rows)) - np.repeat(starts_at, np.diff(np.r_[starts_at, len(rows)])) + 1
     ramp = np.arange(length, dtype=np.int32)
-    starts, values = window.offsets[mine], window.values
-    placed = zip(rows.tolist(), offset_of[mine].tolist(), starts.tolist(), sizes.tolist(), segment.tolist(), strict=True)
-    for row, offset, start, size, seg in placed:
-        # one slice copy per record: a few dozen a batch, cheaper than a gather per token
-        tokens[row, offset : offset + size] = values[start : start + size]
-        segment_ids[row, offset : offset + size] = seg
-        positions[row, offset : offset + size] = ramp[:size]
-    batch: Columns = {pack.column: tokens, SEGMENT_IDS: segment_ids, POSITIONS: positions}
+    batch: Columns = {}
+    for name in pack.columns:
+        values, starts = window.values[name], window.offsets[name][mine]
+        sizes = np.minimum(window.offsets[name][mine + 1] - starts, length)
+        tokens = np.full((height, length), pack.pad_value, dtype=values.dtype)
+        ids_name, positions_name = pack.layout_columns(name)
+        own = ids_name not in batch  # colo-data names: one pair for all the columns, of the slots
+        segment_ids = np.zeros((height, length), np.int32) if own else batch[ids_name]
+        positions = np.zeros((height, length), np.int32) if own else batch[positions_name]
+        slots = window.lengths[mine] if pack.names == "colo-data" else sizes
+        places = (rows, offset_of[mine], starts, sizes, slots, segment)
+        placed = zip(*(p.tolist() for p in places), strict=True)
+        for row, offset, start, size, slot, seg in placed:
+            # one slice copy per record: a few dozen a batch, cheaper than a gather per token
+            tokens[row, offset : offset + size] = values[start : start + size]
+            if own:
+                segment_ids[row, offset : offset + slot] = seg
+                positions[row, offset : offset + slot] = ramp[:slot]
+        batch[name], batch[ids_name], batch[positions_name] = tokens, segment_ids, positions
     indices = window.indices[mine]
     if mix is not None:
         components, indices = mix.locate(indices)

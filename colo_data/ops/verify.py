@@ -90,6 +90,10 @@ def verify(
     resume_at = len(reference) // 2 if resume_at is None else resume_at
     _check_resume_at(resume_at, len(reference))
     expected = _expected(pipeline, max(run.end for run in runs))
+    if pipeline.pack is not None:
+        stream = _stream_keys(pipeline, expected, max(run.end for run in runs))
+        for run in runs:
+            run.stream = stream
     if isinstance(pipeline.source, Mix):
         checks = _mix_checks(pipeline, pipeline.source, runs, expected)
     else:
@@ -168,6 +172,9 @@ class _Run:
     records: list[np.ndarray] = field(default_factory=list)
     states: list[dict[str, Any]] = field(default_factory=list)
     components: list[np.ndarray] = field(default_factory=list)
+    # for packed batches: the records the order delivers, in stream order (`_keys`), for
+    # `_delivered` to put each batch's records in that order (they lie in rows by fit)
+    stream: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -379,7 +386,8 @@ class _Delivered:
 
 
 def _delivered(run: _Run) -> _Delivered:
-    """The run's records in stream order; packed batches' -1 padding left out."""
+    """The run's records in stream order (a packed batch's as `run.stream` orders them);
+    packed batches' -1 padding left out."""
     records, places, components = [], [], []
     for batch, index in enumerate(run.records):
         component = run.components[batch] if run.components else np.zeros(index.shape, np.int64)
@@ -394,7 +402,10 @@ def _delivered(run: _Run) -> _Delivered:
     if not records:  # a host count whose stream ended at once
         return _Delivered(np.zeros(0, np.int64), np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
     mixed = np.concatenate(components) if run.components else np.zeros(0, np.int64)
-    return _Delivered(np.concatenate(records), np.concatenate(places), mixed)
+    delivered = _Delivered(np.concatenate(records), np.concatenate(places), mixed)
+    if run.stream is None:
+        return delivered
+    return _stream_ordered(delivered, _keys(delivered.records, delivered.components), run.stream)
 
 
 def _per_run(name: str, runs: list[_Run], problem_of: Callable[[_Run], str | None], passed: str) -> Check:
@@ -455,6 +466,40 @@ def _covered(pipeline: Pipeline, run: _Run, expected: _Expected) -> str:
     rejected = int((~expected.kept[: run.end]).sum())
     dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
     return f"each record once per epoch over {' and '.join(spans)} (stream positions 0-{run.end - 1}){dropped}"
+
+
+_COMPONENT_KEY = 2**40  # a mixture's record as one key: component * this + index
+
+
+def _keys(records: np.ndarray, components: np.ndarray) -> np.ndarray:
+    """Records as keys that tell a mixture's components apart."""
+    return records if not len(components) else components * _COMPONENT_KEY + records
+
+
+def _stream_keys(pipeline: Pipeline, expected: _Expected, end: int) -> np.ndarray:
+    """The keys (`_keys`) of the records the order delivers from positions `[0, end)`."""
+    if isinstance(pipeline.source, Mix):
+        want = _mix_expected(pipeline, pipeline.source, expected)
+        positions = want.delivered(end)
+        return _keys(want.indices[positions], want.components[positions])
+    return expected.delivered(end)
+
+
+def _stream_ordered(delivered: _Delivered, got: np.ndarray, want: np.ndarray) -> _Delivered:
+    """A packed batch places its records in its rows by fit, not in stream order: each
+    batch's records put in the order the stream has them (`want`; `got` the delivered
+    records' keys alike), where the batch holds just the records of its part of the stream
+    (else as delivered, for the check to name)."""
+    order = np.arange(len(got))
+    batches = delivered.places[:, 0]
+    starts = np.flatnonzero(np.r_[True, batches[1:] != batches[:-1]]) if len(batches) else np.zeros(0, np.int64)
+    for start, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(got)], strict=True):
+        mine, theirs = got[start:stop], want[start:stop]
+        by_got, by_want = np.argsort(mine, kind="stable"), np.argsort(theirs, kind="stable")
+        if len(mine) == len(theirs) and np.array_equal(mine[by_got], theirs[by_want]):
+            order[start + by_want] = start + by_got  # the delivered record that the stream has at each place
+    mixed = delivered.components[order] if len(delivered.components) else delivered.components
+    return _Delivered(delivered.records[order], delivered.places[order], mixed)
 
 
 def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
