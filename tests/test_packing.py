@@ -10,11 +10,13 @@ from pathlib import Path
 
 import cloudpickle
 import grain
+import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from jax.sharding import Mesh
 
 import colo_data as cd
 from colo_data.host.packing import plan
@@ -154,6 +156,23 @@ def test_packed_through_the_sidecar(token_corpus: Path) -> None:
     assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=0), hosts=2)), "sidecar, packed")
 
 
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_packed_on_colocated_as_in_process_and_resumed(token_corpus: Path, hosts: int) -> None:
+    """The colocated backend (one host per CPU device of the mesh) gives the in-process
+    batches, its state after k batches is the in-process one, and it resumes from it."""
+    pipeline = packed(token_corpus, "global", rows=6, keep=keep_odd_ids)
+    mesh = Mesh(np.array(jax.devices()[:hosts]), ("data",))
+    expected = read_all(cd.Loader(pipeline, hosts=hosts, mesh=mesh))
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, backend="colocated", mesh=mesh)), f"colocated, {hosts} hosts")
+    with cd.Loader(pipeline, backend="colocated", mesh=mesh) as loader, cd.Loader(pipeline, hosts=hosts, mesh=mesh) as here:
+        for _ in range(3):
+            next(loader), next(here)
+        state = loader.get_state()
+        assert state == here.get_state()
+    resumed = read_all(cd.Loader(pipeline, backend="colocated", mesh=mesh, state=state))
+    assert_batches_equal(expected[3:], resumed, f"colocated, {hosts} hosts, resumed after 3 batches")
+
+
 def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:
     pipeline = dataclasses.replace(packed(token_corpus, "global"), epochs=None)
     with cd.Loader(pipeline, hosts=2) as loader:
@@ -244,6 +263,4 @@ def test_bad_packing(token_corpus: Path) -> None:
         next(cd.Loader(dataclasses.replace(packed(token_corpus), pack=cd.Pack("words", 8))))
     with pytest.raises(cd.TransformError, match=r"column is int64, expected a list column"):
         next(cd.Loader(dataclasses.replace(packed(token_corpus), pack=cd.Pack("id", 8))))
-    with pytest.raises(cd.ConfigError, match=r"not yet colocated"):
-        cd.Loader(packed(token_corpus), backend="colocated")
     assert read_all(cd.Loader(packed(token_corpus, keep=drop_all))) == []

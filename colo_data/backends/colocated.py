@@ -12,6 +12,7 @@ A Grain pipeline's host states come back the same way, beside each call's batche
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import traceback
@@ -93,9 +94,11 @@ class _HostSide:
         """The host whose CPU device holds `shard`: the request's row on that device."""
         return shard.index[0].indices(hosts)[0]
 
-    def _chunk(self, host: int, hosts: int, position: int, count: int) -> HostChunk | None:
-        """The host's next chunk of `count` batches from `position`; None at the stream's end."""
-        size = self.pipeline.global_batch_size
+    def _chunk(self, host: int, hosts: int, position: int, count: int) -> tuple[HostChunk | None, list[int] | None]:
+        """The host's next `count` batches from `position` as one chunk (None at the stream's
+        end), and for a packed pipeline the stream position after each of them (fewer at the
+        stream's end): its batches take as many records as fit."""
+        packed = self.pipeline.pack is not None
         current = self._streams.get(host)
         if current is None or current[0] != position:
             if current is not None:
@@ -104,10 +107,18 @@ class _HostSide:
                 pool = WorkerPool(self.workers, self._owner) if self.workers else None
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
-            current = (position, self._pipelines[host].chunks(position, run, batches=count), run)
-        chunk = next(current[1], None)
-        self._streams[host] = (position + count * size, current[1], current[2])
-        return chunk
+            chunks = self._pipelines[host].chunks(position, run, batches=None if packed else count)
+            current = (position, chunks, run)
+        if not packed:
+            self._streams[host] = (position + count * self.pipeline.global_batch_size, current[1], current[2])
+            return next(current[1], None), None
+        parts = list(itertools.islice(current[1], count))  # one packed batch each, with the position after it
+        ends = [int(cast(int, part.end)) for part in parts]
+        self._streams[host] = (ends[-1] if ends else position, current[1], current[2])
+        if not parts:
+            return None, None
+        columns = {name: np.concatenate([part.columns[name] for part in parts]) for name in parts[0].columns}
+        return HostChunk(columns, ends[-1]), ends
 
     def open(self, request: jax.Array) -> jax.Array:
         """Each host's index as its CPU device sees it, for the controller to check."""
@@ -117,30 +128,41 @@ class _HostSide:
         ]
         return jax.make_array_from_single_device_arrays((hosts,), _batch_sharding(request), pieces)
 
-    def batches(self, request: jax.Array) -> tuple[list[dict[str, jax.Array]], jax.Array | None, jax.Array | None]:
+    def batches(
+        self, request: jax.Array
+    ) -> tuple[list[dict[str, jax.Array]], jax.Array | None, jax.Array | None, jax.Array | None]:
         """The requested global batches, each a dict of arrays of shape (global batch size,
         ...) whose shard on host h's CPU device is host h's rows (none at the stream's end),
         the hosts' notes: a (hosts, NOTE_BYTES) uint8 array whose row h holds host h's
         warnings of this call (`_note`), None when this object runs in the controller's
-        process, and a Grain pipeline's host states: a (hosts, STATE_BYTES) uint8 array,
-        row h host h's state after each batch as JSON (None for a native pipeline). In
-        JAX's 32-bit mode a 64-bit column is cast to 32 bits, or is a TransformError when a
-        value would change."""
+        process, a Grain pipeline's host states: a (hosts, STATE_BYTES) uint8 array, row h
+        host h's state after each batch as JSON (None for a native pipeline), and a packed
+        pipeline's stream position after each batch: a (hosts, batches, 2) int32 array
+        (`_encode`; every host plans the same batches; None for other pipelines). A packed
+        call may give fewer batches than asked, at the stream's end. In JAX's 32-bit mode a
+        64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
         chunks: list[tuple[int, Any, HostChunk | None]] = []
         positions: dict[int, int] = {}
+        ends: dict[int, list[int] | None] = {}
         caught: dict[int, list[warnings.WarningMessage]] = {}
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)
             with self._work_of(host, hosts, caught):
                 positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
-                chunks.append((host, shard.device, self._chunk(host, hosts, positions[host], count)))
+                chunk, ends[host] = self._chunk(host, hosts, positions[host], count)
+                chunks.append((host, shard.device, chunk))
         ended = [h for h, _, c in chunks if c is None]
         if len(ended) == len(chunks):
-            return [], None, None
+            return [], None, None, None
         if ended:
             raise ended_early(ended, [h for h, _, c in chunks if c is not None])
+        planned = {h: e for h, e in ends.items() if e is not None}
+        if len({tuple(e) for e in planned.values()}) > 1:
+            raise SidecarError(f"the hosts planned other packed batches (their stream positions after each: {planned})")
+        if planned:
+            count = len(next(iter(planned.values())))
         per_host = [(h, d, c.columns) for h, d, c in chunks if c is not None]
         same_columns([h for h, _, _ in per_host], [c for _, _, c in per_host])
         x64 = jax.enable_x64.value  # read here: this process's JAX makes the arrays (and would narrow)
@@ -159,10 +181,14 @@ class _HostSide:
         if any(c is not None and c.states is not None for _, _, c in chunks):
             rows = [jax.device_put(_states(c, h)[None], d) for h, d, c in chunks if c is not None]
             states = jax.make_array_from_single_device_arrays((hosts, STATE_BYTES), sharding, rows)
+        after = None
+        if planned:
+            words = [jax.device_put(_encode(np.array(planned[h], np.int64))[None], d) for h, d, _ in ready]
+            after = jax.make_array_from_single_device_arrays((hosts, count, 2), sharding, words)
         if not self.carries_warnings:  # they showed in this process, the controller's
-            return out, None, states
+            return out, None, states, after
         notes = [jax.device_put(_note(caught.get(h, []))[None], d) for h, d, _ in ready]
-        return out, jax.make_array_from_single_device_arrays((hosts, NOTE_BYTES), sharding, notes), states
+        return out, jax.make_array_from_single_device_arrays((hosts, NOTE_BYTES), sharding, notes), states, after
 
     @contextmanager
     def _work_of(self, host: int, hosts: int, caught: dict[int, list[warnings.WarningMessage]]) -> Iterator[None]:
@@ -354,12 +380,13 @@ class ColocatedHosts:
         """Global batches from stream `start_position` on (a trailing partial batch is
         dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
         objects after `close()`."""
-        for batch, _ in self.stream(start_position):
+        for batch, _, _ in self.stream(start_position):
             yield batch
 
-    def stream(self, start_position: int) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None]]:
+    def stream(self, start_position: int) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, int | None]]:
         """As `batches`, each global batch with a Grain pipeline's host states after it
-        (host -> state; None for a native pipeline)."""
+        (host -> state; None for a native pipeline) and a packed pipeline's stream position
+        after it (None for others)."""
         if self._remote is None:
             self._open()
         left = self.pipeline.batches_from(start_position)
@@ -368,15 +395,17 @@ class ColocatedHosts:
             if self._remote is None:
                 raise SidecarError("ColocatedHosts was closed while its batches were read: call batches() again")
             count = self.batches_per_call if left is None else min(self.batches_per_call, left)
-            batches, notes, states = self._call("batches", self._request(position, count))
+            batches, notes, states, after = self._call("batches", self._request(position, count))
             if notes is not None:
                 _reissue(np.asarray(notes))
             if not batches:
                 return
             per_host = None if states is None else _unpacked_states(np.asarray(states))
+            ends = None if after is None else _decode(np.asarray(after)[0]).tolist()  # every host plans the same
             for i, batch in enumerate(batches):
-                yield batch, None if per_host is None else {h: s[i] for h, s in enumerate(per_host)}
-            position += count * size
+                host_states = None if per_host is None else {h: s[i] for h, s in enumerate(per_host)}
+                yield batch, host_states, None if ends is None else ends[i]
+            position = position + count * size if ends is None else ends[-1]
             left = None if left is None else left - count
 
     def close(self) -> None:
@@ -410,8 +439,6 @@ class ColocatedBackend:
     on_trainer_thread = False
 
     def __init__(self, pipeline: AnyPipeline, placement: Placement, workers: Workers, owner: Lifecycle) -> None:
-        if pipeline.pack is not None:
-            raise ConfigError("pack: packed pipelines run on the inprocess and sidecar backends, not yet colocated")
         self.placement = placement
         self.local_hosts = placement.local_hosts
         self.handoff = StageTimes()
@@ -421,15 +448,17 @@ class ColocatedBackend:
     def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
         return self._placed(self._hosts.stream(position))
 
-    def _placed(self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None]]) -> Iterator[GlobalBatch]:
+    def _placed(
+        self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, int | None]]
+    ) -> Iterator[GlobalBatch]:
         """The hosts' global batches, moved from their CPU devices onto the mesh."""
         rows = self.placement.global_batch_size
         try:
-            for batch, states in batches:
+            for batch, states, end in batches:
                 start = perf_counter()
                 placed = jax.device_put(batch, {name: self.placement.sharding(a.ndim) for name, a in batch.items()})
                 self.handoff.add(HANDOFF, perf_counter() - start, rows, 0)
-                yield GlobalBatch(placed, states=states)
+                yield GlobalBatch(placed, end=end, states=states)
         finally:
             close_iterator(batches)
 
