@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.spec.pack import Pack
     from colo_data.spec.pipeline import Pipeline
     from colo_data.spec.tokenize import tokenize
-    from colo_data.spec.transforms import pad_or_truncate, per_record
+    from colo_data.spec.transforms import drop, pad_or_truncate, per_record, select
     from colo_data.telemetry.export import TelemetryExport
     from colo_data.telemetry.report import Telemetry
 
@@ -75,6 +75,7 @@ _NAMES = {
     "TelemetryExport": "colo_data.telemetry.export",
     "auto_backend": "colo_data.backends.options",
     "cpu_budget": "colo_data.host.resources",
+    "drop": "colo_data.spec.transforms",
     "grain_multiprocessing_options": "colo_data.host.resources",
     "host_rows": "colo_data.spec.order",
     "memory_limit": "colo_data.host.resources",
@@ -82,6 +83,7 @@ _NAMES = {
     "parse_json": "colo_data.io.array_record",
     "parse_tf_example": "colo_data.io.tf_example",
     "per_record": "colo_data.spec.transforms",
+    "select": "colo_data.spec.transforms",
     "tokenize": "colo_data.spec.tokenize",
 }
 # public name -> the module it stands for (`cd.checkpoint.save_args`), imported on first use
@@ -128,6 +130,7 @@ __all__ = [
     "auto_backend",
     "checkpoint",
     "cpu_budget",
+    "drop",
     "elastic",
     "grain_multiprocessing_options",
     "host_rows",
@@ -136,6 +139,7 @@ __all__ = [
     "parse_json",
     "parse_tf_example",
     "per_record",
+    "select",
     "tokenize",
     "verify",
 ]

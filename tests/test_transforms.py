@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import grain
 import numpy as np
 import pyarrow as pa
@@ -333,3 +336,29 @@ def test_to_records_of_an_empty_batch_is_empty():
     assert to_records({"t": pa.array([], pa.list_(pa.int32()))}) == []
     assert to_records({}) == []
     assert from_records([]) == {}
+
+
+def test_select_and_drop_keep_and_leave_out_columns() -> None:
+    batch = {"text": pa.array(["a", "b"]), "tokens": np.arange(4).reshape(2, 2), "_index": np.arange(2)}
+    assert list(cd.select("_index", "tokens")(batch)) == ["_index", "tokens"]
+    assert list(cd.drop("text")(batch)) == ["tokens", "_index"]
+    for make in (cd.select, cd.drop):
+        with pytest.raises(TransformError, match=r"no column 'words' in the batch; it has \['_index', 'text', 'tokens'\]"):
+            make("words")(batch)
+        with pytest.raises(TransformError, match=r"give one or more column names"):
+            make()
+
+
+def test_a_text_column_left_in_the_batch_names_drop_as_the_fix(token_corpus: Path) -> None:
+    def with_text(batch: dict) -> dict:
+        return {**batch, "text": pa.array([f"record {i}" for i in batch["id"].tolist()])}
+
+    pipeline = cd.Pipeline(
+        source=cd.ArrowSource(str(token_corpus), columns=["id", "tokens"]),
+        transforms=[with_text, cd.pad_or_truncate("tokens", 4)],
+        global_batch_size=4,
+    )
+    with pytest.raises(TransformError, match=r"column 'text' is string .*add cd.drop\('text'\)"):
+        next(cd.Loader(pipeline))
+    fixed = dataclasses.replace(pipeline, transforms=[*pipeline.transforms, cd.drop("text")])
+    assert set(next(cd.Loader(fixed))) == {"id", "tokens"}

@@ -82,13 +82,14 @@ def check_batch(columns: Columns, rows: int) -> HostBatch:
             hint = (
                 f"add cd.pad_or_truncate({name!r}, LENGTH)"
                 if "list" in str(kind)
-                else "fill its nulls, encode it as numbers, or leave it out of the source's columns"
+                else f"fill its nulls, encode it as numbers, or leave it out: add cd.drop({name!r}) (or cd.select(...) "
+                "with the columns to keep) after the transforms that need it"
             )
             raise TransformError(f"column {name!r} is {kind} after the transforms, not a fixed-shape array: {hint}")
         if col.dtype.kind not in "biuf":
             raise TransformError(
                 f"column {name!r} has dtype {col.dtype} after the transforms; batches hold numbers and booleans: "
-                "encode it or leave it out of the source's columns"
+                f"encode it, or leave it out: add cd.drop({name!r}) after the transforms that need it"
             )
         if len(col) != rows:
             raise TransformError(

@@ -22,7 +22,7 @@ from colo_data.spec.order import Order, Shuffle
 from colo_data.spec.pack import Pack
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.tokenize import tokenize
-from colo_data.spec.transforms import pad_or_truncate
+from colo_data.spec.transforms import drop, pad_or_truncate
 
 FILES, ROWS_PER_FILE, ROW_GROUP_SIZE = 8, 5_000, 1_000
 MIN_TOKENS, MAX_TOKENS, VOCAB = 64, 2047, 32_000
@@ -242,10 +242,5 @@ def lm_pipeline(
         global_batch_size=global_batch_size,
         epochs=None,
         index_column="_index",
-        pack=Pack("tokens", seq_len, prepare=[tokens, _drop_text]),
+        pack=Pack("tokens", seq_len, prepare=[tokens, drop("text")]),
     )
-
-
-def _drop_text(batch: dict) -> dict:
-    """The text once it is tokenized: the batch holds numbers only."""
-    return {name: column for name, column in batch.items() if name != "text"}

@@ -72,6 +72,55 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
         return {**batch, self.column: _padded(batch[self.column], self.length, self.pad_value, self.column)}
 
 
+def _names(columns: tuple[str, ...], what: str) -> tuple[str, ...]:
+    if not columns or not all(isinstance(c, str) for c in columns):
+        raise TransformError(f"{what}{columns!r}: give one or more column names, e.g. {what}('tokens')")
+    return columns
+
+
+class select:  # noqa: N801 - used like a function: cd.select("tokens", "_index")
+    """Keep only these columns of the batch (e.g. the token ids once a text column has been
+    tokenized: the text itself cannot be a batch array).
+
+    Args:
+        *columns: the names of the columns to keep, in this order.
+    """
+
+    def __init__(self, *columns: str) -> None:
+        self.columns = _names(columns, "cd.select")
+
+    def __call__(self, batch: Columns) -> Columns:
+        """The batch with only `columns`."""
+        missing = [c for c in self.columns if c not in batch]
+        if missing:
+            raise TransformError(f"cd.select: no column {missing[0]!r} in the batch; it has {sorted(batch)}")
+        return {name: batch[name] for name in self.columns}
+
+    def __repr__(self) -> str:
+        return f"cd.select({', '.join(map(repr, self.columns))})"
+
+
+class drop:  # noqa: N801 - used like a function: cd.drop("text")
+    """Leave these columns out of the batch (e.g. a text column once it is tokenized).
+
+    Args:
+        *columns: the names of the columns to leave out; a name the batch lacks is an error.
+    """
+
+    def __init__(self, *columns: str) -> None:
+        self.columns = _names(columns, "cd.drop")
+
+    def __call__(self, batch: Columns) -> Columns:
+        """The batch without `columns`."""
+        missing = [c for c in self.columns if c not in batch]
+        if missing:
+            raise TransformError(f"cd.drop: no column {missing[0]!r} in the batch; it has {sorted(batch)}")
+        return {name: column for name, column in batch.items() if name not in self.columns}
+
+    def __repr__(self) -> str:
+        return f"cd.drop({', '.join(map(repr, self.columns))})"
+
+
 @dataclass(frozen=True)
 class per_record:  # noqa: N801 - used like a function: cd.per_record(fn)
     """Apply a per-record function to every record of the batch. The slow path: Python runs
