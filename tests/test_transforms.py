@@ -9,6 +9,7 @@ from pathlib import Path
 import grain
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -362,3 +363,29 @@ def test_a_text_column_left_in_the_batch_names_drop_as_the_fix(token_corpus: Pat
         next(cd.Loader(pipeline))
     fixed = dataclasses.replace(pipeline, transforms=[*pipeline.transforms, cd.drop("text")])
     assert set(next(cd.Loader(fixed))) == {"id", "tokens"}
+
+
+def grid_of(record: dict) -> dict:
+    """A per-record field of shape (2, 3)."""
+    return {**record, "grid": np.full((2, 3), record["id"], np.float32)}
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_fields_of_two_dimensions_become_batch_dimensions(tmp_path: Path, backend: str) -> None:
+    """A per-record field of shape (2, 3), from a record source, a Parquet file or a
+    per-record transform, is a (B, 2, 3) batch column."""
+    grids = np.arange(16 * 6, dtype=np.float32).reshape(16, 2, 3)
+    records = grain.MapDataset.source([{"id": i, "grid": grids[i]} for i in range(16)])
+    nested = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(grids.reshape(-1)), 3), 2)
+    pq.write_table(pa.table({"id": np.arange(16), "grid": nested}), tmp_path / "grids.parquet")
+    sources = {"record source": records, "Parquet": cd.ArrowSource(str(tmp_path / "grids.parquet"))}
+    for what, source in sources.items():
+        with cd.Loader(cd.Pipeline(source=source, global_batch_size=4), backend=backend) as loader:
+            batch = next(loader)
+        np.testing.assert_array_equal(np.asarray(batch["grid"]), grids[np.asarray(batch["id"])], err_msg=what)
+    made = cd.Pipeline(source=cd.ArrowSource(str(tmp_path / "grids.parquet"), columns=["id"]),
+                       transforms=[cd.per_record(grid_of)], global_batch_size=4)
+    with cd.Loader(made, backend=backend) as loader:
+        batch = next(loader)
+    assert np.asarray(batch["grid"]).shape == (4, 2, 3)
+    np.testing.assert_array_equal(np.asarray(batch["grid"])[:, 1, 2], np.asarray(batch["id"]))

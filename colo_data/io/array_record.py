@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from colo_data.errors import RecordIndexError, SourceError, TransformError
+from colo_data.io.columns import to_arrow
 
 Parse = Callable[[list[bytes]], Mapping[str, Any]]
 GROUP = 1024  # records a block-shuffle group: ArrayRecord files have no row groups to permute
@@ -138,7 +139,7 @@ class ArrayRecordSource:
                     f"ArrayRecordSource parse={name}: column {column!r} has {len(values)} values for {idx.size} records: "
                     "give one value a record, in the order of the list"
                 )
-        return pa.table({column: _arrow(values) for column, values in columns.items()})
+        return pa.table({column: to_arrow(values, column) for column, values in columns.items()})
 
     def fingerprint(self) -> str:
         """A hash of the files' names, sizes and record counts."""
@@ -184,16 +185,3 @@ def _count(path: str) -> int:
 
 def _unreadable(path: str, error: Exception) -> SourceError:
     return SourceError(f"{path}: cannot be read as an ArrayRecord file ({error}): check the path, or leave it out")
-
-
-def _arrow(values: Any) -> pa.Array | pa.ChunkedArray:
-    """A column of `parse`'s as Arrow: a numpy array of 2 or more dimensions becomes nested
-    fixed-size lists (a batch gives it back with its shape)."""
-    if isinstance(values, pa.Array | pa.ChunkedArray):
-        return values
-    if isinstance(values, np.ndarray) and values.ndim > 1:
-        flat: pa.Array = pa.array(np.ascontiguousarray(values).reshape(-1))
-        for size in reversed(values.shape[1:]):
-            flat = pa.FixedSizeListArray.from_arrays(flat, size)
-        return flat
-    return pa.array(values)

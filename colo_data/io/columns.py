@@ -85,3 +85,22 @@ def from_records(records: Sequence[Mapping[str, Any]]) -> Columns:
     if not records:
         return {}
     return {name: _stack(name, [r[name] for r in records]) for name in records[0]}
+
+
+def to_arrow(values: Any, name: str = "") -> pa.Array | pa.ChunkedArray:
+    """A column as Arrow: Arrow as it is; a numpy array of 2 or more dimensions as nested
+    fixed-size lists (`table_to_columns` gives it back with its shape); a list of
+    per-record numpy arrays stacked first (`from_records`' rules); anything else through
+    `pa.array`."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values
+    if isinstance(values, list | tuple) and values and all(isinstance(v, np.ndarray) for v in values):
+        values = _stack(name, list(values))
+        if isinstance(values, pa.Array):
+            return values
+    if isinstance(values, np.ndarray) and values.ndim > 1:
+        flat: pa.Array = pa.array(np.ascontiguousarray(values).reshape(-1))
+        for size in reversed(values.shape[1:]):
+            flat = pa.FixedSizeListArray.from_arrays(flat, size)
+        return flat
+    return pa.array(values)

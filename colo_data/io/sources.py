@@ -25,7 +25,7 @@ from colo_data.errors import (
     SchemaError,
     SourceError,
 )
-from colo_data.io.columns import table_to_columns, to_records
+from colo_data.io.columns import from_records, table_to_columns, to_arrow, to_records
 from colo_data.io.disk_cache import DiskCache
 from colo_data.io.files import (
     DataFile,
@@ -543,7 +543,17 @@ class RecordSource:
                 f"{type(self._records).__name__} yields {type(rows[0]).__name__} records; "
                 "colo-data needs dict records (column name -> value)."
             )
-        return pa.Table.from_pylist(rows)
+        if not rows:
+            return pa.table({})
+        names = rows[0].keys()
+        for i, row in zip(idx.tolist(), rows, strict=True):
+            if row.keys() != names:
+                raise SourceError(
+                    f"{type(self._records).__name__}: record {i} has the keys {sorted(row)}, record {int(idx[0])} "
+                    f"{sorted(names)}: every record must have the same keys"
+                )
+        # per column, so that a record's array of 2 or more dimensions stays one (B, a, b, ...) column
+        return pa.table({name: to_arrow(column, name) for name, column in from_records(rows).items()})
 
     def fingerprint(self) -> str:
         """A hash of the collection's type name and length: its values are not read."""
