@@ -98,7 +98,7 @@ class _HostSide:
         """The host's next `count` batches from `position` as one chunk (None at the stream's
         end), and for a packed pipeline the stream position after each of them (fewer at the
         stream's end): its batches take as many records as fit."""
-        packed = self.pipeline.pack is not None
+        packed = self.pipeline.variable_batches  # packed or filtered: each batch ends where the hosts say
         current = self._streams.get(host)
         if current is None or current[0] != position:
             if current is not None:

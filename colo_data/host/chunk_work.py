@@ -126,8 +126,8 @@ class ChunkWork:
     def chunk(self) -> int:
         """Global batches computed per call: enough that a call handles about
         `defaults.CHUNK_RECORDS` of this host's records, so per-call costs are shared (packed
-        batches: one)."""
-        if self.pipeline.pack is not None:
+        or filtered batches: one)."""
+        if self.pipeline.variable_batches:
             return 1
         return max(1, defaults.CHUNK_RECORDS // len(self.rows))
 

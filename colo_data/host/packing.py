@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk_work import ChunkWork
+from colo_data.host.filtering import kept
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.mix import Mix
@@ -198,11 +199,9 @@ class _Window:
             lengths = np.maximum(lengths, np.minimum(np.diff(offsets), self.pack.length))
             self.offsets[name] = np.concatenate([self.offsets[name][:-1], offsets + self.offsets[name][-1]])
             self.values[name] = np.concatenate([self.values[name], values]) if name in self.values else values
-        if self.pack.keep is not None:
-            kept = np.asarray(self.pack.keep(columns), dtype=bool)
-            if kept.shape != (len(indices),):
-                raise TransformError(f"cd.Pack keep={self.pack.keep!r} returned shape {kept.shape}, expected ({len(indices)},)")
-            lengths = np.where(kept, lengths, -1)
+        verdict = kept(self.work, columns, len(indices))  # the pipeline's keep and the pack's
+        if verdict is not None:
+            lengths = np.where(verdict, lengths, -1)
         self.indices = np.concatenate([self.indices, indices])
         self.lengths = np.concatenate([self.lengths, lengths])
         return True

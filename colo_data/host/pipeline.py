@@ -17,6 +17,7 @@ from colo_data import defaults
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
+from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
@@ -96,12 +97,15 @@ class HostPipeline:
     def _computed(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
         """The chunks as computed: here, `chunk` batches at a time, or with a pool as
         `_pooled` shares them out. `owner` stops the source's read-ahead. Packed batches are
-        planned in stream order, one at a time, here (the pool is not used for them)."""
+        planned in stream order, one at a time, here (the pool is not used for them), and so
+        are filtered ones."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
         if self.pipeline.pack is not None:
             return self._packed(start_position)
+        if self.pipeline.keep is not None:
+            return (HostChunk(columns, end) for columns, end in filtered_batches(self.work, start_position))
         total = self.pipeline.batches_from(start_position)
         chunk = self.chunk
         if self.pool is None or (total is not None and total <= chunk):

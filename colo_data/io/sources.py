@@ -504,8 +504,8 @@ class RecordSource:
             raise ConfigError(
                 f"the source {type(records).__name__} filters records (its Grain graph has a {filtered}), and a "
                 "random-access source must give a record at every index. Run the Grain pipeline as it is with "
-                "cd.GrainPipeline(make_dataset=..., global_batch_size=...), or filter with cd.Pack(keep=...) "
-                "(docs/grain.md, 'MapDataset.filter')"
+                "cd.GrainPipeline(make_dataset=..., global_batch_size=...), or give the source unfiltered and the "
+                "filter as cd.Pipeline(keep=...) (docs/grain.md, 'MapDataset.filter')"
             )
         self._records = records
         self._len = len(records)

@@ -156,8 +156,8 @@ def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
             "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain_pipeline.py compares it "
             "iterated in the trainer's process with the sidecar"
         )
-    if pipeline.pack is not None:
-        raise ConfigError("--compare grain: packed pipelines (cd.Pack) have no Grain equivalent here")
+    if pipeline.variable_batches:
+        raise ConfigError("--compare grain: packed or filtered pipelines (cd.Pack, keep=) have no Grain equivalent here")
     order = pipeline.order
     notes = []
     if order.shuffle == "block":

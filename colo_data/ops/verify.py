@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from colo_data.errors import ConfigError
+from colo_data.host.filtering import kept, with_index
 from colo_data.host.pipeline import HostPipeline
 from colo_data.io.columns import table_to_columns
 from colo_data.loader.loader import Loader
@@ -134,10 +135,10 @@ def _check_resume_at(resume_at: int | None, batches: int) -> None:
 def _run_steps(pipeline: Pipeline, steps: int | None) -> int | None:
     """Global batches to read: `steps`, at most what the stream holds; by default the
     first epoch's full batches (a mixture's: the batches that reach `_default_end`). None
-    for packed pipelines without `steps`: their batches take as many records as fit, so
+    for packed or filtered pipelines without `steps`: their batches take as many records as fit or pass, so
     the run reads until it passes `_default_end`."""
     if steps is None:
-        if pipeline.pack is not None:
+        if pipeline.variable_batches:
             return None
         size = pipeline.global_batch_size
         return -(-_default_end(pipeline) // size) if isinstance(pipeline.source, Mix) else _default_end(pipeline) // size
@@ -362,17 +363,20 @@ class _Expected:
 
 
 def _expected(pipeline: Pipeline, end: int) -> _Expected:
-    """The seed's records for stream positions `[0, end)`, and which of them the pack's
-    `keep` takes (all, without one)."""
-    records = HostPipeline(pipeline).stream_indices(np.arange(end, dtype=np.int64))
-    keep = pipeline.pack.keep if pipeline.pack is not None else None
-    if keep is None:
+    """The seed's records for stream positions `[0, end)`, and which of them the keep
+    (the pipeline's and the pack's) takes (all, without one)."""
+    host = HostPipeline(pipeline)
+    records = host.stream_indices(np.arange(end, dtype=np.int64))
+    if pipeline.keep is None and (pipeline.pack is None or pipeline.pack.keep is None):
         return _Expected(records, np.ones(end, bool))
-    kept = [
-        np.asarray(keep(table_to_columns(pipeline.source.take(records[i : i + _KEEP_CHUNK]))), dtype=bool)
-        for i in range(0, end, _KEEP_CHUNK)
-    ]
-    return _Expected(records, np.concatenate(kept))
+    verdicts = []
+    for i in range(0, end, _KEEP_CHUNK):
+        chunk = records[i : i + _KEEP_CHUNK]
+        table = with_index(host.work, pipeline.source.take(chunk), chunk)
+        verdict = kept(host.work, table_to_columns(table), len(chunk))
+        assert verdict is not None  # there is a keep (above)
+        verdicts.append(verdict)
+    return _Expected(records, np.concatenate(verdicts))
 
 
 @dataclass(frozen=True)
@@ -713,7 +717,7 @@ def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
     """Where the order puts stream `position`: a batch and row, or for packed batches the
     batch whose stream positions include it."""
     size = pipeline.global_batch_size
-    if pipeline.pack is None:
+    if not pipeline.variable_batches:
         return f"batch {position // size} row {position % size}"
     return f"stream position {position}, in batch {int(np.searchsorted(run.ends, position, side='right'))}"
 

@@ -47,7 +47,9 @@ class GrainPipeline:
     # and end live inside its datasets.
     source = None
     pack = None
+    keep = None
     index_column = None
+    variable_batches = False
 
     def __post_init__(self) -> None:
         if not callable(self.make_dataset):

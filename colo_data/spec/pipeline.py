@@ -4,11 +4,14 @@ as one frozen, picklable value that every host builds its share from."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from colo_data.errors import ConfigError
+from colo_data.io.columns import Columns
 from colo_data.io.sources import Source, as_source
 from colo_data.spec.integers import as_int
 from colo_data.spec.mix import Mix
@@ -32,6 +35,12 @@ class Pipeline:
             index (int64), added before the transforms run.
         pack: a `cd.Pack`: a global batch is then `global_batch_size` rows of packed
             records (and the transforms run on the packed batch).
+        keep: a filter: a function of a chunk of the records' columns (as read, with the
+            index column; with `pack`, as its `keep` sees them) returning one bool per record.
+            A global batch is then the next `global_batch_size` records it accepts, every
+            column kept; the ones it rejects are consumed, never placed, so the state stays
+            one stream position. Every host evaluates it on the whole global batch's
+            records, so it must give the same answer for a record wherever it runs.
     """
 
     source: Source | Any
@@ -41,6 +50,7 @@ class Pipeline:
     epochs: int | None = 1
     index_column: str | None = None
     pack: Pack | None = None
+    keep: Callable[[Columns], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", as_source(self.source))
@@ -56,6 +66,8 @@ class Pipeline:
             object.__setattr__(self, "epochs", epochs)
         if self.pack is not None and not isinstance(self.pack, Pack):
             raise ConfigError(f"pack={self.pack!r}: give a cd.Pack(column, length, ...)")
+        if self.keep is not None and not callable(self.keep):
+            raise ConfigError(f"keep={self.keep!r}: give a function of the records' columns returning one bool per record")
         if not isinstance(self.order, Order):
             raise ConfigError(f"order={self.order!r}: give a cd.Order(shuffle=..., seed=...)")
         for t in self.transforms:
@@ -102,15 +114,21 @@ class Pipeline:
         """Records in the whole stream, or None when it repeats forever."""
         return None if self.epochs is None else self.epochs * len(self.source)
 
+    @property
+    def variable_batches(self) -> bool:
+        """Whether a global batch takes other than `global_batch_size` records of the
+        stream: packed (as many as fit) or filtered (rejected records consumed too)."""
+        return self.pack is not None or self.keep is not None
+
     def batches_from(self, position: int) -> int | None:
         """Full global batches left in the stream from a stream position (a trailing partial
-        batch is dropped), or None when the stream repeats forever or is packed (its batches
-        take as many records as fit).
+        batch is dropped), or None when the stream repeats forever or its batches take a
+        variable number of records (packed, filtered).
 
         Args:
             position: records of the stream already delivered.
         """
         total = self.total_records
-        if total is None or self.pack is not None:
+        if total is None or self.variable_batches:
             return None
         return max(0, (total - position) // self.global_batch_size)

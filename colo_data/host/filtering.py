@@ -1,0 +1,105 @@
+"""Record filtering (`cd.Pipeline(keep=...)`) with exact positions: a global batch is the
+next `global_batch_size` records of the stream that `keep` accepts, every column kept; the
+rejected ones in between are consumed, never placed. Every host evaluates `keep` on the
+whole batch's records (H hosts H times) to agree on where the batch ends, and builds only
+its own rows; the batch's end is a stream position like any other, so a state restores on
+any host count."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from time import perf_counter
+
+import numpy as np
+import pyarrow as pa
+
+from colo_data.errors import TransformError
+from colo_data.host.chunk import HostBatch
+from colo_data.host.chunk_work import ChunkWork
+from colo_data.io.columns import Columns, table_to_columns
+from colo_data.io.sources import ReadAhead
+from colo_data.spec.mix import Mix
+from colo_data.telemetry.counters import ORDER, READ
+
+READ_RECORDS = 512  # records read at once, at least a global batch's
+
+
+def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
+    """`keep`'s verdict on `rows` records (the pipeline's and, packed, the pack's: a record
+    must pass both); None when there is no filter."""
+    pipeline, verdict = work.pipeline, None
+    for where, keep in (("cd.Pipeline", pipeline.keep), ("cd.Pack", getattr(pipeline.pack, "keep", None))):
+        if keep is None:
+            continue
+        got = np.asarray(keep(columns), dtype=bool)
+        if got.shape != (rows,):
+            raise TransformError(f"{where} keep={keep!r} returned shape {got.shape} for {rows} records; give one bool a record")
+        verdict = got if verdict is None else verdict & got
+    return verdict
+
+
+def with_index(work: ChunkWork, table: pa.Table, indices: np.ndarray) -> pa.Table:
+    """The records read, with the pipeline's index column (from a `cd.Mix`: the index
+    within the component, and the component column), as the transforms see them."""
+    pipeline, source = work.pipeline, work.pipeline.source
+    if isinstance(source, Mix):
+        components, local = source.locate(indices)
+        if pipeline.index_column is not None:
+            table = table.append_column(pipeline.index_column, pa.array(local))
+        return table.append_column(source.component_column, pa.array(components))
+    if pipeline.index_column is not None:
+        table = table.append_column(pipeline.index_column, pa.array(indices))
+    return table
+
+
+def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[HostBatch, int]]:
+    """Host `work.host`'s rows of each filtered global batch from stream `start_position`
+    on, transformed, with the stream position after the batch. A trailing batch of fewer
+    accepted records than a global batch is dropped, as an unfiltered stream's is."""
+    pipeline = work.pipeline
+    size, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
+    total = pipeline.total_records
+    position, read = start_position, start_position  # the batch's first position; the first not read yet
+    tables: list[pa.Table] = []
+    verdicts: list[np.ndarray] = []
+    while True:
+        accepted = np.flatnonzero(np.concatenate(verdicts)) if verdicts else np.zeros(0, np.int64)
+        if len(accepted) < size:
+            stop = read + max(READ_RECORDS, size) if total is None else min(read + max(READ_RECORDS, size), total)
+            if stop <= read:
+                return
+            tables.append(_read(work, read, stop, total))
+            verdicts.append(_verdict(work, tables[-1]))
+            read = stop
+            continue
+        consumed = int(accepted[size - 1]) + 1
+        window = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        mine = window.take(pa.array(accepted[first_row:stop_row]))
+        yield work.transformed(table_to_columns(mine), position), position + consumed
+        position += consumed
+        rest = window.slice(consumed)
+        tables, verdicts = [rest], [np.concatenate(verdicts)[consumed:]]
+
+
+def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table:
+    """Stream positions `[first, stop)`'s records with the index columns, the read after
+    them started (a source that reads ahead)."""
+    t0 = perf_counter()
+    indices = work.stream_indices(np.arange(first, stop, dtype=np.int64))
+    t1 = perf_counter()
+    source = work.pipeline.source
+    ahead = stop + (stop - first) if total is None else min(stop + (stop - first), total)
+    if isinstance(source, ReadAhead) and ahead > stop:  # the next read's row groups decode meanwhile
+        source.prefetch(work.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
+    table = source.take(indices)
+    work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+    work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+    work.count_reads(work.stages)
+    return with_index(work, table, indices)
+
+
+def _verdict(work: ChunkWork, table: pa.Table) -> np.ndarray:
+    verdict = kept(work, table_to_columns(table), table.num_rows)
+    assert verdict is not None  # filtered batches are made only for a pipeline with a keep
+    return verdict
+
