@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.spec.pack import Pack
     from colo_data.spec.pipeline import Pipeline
     from colo_data.spec.tokenize import tokenize
-    from colo_data.spec.transforms import drop, pad_or_truncate, per_record, select
+    from colo_data.spec.transforms import drop, pad_or_truncate, per_record, random_map, select
     from colo_data.telemetry.export import TelemetryExport
     from colo_data.telemetry.report import Telemetry
 
@@ -83,6 +83,7 @@ _NAMES = {
     "parse_json": "colo_data.io.array_record",
     "parse_tf_example": "colo_data.io.tf_example",
     "per_record": "colo_data.spec.transforms",
+    "random_map": "colo_data.spec.transforms",
     "select": "colo_data.spec.transforms",
     "tokenize": "colo_data.spec.tokenize",
 }
@@ -139,6 +140,7 @@ __all__ = [
     "parse_json",
     "parse_tf_example",
     "per_record",
+    "random_map",
     "select",
     "tokenize",
     "verify",

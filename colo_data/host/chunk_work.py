@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from colo_data.io.sources import ReadAhead
 from colo_data.spec.mix import Mix, MixOrder
 from colo_data.spec.order import GlobalOrder, host_rows
 from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.transforms import random_map
 from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
 
 
@@ -173,6 +174,18 @@ class ChunkWork:
         indices = self.stream_indices(stream)
         source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
 
+    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Each record's (component + 1, epoch, index) at stream positions `stream` (records
+        `indices`), 0 for the component outside a mixture and a mixture component's own
+        epoch and index: what seeds `cd.random_map`'s draws, the same on every host."""
+        source = self.pipeline.source
+        if isinstance(source, Mix):
+            components, own = cast(MixOrder, self.order).positions(stream)
+            sizes = np.array([len(s) for s in source.sources], dtype=np.int64)
+            local = source.locate(indices)[1]
+            return np.stack([components.astype(np.int64) + 1, own // sizes[components], local], axis=1)
+        return np.stack([np.zeros_like(stream), stream // len(source), indices], axis=1)
+
     def count_reads(self, stages: StageTimes) -> None:
         """Add what loading row groups cost the source since the last count (I/O wait and
         bytes fetched, decode time and bytes) to `stages`."""
@@ -225,15 +238,19 @@ class ChunkWork:
             columns[source.component_column] = components
         elif self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
-        return HostChunk(self.transformed(columns, batch_position, stages), places=rows)
+        keys = self.record_keys(stream if rows is None else stream[rows], indices)
+        return HostChunk(self.transformed(columns, batch_position, stages, keys), places=rows)
 
-    def transformed(self, columns: Columns, batch_position: int, stages: StageTimes | None = None) -> HostBatch:
-        """The pipeline's transforms applied to a batch's columns, checked."""
+    def transformed(
+        self, columns: Columns, batch_position: int, stages: StageTimes | None = None, keys: np.ndarray | None = None
+    ) -> HostBatch:
+        """The pipeline's transforms applied to a batch's columns, checked; `keys` (each
+        row's `record_keys`, None for packed rows) seed a `cd.random_map`."""
         stages = self.stages if stages is None else stages
         rows = len(next(iter(columns.values())))
         t0 = perf_counter()
         for transform in self.pipeline.transforms:
-            columns = self._apply(transform, columns, batch_position)
+            columns = self._apply(transform, columns, batch_position, keys)
         t1 = perf_counter()
         batch = check_batch(columns, rows)
         nbytes = sum(column.nbytes for column in batch.values())
@@ -242,11 +259,17 @@ class ChunkWork:
         stages.add(BATCH, t2 - t1, rows, nbytes)
         return batch
 
-    def _apply(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
-        """One transform on a batch's columns; its failure or a result that is not a dict
-        of columns is a TransformError naming the transform, the host and the position."""
+    def _apply(
+        self, transform: Callable[[Columns], Columns], columns: Columns, position: int, keys: np.ndarray | None = None
+    ) -> Columns:
+        """One transform on a batch's columns (a `cd.random_map` with the records' `keys`);
+        its failure or a result that is not a dict of columns is a TransformError naming the
+        transform, the host and the position."""
         try:
-            out = transform(columns)
+            if isinstance(transform, random_map) and keys is not None:
+                out = transform.drawn(columns, keys, self.pipeline.order.seed)
+            else:
+                out = transform(columns)
         except ColoDataError:
             raise
         except Exception as e:
@@ -261,11 +284,11 @@ class ChunkWork:
             )
         return out
 
-    def prepared(self, transform: Callable[[Columns], Columns], columns: Columns, position: int) -> Columns:
+    def prepared(self, transform: Callable[[Columns], Columns], columns: Columns, position: int, keys: np.ndarray) -> Columns:
         """`cd.Pack(prepare=...)`'s transform on records read for packing, from stream
-        `position` on: as `_apply`, and it must keep one row per record."""
+        `position` on (their `record_keys`): as `_apply`, and it must keep one row per record."""
         rows = len(next(iter(columns.values())))
-        out = self._apply(transform, columns, position)
+        out = self._apply(transform, columns, position, keys)
         for name, column in out.items():
             if len(column) != rows:
                 raise TransformError(

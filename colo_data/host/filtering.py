@@ -74,8 +74,10 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             continue
         consumed = int(accepted[size - 1]) + 1
         window = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        mine = window.take(pa.array(accepted[first_row:stop_row]))
-        yield work.transformed(table_to_columns(mine), position), position + consumed
+        chosen = accepted[first_row:stop_row]
+        stream = position + chosen
+        keys = work.record_keys(stream, work.stream_indices(stream))
+        yield work.transformed(table_to_columns(window.take(pa.array(chosen))), position, keys=keys), position + consumed
         position += consumed
         rest = window.slice(consumed)
         tables, verdicts = [rest], [np.concatenate(verdicts)[consumed:]]

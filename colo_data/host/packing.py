@@ -186,8 +186,10 @@ class _Window:
         self.work.count_reads(self.work.stages)
         columns = table_to_columns(table)
         t2 = perf_counter()
+        keys = self.work.record_keys(np.arange(first, stop, dtype=np.int64), indices) if self.pack.prepare else None
         for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
-            columns = self.work.prepared(transform, columns, first)
+            assert keys is not None
+            columns = self.work.prepared(transform, columns, first, keys)
         if self.pack.prepare:
             self.work.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
         lengths = np.zeros(len(indices), np.int64)

@@ -72,6 +72,49 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
         return {**batch, self.column: _padded(batch[self.column], self.length, self.pad_value, self.column)}
 
 
+@dataclass(frozen=True)
+class random_map:  # noqa: N801 - used like a function: cd.random_map(crop)
+    """Apply a per-record function that draws random numbers: `fn(record, rng)`, with
+    `rng` a `numpy.random.Generator` seeded from the pipeline's seed, this `seed`, the
+    record's epoch and its index (and a mixture's component). The draws differ from epoch
+    to epoch and are the same for a record on any host count, backend or worker count, and
+    after a resume (Grain's `random_map`, keyed by the stream). It runs on records: in a
+    pipeline's `transforms`, or in `cd.Pack(prepare=...)` for a packed one.
+
+    Args:
+        fn: a function of a record dict and a generator, returning a record dict.
+        seed: mixed into every record's seed, to tell several random transforms apart.
+    """
+
+    fn: Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TransformError(f"cd.random_map({self.fn!r}): give a function of a record and a numpy Generator")
+        if not isinstance(self.seed, int | np.integer) or isinstance(self.seed, bool) or self.seed < 0:
+            raise TransformError(f"cd.random_map(seed={self.seed!r}): give an int >= 0")
+
+    def __call__(self, batch: Columns) -> Columns:
+        raise TransformError(
+            f"{self!r} needs each record's epoch and index, which the loader gives it in a pipeline's transforms or "
+            "cd.Pack(prepare=...); on a packed batch (rows of several records) put it in cd.Pack(prepare=...)"
+        )
+
+    def drawn(self, batch: Columns, keys: np.ndarray, pipeline_seed: int) -> Columns:
+        """The batch with `fn` applied to each record, record i's generator seeded with
+        `(pipeline_seed, seed, *keys[i])` (keys: component, epoch, index)."""
+        records = to_records(batch)
+        out = [
+            self.fn(record, np.random.default_rng([pipeline_seed, self.seed, *key]))
+            for record, key in zip(records, keys.tolist(), strict=True)
+        ]
+        return from_records(out)
+
+    def __repr__(self) -> str:
+        return f"cd.random_map({getattr(self.fn, '__name__', self.fn)!r}, seed={self.seed})"
+
+
 def _names(columns: tuple[str, ...], what: str) -> tuple[str, ...]:
     if not columns or not all(isinstance(c, str) for c in columns):
         raise TransformError(f"{what}{columns!r}: give one or more column names, e.g. {what}('tokens')")
