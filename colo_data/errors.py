@@ -17,6 +17,11 @@ class CorruptFileError(SourceError):
     """A file's metadata or a row group cannot be decoded; the message names both."""
 
 
+class ResourceError(ColoDataError):
+    """The process ran out of a resource while reading (file descriptors, memory): the
+    data is fine; the message names the limit and what to change."""
+
+
 class SchemaError(SourceError):
     """Requested columns are missing, or files disagree on a column's type."""
 

@@ -4,6 +4,8 @@ after a source indexed it."""
 
 from __future__ import annotations
 
+import errno
+import resource
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -12,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from colo_data.errors import CorruptFileError, SourceError
+from colo_data.errors import CorruptFileError, ResourceError, SourceError
 from colo_data.io.range_file import range_file
 from colo_data.io.retry import transient
 
@@ -55,10 +57,13 @@ def format_of(head: bytes, path: str) -> str:
     )
 
 
-def open_reader(fs: pafs.FileSystem, path: str, fmt: str) -> tuple[pq.ParquetFile | ipc.RecordBatchFileReader, int]:
-    """A reader of the file, and the file's size in bytes. A local IPC file is
-    memory-mapped: its record batches are views of the file, read only where used (copying
-    them cost the demo pipeline over half its throughput from IPC files). Parquet is
+def open_reader(
+    fs: pafs.FileSystem, path: str, fmt: str, footer: pq.FileMetaData | None = None
+) -> tuple[pq.ParquetFile | ipc.RecordBatchFileReader, pa.NativeFile]:
+    """A reader of the file (with a Parquet `footer` read before: not read again), and its
+    handle, which the caller closes. A local IPC file is memory-mapped: its record batches
+    are views of the file, read only where used (copying them cost the demo pipeline over
+    half its throughput from IPC files), and they outlive the handle's closing. Parquet is
     decoded into memory anyway: reading it through a mapping saved about 1% of the decode,
     but a rewrite in place that cut the file short during a decode killed the process
     (SIGBUS, not an exception)."""
@@ -66,8 +71,28 @@ def open_reader(fs: pafs.FileSystem, path: str, fmt: str) -> tuple[pq.ParquetFil
         handle = fs.open_input_file(path)
     else:
         handle = pa.memory_map(path) if fmt == "ipc" else pa.OSFile(path)
-    reader = pq.ParquetFile(handle) if fmt == "parquet" else ipc.open_file(handle)
-    return reader, handle.size()
+    try:
+        reader = pq.ParquetFile(handle, metadata=footer) if fmt == "parquet" else ipc.open_file(handle)
+    except BaseException:
+        handle.close()
+        raise
+    return reader, handle
+
+
+def out_of_resources(error: BaseException, path: str) -> ResourceError | None:
+    """The error for a read that failed because the process ran out of file descriptors or
+    memory (not because of the file), or None for any other failure."""
+    text = str(error)
+    if isinstance(error, MemoryError | pa.ArrowMemoryError) or getattr(error, "errno", None) == errno.ENOMEM:
+        return ResourceError(f"{path}: out of memory while reading it ({text}); the file is fine: give the process more memory")
+    if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return ResourceError(
+            f"{path}: the process has too many open files ({text}; its limit, RLIMIT_NOFILE, is {soft}); the file is "
+            "fine: colo-data holds no data file open between reads, so something else in the process holds them: "
+            "close them, or raise the limit (ulimit -n)"
+        )
+    return None
 
 
 def layout(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> tuple[int, ...]:
@@ -191,21 +216,32 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
     except (pa.ArrowException, OSError) as e:
         if transient(e) or isinstance(e, SourceError):
             raise
+        resources = out_of_resources(e, path)
+        if resources is not None:
+            raise resources from e
         raise CorruptFileError(
             f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
         ) from e
+    local_handle: pa.NativeFile | None = None
     try:
         if not remote:
-            reader, size = open_reader(fs, path, fmt)
+            reader, local_handle = open_reader(fs, path, fmt)
+            size = local_handle.size()
         sizes = layout(reader)
         schema = reader.schema_arrow if isinstance(reader, pq.ParquetFile) else reader.schema
         schema.names  # noqa: B018 - decoded lazily: damaged metadata can hold names that are not UTF-8
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         if remote and transient(e):
             raise
+        resources = out_of_resources(e, path)
+        if resources is not None:
+            raise resources from e
         raise CorruptFileError(
             f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
         ) from e
+    finally:
+        if local_handle is not None:  # the metadata is read: no local file stays open
+            local_handle.close()
     if remote and kept is not None:
         footer = reader.metadata if isinstance(reader, pq.ParquetFile) else None
         written = _written(handle) if fs.type_name == "gcs" else None

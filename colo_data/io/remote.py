@@ -28,6 +28,7 @@ from colo_data.io.files import (
     object_uri,
     object_version,
     open_object,
+    out_of_resources,
     parquet_footer,
     row_group_count,
 )
@@ -260,7 +261,10 @@ class RemoteFiles:
                 batch = ipc.open_stream(pa.py_buffer(fetched.ranges[0][1])).read_next_batch()
                 batch.validate(full=True)
                 table = pa.Table.from_batches([batch])
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            resources = out_of_resources(e, file.path)
+            if resources is not None:
+                raise resources from e
             if not self._same(file):
                 raise changed(self._fs, file, local) from e
             raise CorruptFileError(f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file.") from e

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from colo_data import defaults
 from colo_data.errors import (
@@ -35,6 +36,7 @@ from colo_data.io.files import (
     layout,
     object_uri,
     open_reader,
+    out_of_resources,
     row_group_count,
     size_now,
     unreadable,
@@ -302,7 +304,9 @@ class ArrowSource:
         self._rg_local = np.array([g for _, g, _ in sizes], dtype=np.int64)
         self._rg_sizes = np.array([n for _, _, n in sizes], dtype=np.int64)
         self._rg_start = np.concatenate([[0], np.cumsum(self._rg_sizes)]).astype(np.int64)
-        self._readers: dict[int, Any] = {}
+        # local files checked against the index once, with their Parquet footers (None: IPC):
+        # a read opens its file, decodes and closes it, so no file stays open between reads
+        self._footers: dict[int, pq.FileMetaData | None] = {}
         self._remote: RemoteFiles | None = None
         self._kept = kept  # object storage: what making the source read, for this process only
         self._cache: RowGroupCache | None = None
@@ -329,7 +333,7 @@ class ArrowSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_readers"], state["_remote"], state["_kept"], state["_cache"] = {}, None, {}, None
+        state["_footers"], state["_remote"], state["_kept"], state["_cache"] = {}, None, {}, None
         return state
 
     def __len__(self) -> int:
@@ -369,25 +373,31 @@ class ArrowSource:
         try:
             if os.stat(file.path).st_size != file.size:  # before a mapping is read past its end
                 raise changed(self._fs, file, local)
-            reader = self._readers.get(file_index)
-            if reader is None:
-                reader, size = open_reader(self._fs, file.path, file.format)
-                if size != file.size or row_group_count(reader) != len(file.row_groups):
-                    raise changed(self._fs, file, local)
-                if file.format == "parquet" and layout(reader) != file.row_groups:  # from the footer: free
-                    raise changed(self._fs, file, local)
-                self._readers[file_index] = reader
-            if file.format == "parquet":
-                table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
-            else:
-                batch = reader.get_batch(local).select(list(self.columns))
-                batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
-                table = pa.Table.from_batches([batch])
+            checked = file_index in self._footers
+            reader, handle = open_reader(self._fs, file.path, file.format, self._footers.get(file_index))
+            try:
+                if not checked:
+                    if handle.size() != file.size or row_group_count(reader) != len(file.row_groups):
+                        raise changed(self._fs, file, local)
+                    if file.format == "parquet" and layout(reader) != file.row_groups:  # from the footer: free
+                        raise changed(self._fs, file, local)
+                    self._footers[file_index] = reader.metadata if file.format == "parquet" else None
+                if file.format == "parquet":
+                    table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
+                else:
+                    batch = reader.get_batch(local).select(list(self.columns))
+                    batch.validate(full=True)  # IPC buffers are used as they lie: damaged ones crash later
+                    table = pa.Table.from_batches([batch])
+            finally:
+                handle.close()  # an IPC batch's views keep its mapping, not the file
             if table.num_rows != file.row_groups[local]:  # rewritten while it was open
                 raise changed(self._fs, file, local)
         except PermissionError as e:  # its permissions changed since the source was opened
             raise unreadable(file.path, e) from e
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            resources = out_of_resources(e, file.path)
+            if resources is not None:
+                raise resources from e
             if size_now(self._fs, file.path) != file.size:
                 raise changed(self._fs, file, local) from e
             raise CorruptFileError(f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file.") from e
