@@ -37,6 +37,9 @@ LOADER_NONE = "colo-data Loader, cd.tokenize, no shuffle, 0 workers"
 LOADER_WORKERS = "colo-data Loader, cd.tokenize, block shuffle, 2 workers"
 LOADER_SIDECAR = "colo-data Loader, cd.tokenize, block shuffle, sidecar backend"
 LM_DEMO = "LM demo end to end (configs/lm.toml: 3-component cd.Mix, cd.tokenize, cd.Pack to 1024), 0 workers"
+SP_REFERENCE = "SentencePiece encode (a row group's texts at once) + numpy pad, in file order, one process"
+SP_TRANSFORMS = "cd.tokenize(SentencePiece processor) + cd.pad_or_truncate on the same row groups, one process"
+SP_LOADER = "colo-data Loader, cd.tokenize(SentencePiece processor), no shuffle, 0 workers"
 # (what, numerator, denominator, goal or None), ratios of whole-run records/s
 RATIOS = (
     ("Loader (block, 0 workers) / encode_batch + numpy pad", LOADER, REFERENCE, ">= 0.9"),
@@ -47,6 +50,8 @@ RATIOS = (
     ("Loader (block), 2 workers / 0 workers", LOADER_WORKERS, LOADER, None),
     ("Loader (block), sidecar / in process", LOADER_SIDECAR, LOADER, None),
     ("LM demo end to end (mixture, tokenize, pack) / Loader (block, 0 workers), source records/s", LM_DEMO, LOADER, None),
+    ("cd.tokenize(SentencePiece) + pad / SentencePiece's own batch encode + numpy pad", SP_TRANSFORMS, SP_REFERENCE, ">= 0.9"),
+    ("Loader, cd.tokenize(SentencePiece) / SentencePiece's own batch encode + numpy pad", SP_LOADER, SP_REFERENCE, None),
 )
 
 
@@ -55,10 +60,31 @@ def reference(files: list[str], tokenizer: Tokenizer, fast: bool) -> Iterator[in
     cut into batches: what a hand-written loop does, with no shuffle and no JAX (and the
     loader's only dropped records, the epoch's last partial batch, counted as read)."""
     encode = tokenizer.encode_batch_fast if fast else tokenizer.encode_batch
+    return encoded(files, lambda texts: [e.ids for e in encode(texts)])
+
+
+def sentencepiece_model(directory: Path) -> Path:
+    """A SentencePiece unigram model of the demo's texts (8,000 pieces), trained once."""
+    import sentencepiece as spm
+
+    path = directory / "sentencepiece.model"
+    if not path.exists():
+        texts = pq.read_table(sorted(str(p) for p in directory.rglob("*.parquet"))).column("text").to_pylist()
+        prefix = directory / "sentencepiece-tmp"
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_prefix=str(prefix), vocab_size=8000, hard_vocab_limit=False, minloglevel=2
+        )
+        prefix.with_suffix(".vocab").unlink()
+        prefix.with_suffix(".model").rename(path)
+    return path
+
+
+def encoded(files: list[str], encode: Callable[[list[str]], list[list[int]]]) -> Iterator[int]:
+    """`reference` with any batch encoder."""
     for path in files:
         reader = pq.ParquetFile(path, memory_map=True)
         for g in range(reader.num_row_groups):
-            ids = [e.ids for e in encode(reader.read_row_group(g, columns=["text"]).column("text").to_pylist())]
+            ids = encode(reader.read_row_group(g, columns=["text"]).column("text").to_pylist())
             lengths = np.fromiter(map(len, ids), np.int64, len(ids))
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             padded = numpy_pad(offsets, np.fromiter(chain.from_iterable(ids), np.int32, int(offsets[-1])), SEQ_LEN)
@@ -66,12 +92,25 @@ def reference(files: list[str], tokenizer: Tokenizer, fast: bool) -> Iterator[in
                 yield len(padded[s : s + BATCH])
 
 
-def colo_loader(directory: Path, shuffle: str, backend: cd.InProcess | cd.Sidecar) -> Iterator[int]:
+def transforms_on_row_groups(files: list[str], tokenizer: object) -> Iterator[int]:
+    """`cd.tokenize` and `cd.pad_or_truncate` called on each row group's texts as `reference`
+    reads them: the transforms alone, without the loader around them."""
+    tokens, pad = cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", SEQ_LEN)
+    for path in files:
+        reader = pq.ParquetFile(path, memory_map=True)
+        for g in range(reader.num_row_groups):
+            text = reader.read_row_group(g, columns=["text"]).column("text").combine_chunks()
+            padded = pad(tokens({"text": text}))["text"]
+            for s in range(0, len(padded), BATCH):
+                yield len(padded[s : s + BATCH])
+
+
+def colo_loader(directory: Path, shuffle: str, backend: cd.InProcess | cd.Sidecar, tokenizer: object = None) -> Iterator[int]:
     """cd.tokenize then cd.pad_or_truncate through cd.Loader: global jax.Arrays."""
     pipeline = cd.Pipeline(
         source=cd.ArrowSource(str(directory), columns=["text"]),
         order=cd.Order(shuffle=shuffle, seed=0),
-        transforms=[cd.tokenize("text", directory / demo.TOKENIZER_FILE), cd.pad_or_truncate("text", SEQ_LEN)],
+        transforms=[cd.tokenize("text", tokenizer or directory / demo.TOKENIZER_FILE), cd.pad_or_truncate("text", SEQ_LEN)],
         global_batch_size=BATCH,
     )
     with cd.Loader(pipeline, backend=backend) as loader:
@@ -121,6 +160,9 @@ def main() -> None:
     texts = pq.read_table(files).column("text").to_pylist()
     tokens = sum(len(e.ids) for e in tokenizer.encode_batch_fast(texts))
     jax.block_until_ready(jax.device_put(np.zeros(1)))  # JAX start-up outside the timings
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=str(sentencepiece_model(directory)))
 
     contenders: dict[str, Callable[[], Iterator[int]]] = {
         REFERENCE: lambda: reference(files, tokenizer, fast=False),
@@ -130,6 +172,9 @@ def main() -> None:
         LOADER_WORKERS: lambda: colo_loader(directory, "block", cd.InProcess(workers=2)),
         LOADER_SIDECAR: lambda: colo_loader(directory, "block", cd.Sidecar()),
         LM_DEMO: lambda: lm_demo(directory, len(texts)),
+        SP_REFERENCE: lambda: encoded(files, lambda texts: processor.encode(texts, out_type=int)),
+        SP_TRANSFORMS: lambda: transforms_on_row_groups(files, processor),
+        SP_LOADER: lambda: colo_loader(directory, "none", cd.InProcess(), processor),
     }
     runs = harness.interleave(
         {name: partial(harness.measure, run, args.batches) for name, run in contenders.items()}, args.rounds

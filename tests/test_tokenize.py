@@ -209,3 +209,45 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(
 
     assert worker_setting(None) == {str(max(1, math.ceil(cpu_budget().cpus) // 2))}
     assert worker_setting("3") == {"3"}
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model(text_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SentencePiece unigram model trained on the corpus' texts (under a second)."""
+    import sentencepiece as spm
+
+    corpus, _ = text_data
+    texts = [t for t in pq.read_table(corpus).column("text").to_pylist() if t]
+    prefix = tmp_path_factory.mktemp("spm") / "text"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(prefix), vocab_size=300, hard_vocab_limit=False, minloglevel=2
+    )
+    return prefix.with_suffix(".model")
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_sentencepiece_ids_are_the_processors_own(text_data: tuple[Path, Path], sentencepiece_model: Path, backend: str) -> None:
+    """A SentencePiece processor, or the path of its .model, gives the ids of the processor's
+    own batch encode of the same texts, through the loader (the processor pickled into the
+    sidecar, the path loaded there)."""
+    import sentencepiece as spm
+
+    corpus, _ = text_data
+    processor = spm.SentencePieceProcessor(model_file=str(sentencepiece_model))
+    texts = pq.read_table(corpus).column("text").to_pylist()
+    encoded = iter(processor.encode([t for t in texts if t is not None]))
+    want = [[] if t is None else next(encoded) for t in texts]
+    length = max(map(len, want))
+    for tokenizer in (processor, sentencepiece_model):
+        pipeline = cd.Pipeline(
+            source=cd.ArrowSource(str(corpus), columns=["text"]),
+            transforms=[cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", length)],
+            global_batch_size=BATCH, index_column="_index",
+        )
+        for batch in read_all(cd.Loader(pipeline, backend=backend, hosts=2)):
+            for row, index in enumerate(batch["_index"].tolist()):
+                np.testing.assert_array_equal(batch["text"][row][: len(want[index])], want[index], err_msg=f"{tokenizer!r}")
+    broken = sentencepiece_model.with_name("broken.model")
+    broken.write_bytes(b"not a model")
+    with pytest.raises(cd.ConfigError, match=r"broken.model' is not a SentencePiece model"):
+        cd.tokenize("text", broken)

@@ -1,6 +1,7 @@
 """`tokenize`: a batch transform that turns a string column into a `list<int32>` column of
 token ids with a tokenizer's batch API: one call per batch, which a Hugging Face tokenizer
-runs on its Rust threads without the GIL, never a Python call per record."""
+runs on its Rust threads and a SentencePiece processor in C++, never a Python call per
+record."""
 
 from __future__ import annotations
 
@@ -21,10 +22,22 @@ Encode = Callable[[list[str]], Sequence[Sequence[int]]]
 
 
 def _load(path: str) -> Any:
-    """The Hugging Face tokenizer saved at `path`; a ConfigError naming the path when there
-    is no file or it is not a tokenizer.json."""
+    """The tokenizer saved at `path`: a SentencePiece model (`.model`) or a Hugging Face
+    `tokenizer.json`; a ConfigError naming the path when there is no file or it is neither."""
     if not Path(path).is_file():
-        raise ConfigError(f"cd.tokenize: no tokenizer file at {path!r}: give the path of a Hugging Face tokenizer.json")
+        raise ConfigError(
+            f"cd.tokenize: no tokenizer file at {path!r}: give the path of a Hugging Face tokenizer.json or of a "
+            "SentencePiece .model"
+        )
+    if path.endswith(".model"):
+        try:
+            import sentencepiece
+        except ImportError as error:
+            raise ConfigError(f"cd.tokenize: {path!r} is a SentencePiece model: pip install sentencepiece") from error
+        try:
+            return sentencepiece.SentencePieceProcessor(model_file=path)
+        except Exception as error:  # sentencepiece raises OSError or RuntimeError for a file it cannot read
+            raise ConfigError(f"cd.tokenize: {path!r} is not a SentencePiece model: {error}") from error
     from tokenizers import Tokenizer
 
     try:
@@ -33,10 +46,18 @@ def _load(path: str) -> Any:
         raise ConfigError(f"cd.tokenize: {path!r} is not a Hugging Face tokenizer.json: {error}") from error
 
 
+def _sentencepiece(tokenizer: Any) -> bool:
+    """Whether `tokenizer` is a `sentencepiece.SentencePieceProcessor`."""
+    return type(tokenizer).__module__.split(".")[0] == "sentencepiece" and callable(getattr(tokenizer, "encode", None))
+
+
 def _encoder(tokenizer: Any) -> Encode:
     """A function from texts to their ids: a Hugging Face tokenizer's `encode_batch_fast`
-    (the ids of `encode_batch`, without computing character offsets) or `encode_batch`, or
-    the callable itself."""
+    (the ids of `encode_batch`, without computing character offsets) or `encode_batch`, a
+    SentencePiece processor's `encode` of the whole list (its C++ batch call), or the
+    callable itself."""
+    if _sentencepiece(tokenizer):
+        return lambda texts: tokenizer.encode(texts, out_type=int)
     batch = getattr(tokenizer, "encode_batch_fast", None) or getattr(tokenizer, "encode_batch", None)
     if batch is not None:
         return lambda texts: [encoding.ids for encoding in batch(texts)]
@@ -65,11 +86,12 @@ class tokenize:  # noqa: N801 - used like a function: cd.tokenize("text", "token
 
     Args:
         column: the string column to tokenize.
-        tokenizer: a Hugging Face `tokenizers.Tokenizer` (sent to workers and sidecars
-            inside the pipeline), the path of a `tokenizer.json` (loaded once per process
-            that runs the pipeline, so it must be readable there too), or any callable
-            from a list of texts to a list of id lists, such as a SentencePiece
-            processor's `encode`.
+        tokenizer: a Hugging Face `tokenizers.Tokenizer` or a
+            `sentencepiece.SentencePieceProcessor` (sent to workers and sidecars inside the
+            pipeline), the path of a `tokenizer.json` or of a SentencePiece `.model` (loaded
+            once per process that runs the pipeline, so it must be readable there too), or
+            any callable from a list of texts to a list of id lists. A SentencePiece
+            processor encodes the whole list in one call (`encode(texts)`).
         output: the column that receives the ids; None replaces `column`.
     """
 
@@ -85,10 +107,13 @@ class tokenize:  # noqa: N801 - used like a function: cd.tokenize("text", "token
             path = os.fspath(self.tokenizer)
             object.__setattr__(self, "tokenizer", path)
             object.__setattr__(self, "_encode", _encoder(_load(path)))  # a bad path fails here, not in a worker
-        elif not callable(getattr(self.tokenizer, "encode_batch", None)) and not callable(self.tokenizer):
+        elif not (
+            callable(getattr(self.tokenizer, "encode_batch", None)) or _sentencepiece(self.tokenizer) or callable(self.tokenizer)
+        ):
             raise ConfigError(
-                f"cd.tokenize({self.column!r}): tokenizer={self.tokenizer!r} is not a tokenizers.Tokenizer, "
-                "a tokenizer.json path or a callable from a list of texts to a list of id lists"
+                f"cd.tokenize({self.column!r}): tokenizer={self.tokenizer!r} is not a tokenizers.Tokenizer, a "
+                "sentencepiece.SentencePieceProcessor, the path of a tokenizer.json or a SentencePiece .model, or a "
+                "callable from a list of texts to a list of id lists"
             )
 
     def __getstate__(self) -> dict[str, Any]:
