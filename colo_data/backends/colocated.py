@@ -96,9 +96,9 @@ class _HostSide:
 
     def _chunk(self, host: int, hosts: int, position: int, count: int) -> tuple[HostChunk | None, list[int] | None]:
         """The host's next `count` batches from `position` as one chunk (None at the stream's
-        end), and for a packed pipeline the stream position after each of them (fewer at the
-        stream's end): its batches take as many records as fit."""
-        packed = self.pipeline.variable_batches  # packed or filtered: each batch ends where the hosts say
+        end), and for a packed or filtered pipeline the stream position after each of them
+        (fewer at the stream's end): its batches take as many records as fit or pass."""
+        variable = self.pipeline.variable_batches  # each batch ends where the hosts say
         current = self._streams.get(host)
         if current is None or current[0] != position:
             if current is not None:
@@ -107,12 +107,12 @@ class _HostSide:
                 pool = WorkerPool(self.workers, self._owner) if self.workers else None
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
-            chunks = self._pipelines[host].chunks(position, run, batches=None if packed else count)
+            chunks = self._pipelines[host].chunks(position, run, batches=None if variable else count)
             current = (position, chunks, run)
-        if not packed:
+        if not variable:
             self._streams[host] = (position + count * self.pipeline.global_batch_size, current[1], current[2])
             return next(current[1], None), None
-        parts = list(itertools.islice(current[1], count))  # one packed batch each, with the position after it
+        parts = list(itertools.islice(current[1], count))  # one batch each, with the position after it
         ends = [int(cast(int, part.end)) for part in parts]
         self._streams[host] = (ends[-1] if ends else position, current[1], current[2])
         if not parts:
@@ -136,10 +136,10 @@ class _HostSide:
         the hosts' notes: a (hosts, NOTE_BYTES) uint8 array whose row h holds host h's
         warnings of this call (`_note`), None when this object runs in the controller's
         process, a Grain pipeline's host states: a (hosts, STATE_BYTES) uint8 array, row h
-        host h's state after each batch as JSON (None for a native pipeline), and a packed
-        pipeline's stream position after each batch: a (hosts, batches, 2) int32 array
-        (`_encode`; every host plans the same batches; None for other pipelines). A packed
-        call may give fewer batches than asked, at the stream's end. In JAX's 32-bit mode a
+        host h's state after each batch as JSON (None for a native pipeline), and a packed or
+        filtered pipeline's stream position after each batch: a (hosts, batches, 2) int32
+        array (`_encode`; every host plans the same batches; None for other pipelines). Such
+        a call may give fewer batches than asked, at the stream's end. In JAX's 32-bit mode a
         64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
         hosts, count = request.shape[:2]
         size = self.pipeline.global_batch_size
@@ -160,7 +160,7 @@ class _HostSide:
             raise ended_early(ended, [h for h, _, c in chunks if c is not None])
         planned = {h: e for h, e in ends.items() if e is not None}
         if len({tuple(e) for e in planned.values()}) > 1:
-            raise SidecarError(f"the hosts planned other packed batches (their stream positions after each: {planned})")
+            raise SidecarError(f"the hosts planned other batches (their stream positions after each: {planned})")
         if planned:
             count = len(next(iter(planned.values())))
         per_host = [(h, d, c.columns) for h, d, c in chunks if c is not None]
@@ -385,8 +385,8 @@ class ColocatedHosts:
 
     def stream(self, start_position: int) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, int | None]]:
         """As `batches`, each global batch with a Grain pipeline's host states after it
-        (host -> state; None for a native pipeline) and a packed pipeline's stream position
-        after it (None for others)."""
+        (host -> state; None for a native pipeline) and a packed or filtered pipeline's stream
+        position after it (None for others)."""
         if self._remote is None:
             self._open()
         left = self.pipeline.batches_from(start_position)

@@ -55,32 +55,40 @@ def with_index(work: ChunkWork, table: pa.Table, indices: np.ndarray) -> pa.Tabl
 def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[HostBatch, int]]:
     """Host `work.host`'s rows of each filtered global batch from stream `start_position`
     on, transformed, with the stream position after the batch. A trailing batch of fewer
-    accepted records than a global batch is dropped, as an unfiltered stream's is."""
+    accepted records than a global batch is dropped, as an unfiltered stream's is. Only the
+    accepted records are kept between reads; in an endless stream, a `keep` that rejects a
+    whole epoch's records in a row is a TransformError (it would read on forever)."""
     pipeline = work.pipeline
     size, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
     total = pipeline.total_records
     position, read = start_position, start_position  # the batch's first position; the first not read yet
-    tables: list[pa.Table] = []
-    verdicts: list[np.ndarray] = []
+    tables: list[pa.Table] = []  # the accepted records read, in stream order
+    places: list[np.ndarray] = []  # their stream positions
     while True:
-        accepted = np.flatnonzero(np.concatenate(verdicts)) if verdicts else np.zeros(0, np.int64)
-        if len(accepted) < size:
+        have = sum(len(p) for p in places)
+        if have < size:
             stop = read + max(READ_RECORDS, size) if total is None else min(read + max(READ_RECORDS, size), total)
             if stop <= read:
                 return
-            tables.append(_read(work, read, stop, total))
-            verdicts.append(_verdict(work, tables[-1]))
+            table = _read(work, read, stop, total)
+            verdict = _verdict(work, table)
+            tables.append(table.filter(pa.array(verdict)))
+            places.append(read + np.flatnonzero(verdict))
             read = stop
+            if total is None and not have and not verdict.any() and read - position >= pipeline.records_per_epoch:
+                raise TransformError(
+                    f"cd.Pipeline keep={pipeline.keep!r} rejected every one of the {read - position:,} records from "
+                    f"stream position {position} on (an epoch's worth): check the filter"
+                )
             continue
-        consumed = int(accepted[size - 1]) + 1
-        window = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        chosen = accepted[first_row:stop_row]
-        stream = position + chosen
+        window, at = pa.concat_tables(tables) if len(tables) > 1 else tables[0], np.concatenate(places)
+        stream = at[first_row:stop_row]
         keys = work.record_keys(stream, work.stream_indices(stream))
-        yield work.transformed(table_to_columns(window.take(pa.array(chosen))), position, keys=keys), position + consumed
-        position += consumed
-        rest = window.slice(consumed)
-        tables, verdicts = [rest], [np.concatenate(verdicts)[consumed:]]
+        mine = table_to_columns(window.slice(first_row, stop_row - first_row))
+        end = int(at[size - 1]) + 1
+        yield work.transformed(mine, position, keys=keys), end
+        position = end
+        tables, places = [window.slice(size)], [at[size:]]
 
 
 def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table:
