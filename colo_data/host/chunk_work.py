@@ -174,6 +174,12 @@ class ChunkWork:
         indices = self.stream_indices(stream)
         source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
 
+    @property
+    def draws(self) -> bool:
+        """Whether the pipeline's transforms draw random numbers (a `cd.random_map`), and so
+        need each record's `record_keys`."""
+        return any(isinstance(t, random_map) for t in self.pipeline.transforms)
+
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Each record's (component + 1, epoch, index) at stream positions `stream` (records
         `indices`), 0 for the component outside a mixture and a mixture component's own
@@ -238,7 +244,7 @@ class ChunkWork:
             columns[source.component_column] = components
         elif self.pipeline.index_column is not None:
             columns[self.pipeline.index_column] = indices
-        keys = self.record_keys(stream if rows is None else stream[rows], indices)
+        keys = self.record_keys(stream if rows is None else stream[rows], indices) if self.draws else None
         return HostChunk(self.transformed(columns, batch_position, stages, keys), places=rows)
 
     def transformed(
@@ -284,7 +290,9 @@ class ChunkWork:
             )
         return out
 
-    def prepared(self, transform: Callable[[Columns], Columns], columns: Columns, position: int, keys: np.ndarray) -> Columns:
+    def prepared(
+        self, transform: Callable[[Columns], Columns], columns: Columns, position: int, keys: np.ndarray | None
+    ) -> Columns:
         """`cd.Pack(prepare=...)`'s transform on records read for packing, from stream
         `position` on (their `record_keys`): as `_apply`, and it must keep one row per record."""
         rows = len(next(iter(columns.values())))

@@ -83,7 +83,7 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             continue
         window, at = pa.concat_tables(tables) if len(tables) > 1 else tables[0], np.concatenate(places)
         stream = at[first_row:stop_row]
-        keys = work.record_keys(stream, work.stream_indices(stream))
+        keys = work.record_keys(stream, work.stream_indices(stream)) if work.draws else None
         mine = table_to_columns(window.slice(first_row, stop_row - first_row))
         end = int(at[size - 1]) + 1
         yield work.transformed(mine, position, keys=keys), end
