@@ -155,12 +155,13 @@ def counting(shard: grain.sharding.ShardOptions, timed: bool) -> grain.IterDatas
 def test_grains_own_stage_times_are_the_hosts_stages() -> None:
     """With Grain's stage timing on, the telemetry's stages are Grain's nodes (source under
     read, shuffle and slice under order, map under transform, batch under batch), once Grain
-    has folded them into its summary (every 5 s); without it, Grain's next() is one
-    transform."""
+    has folded them into its summary (every 5 s), here from the sidecars; without it,
+    Grain's next() is one transform. (Grain's timing starts a reporting thread of its own
+    that lives 2 minutes after the last element: in the sidecar, it ends with it.)"""
 
     def stages(timed: bool, deadline_s: float) -> dict[str, Any]:
         pipeline = cd.GrainPipeline(make_dataset=functools.partial(counting, timed=timed), global_batch_size=gp.BATCH)
-        with cd.Loader(pipeline, hosts=2) as loader:
+        with cd.Loader(pipeline, hosts=2, backend="sidecar" if timed else "inprocess") as loader:
             until = time.monotonic() + deadline_s
             while True:
                 next(loader)
@@ -168,7 +169,7 @@ def test_grains_own_stage_times_are_the_hosts_stages() -> None:
                 if time.monotonic() > until or all(got[n].seconds > 0 for n in ("order", "read", "transform", "batch")):
                     return got
 
-    timed = stages(True, 30)
+    timed = stages(True, 60)
     assert all(timed[n].seconds > 0 and timed[n].items > 0 for n in ("order", "read", "transform", "batch")), timed
     plain = stages(False, 0.5)
     assert plain["transform"].seconds > 0 and plain["transform"].items > 0, plain
