@@ -5,6 +5,7 @@ list of the same dicts gives; bad paths, files and parse results are named error
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,10 @@ def test_parse_gets_the_bytes_and_may_return_numpy(array_records: Path) -> None:
 def test_bad_input_is_a_named_error(array_records: Path, tmp_path: Path) -> None:
     with pytest.raises(cd.SourceError, match="no file matches"):
         cd.ArrayRecordSource(str(tmp_path / "*.array_record"))
+    good = str(sorted(array_records.glob("*.array_record"))[0])
+    for bad in (tmp_path / "gone.array_record", tmp_path / "*.array_record", tmp_path):  # beside a good file
+        with pytest.raises(cd.SourceError, match=re.escape(f"no file matches ['{bad}']")):
+            cd.ArrayRecordSource([good, str(bad)])
     (tmp_path / "junk.array_record").write_bytes(b"not an array record file")
     with pytest.raises(cd.SourceError, match="junk.array_record: cannot be read as an ArrayRecord file"):
         cd.ArrayRecordSource(str(tmp_path / "junk.array_record"))

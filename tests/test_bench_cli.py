@@ -17,7 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from click.testing import CliRunner
 
+from colo_data.cli import main
 from colo_data.cli.bench import builtin_config
 from colo_data.ops.config import load_config
 
@@ -87,6 +89,24 @@ def test_bad_config_values_are_one_error_line(token_corpus: Path, tmp_path: Path
     errors = [line for line in run.stderr.splitlines() if line.startswith("Error")]  # not a library's import warning
     assert len(errors) == 1 and errors[0].startswith("Error: ") and key in errors[0], run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_config_module_that_raises_at_import_shows_the_end_of_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: bench printed "the end of its traceback:" and then nothing. It shows the
+    user's frames (not importlib's) and the error, as verify and doctor do."""
+    (tmp_path / "bench_broken_at_import.py").write_text("def load():\n    raise OSError('no bucket')\n\nload()\n")
+    (tmp_path / "broken.toml").write_text('pipeline = "bench_broken_at_import:pipeline"\n')
+    monkeypatch.chdir(tmp_path)  # where the config's module is imported from
+    result = CliRunner().invoke(main, ["bench", "broken.toml", "--steps", "1"])
+    assert result.exit_code == 1, result.output
+    end = result.stderr.split("the end of its traceback:\n", 1)[1].splitlines()
+    assert [line.strip() for line in end] == [
+        f'File "{tmp_path}/bench_broken_at_import.py", line 4, in <module>', "load()",
+        f'File "{tmp_path}/bench_broken_at_import.py", line 2, in load', "raise OSError('no bucket')",
+        "OSError: no bucket",
+    ], result.stderr
 
 
 def test_the_built_in_config_is_configs_demo_toml() -> None:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -137,8 +138,8 @@ def test_source_take_after_a_rewrite_that_damaged_the_file(files: tuple[Path, Pa
 
 
 def test_a_file_rewritten_with_the_same_row_groups_and_another_size(files: tuple[Path, Path]) -> None:
-    """Other values in the same row groups: the size tells (a rewrite that keeps the size
-    too is not noticed, as the fingerprint does not notice it)."""
+    """Other values in the same row groups: the size tells (one that keeps the size too:
+    the time of last writing, below)."""
     a, b = files
     source = cd.ArrowSource(str(a.parent), columns=["id", "tokens"])
     size = b.stat().st_size
@@ -148,6 +149,27 @@ def test_a_file_rewritten_with_the_same_row_groups_and_another_size(files: tuple
         source.take([ROWS])
     assert_changed_message(info.value, b)
     assert f"{size} bytes then" in str(info.value) and "in the same row groups" in str(info.value), str(info.value)
+
+
+def test_a_local_file_rewritten_in_place_with_the_same_size_and_row_groups(files: tuple[Path, Path]) -> None:
+    """Issue 26: other values in the same size and layout went unnoticed; the time of last
+    writing tells, from the stat that each decode already makes (a rewrite within the
+    filesystem's clock tick of the indexing is not noticed: the loop waits one out)."""
+    a, b = files
+    source = cd.ArrowSource(str(a.parent), columns=["id", "tokens"])
+    size, written = b.stat().st_size, b.stat().st_mtime_ns
+    deadline = time.monotonic() + 2
+    while b.stat().st_mtime_ns == written:
+        assert time.monotonic() < deadline, "the file's time of last writing does not change"
+        write(b, np.arange(ROWS, 2 * ROWS) + 300, GROUP)  # other ids, the same token lengths
+    assert b.stat().st_size == size
+    assert source.take(np.arange(ROWS)).column("id").to_pylist() == list(range(ROWS))  # file a is unchanged
+    with pytest.raises(cd.SourceError) as info:
+        source.take([ROWS])
+    assert type(info.value) is cd.SourceError
+    assert_changed_message(info.value, b)
+    said = r"written again \(last written \S+ then, \S+ now\), the same size and row groups"
+    assert re.search(said, str(info.value)), str(info.value)
 
 
 def test_a_removed_file(files: tuple[Path, Path]) -> None:

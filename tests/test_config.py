@@ -3,14 +3,20 @@ the file and the key."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import colo_data as cd
+from colo_data.cli import main
 from colo_data.ops.config import load_config
 
 CONFIGS = Path(__file__).parent.parent / "configs"
+COLO = Path(sys.executable).parent / "colo-data"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -71,3 +77,38 @@ def test_configs_that_cannot_build(tmp_path: Path, text: str, match: str) -> Non
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(cd.ConfigError, match="cannot read the config"):
         load_config(tmp_path / "none.toml")
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"  # what a config path given by mistake may hold
+
+
+def test_a_binary_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """Issue 26: it was a raw UnicodeDecodeError."""
+    path = tmp_path / "picture.toml"
+    path.write_bytes(BINARY)
+    with pytest.raises(cd.ConfigError, match=rf"^{path}: not a TOML config: byte 0 \(b'\\x89'\) is not UTF-8 text\. Give"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "command", [["verify"], ["bench"], ["doctor"], ["doctor", "--json"], ["sidecar", "serve", "--socket", "S"]], ids=" ".join
+)
+def test_every_command_says_a_binary_config_is_not_toml(tmp_path: Path, command: list[str]) -> None:
+    """verify, bench, doctor and sidecar serve print the one error line (they printed a
+    UnicodeDecodeError traceback); doctor --json prints it as JSON (it printed nothing)."""
+    path = tmp_path / "picture.toml"
+    path.write_bytes(BINARY)
+    at = 2 if command[0] == "sidecar" else 1
+    args = [*command[:at], str(path), *(str(tmp_path / "s.sock") if a == "S" else a for a in command[at:])]
+    if command[0] == "sidecar":  # it sets process-wide signal handlers: a process of its own
+        run = subprocess.run([str(COLO), *args], capture_output=True, text=True, timeout=120)
+        code, stdout, stderr = run.returncode, run.stdout, run.stderr
+    else:  # in this process: verify and bench import the pipeline machinery before they read the config
+        result = CliRunner().invoke(main, args)
+        assert isinstance(result.exception, SystemExit), result.exception
+        code, stdout, stderr = result.exit_code, result.stdout, result.stderr
+    assert code in (1, 2) and f"Error: {path}: not a TOML config: byte 0" in stderr, stderr
+    assert "Traceback" not in stdout + stderr, stderr
+    if "--json" in command:
+        report = json.loads(stdout)
+        assert report["type"] == "ConfigError" and report["error"].startswith(f"{path}: not a TOML config"), report

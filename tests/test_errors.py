@@ -55,6 +55,20 @@ def test_a_transform_that_returns_none_is_named(token_corpus: Path) -> None:
         read_all(cd.Loader(pipeline))
 
 
+def exits(batch: dict) -> dict:
+    sys.exit(5)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_a_transform_that_calls_sys_exit_is_a_transform_error(token_corpus: Path, tmp_path: Path, backend: str) -> None:
+    """A `SystemExit` from a transform would end the trainer (in process) or the sidecar (a
+    misleading 'sidecar died'): it is the transform's error, named, and the loader closes."""
+    pipeline = make_pipeline(token_corpus, transforms=[exits, cd.pad_or_truncate("tokens", 8)])
+    chosen = cd.Sidecar(shm_dir=str(tmp_path), workers=0) if backend == "sidecar" else cd.InProcess()
+    with pytest.raises(cd.TransformError, match=r"transform <function exits .*> called sys.exit\(5\) on host 0 of 1"):
+        read_all(cd.Loader(pipeline, backend=chosen))
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_an_unreadable_file_is_a_permission_error_not_a_damaged_file(tmp_path: Path) -> None:
     """Root reads any file; without the DAC capabilities (setpriv) a mode-000 file is
@@ -113,5 +127,6 @@ def test_a_config_module_that_fails_at_import_is_a_clear_error(
     assert result.returncode != 0
     assert "Traceback (most recent call last)" not in result.stderr, result.stderr
     assert "importing module 'broken_pipes' raised" in result.stderr and expected in result.stderr, result.stderr
+    assert 'broken_pipes.py", line 1, in <module>' in result.stderr, "the end of its traceback: " + result.stderr
     if "--json" in command:
         assert json.loads(result.stdout)["type"] == "ConfigError", result.stdout

@@ -179,3 +179,28 @@ def test_importing_colo_data_changes_no_import_machinery(tmp_path: Path) -> None
     forwarders = [name for name, path in ((module_name(p), p) for p in PACKAGE.rglob("__init__.py")) if name != "colo_data"
                   and "def __getattr__" in path.read_text()]
     assert not forwarders, f"packages that forward names of other modules: {forwarders}"
+
+
+def mix_checks(tree: ast.AST) -> list[int]:
+    """Lines of `isinstance(..., Mix)` (or a tuple holding `Mix`) in a module's syntax tree."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = node.args[1] if len(node.args) == 2 else None
+            names = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", None) for n in ast.walk(kinds)} if kinds else set()
+            if "Mix" in names:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_mixtures_module_asks_whether_a_source_is_a_mix() -> None:
+    """A mixture is an ordinary source: what is special about it lives in `spec/mix.py` (its
+    `Stream`), and the rest of colo-data asks the pipeline's stream, not the source's type."""
+    assert mix_checks(ast.parse("if isinstance(s, cd.Mix) or isinstance(s, (int, Mix)): pass")) == [1, 1]
+    found = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "spec" / "mix.py"
+        for line in mix_checks(ast.parse(path.read_text()))
+    }
+    assert not found, f"isinstance(..., Mix) outside colo_data/spec/mix.py: {sorted(found)}"

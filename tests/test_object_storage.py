@@ -289,14 +289,37 @@ def test_threads_end_when_a_loader_is_dropped_mid_epoch(store: ObjectStore, prox
         time.sleep(0.05)
 
 
+def test_every_path_given_must_name_a_data_file_in_the_store(store: ObjectStore) -> None:
+    """Issue 26: an object, a glob or a prefix that names no data file, given beside a good
+    object, is an error naming each one (it was skipped without a word)."""
+    fs = store.filesystem()
+    fs.create_dir("listing")
+    with fs.open_output_stream("listing/notes/README.txt") as out:  # a "directory" with no data file
+        out.write(b"not data")
+    bad = {
+        f"{BUCKET}/part-9.parquet": "no such file or directory",
+        f"{BUCKET}/*.arrow": "a glob that matches no file",
+        "listing/notes": "a directory with no .parquet",
+        "listing/nothing/": "no such file or directory",
+    }
+    for path, why in bad.items():
+        with pytest.raises(cd.SourceError) as info:
+            cd.ArrowSource([f"{BUCKET}/part-0.parquet", path], filesystem=fs)
+        assert f"{path!r} ({why}" in str(info.value) and "1 of the 2 paths given" in str(info.value), str(info.value)
+    with pytest.raises(cd.SourceError, match="4 of the 5 paths given") as info:
+        cd.ArrowSource([BUCKET, *bad], filesystem=fs)
+    assert all(repr(path) in str(info.value) for path in bad), str(info.value)
+
+
 def test_settings_are_checked(corpus: Path, tmp_path: Path) -> None:
     """Impossible settings are a ConfigError naming the setting."""
     with pytest.raises(cd.ConfigError, match="io_concurrency=0"):
         local(corpus, io_concurrency=0)
     with pytest.raises(cd.ConfigError, match="retries=-1"):
         local(corpus, retries=-1)
-    with pytest.raises(cd.ConfigError, match="cache_dir_bytes=0"):
-        local(corpus, cache_dir=tmp_path / "c", cache_dir_bytes=0)
+    for bad in (0, True):
+        with pytest.raises(cd.ConfigError, match=f"cache_dir_bytes={bad}"):
+            local(corpus, cache_dir=tmp_path / "c", cache_dir_bytes=bad)
     (tmp_path / "file").write_text("x")
     with pytest.raises(cd.ConfigError, match="cannot be used as a cache"):
         local(corpus, cache_dir=tmp_path / "file")

@@ -620,9 +620,56 @@ def test_paths_matching_nothing(tmp_path: Path) -> None:
         cd.ArrowSource("nowhere", filesystem=pafs._MockFileSystem())
 
 
-@pytest.mark.parametrize("cache_bytes", [0, -1, 1.5, None])
+NAMES_NOTHING = {  # a path given beside a good file -> what the error says of it
+    "a missing file": ("gone.parquet", "no such file or directory"),
+    "a glob that matches nothing": ("*.arrow", "a glob that matches no file"),
+    "a directory without data files": ("only_text", "a directory with no .parquet"),
+}
+
+
+@pytest.fixture
+def nothing_there(tmp_path: Path) -> Path:
+    """A directory holding only a text file (beside nothing else that is data)."""
+    (tmp_path / "only_text").mkdir()
+    (tmp_path / "only_text" / "notes.txt").write_text("hello")
+    return tmp_path
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES_NOTHING))
+def test_a_path_that_names_no_data_file_is_an_error_beside_good_ones(parquet_dir: Path, nothing_there: Path, kind: str) -> None:
+    """Issue 26: `ArrowSource([a, missing])` read `a` alone, without a word; every path
+    given must name a data file, and the error names the one that does not."""
+    name, why = NAMES_NOTHING[kind]
+    bad = str(nothing_there / name)
+    with pytest.raises(cd.SourceError) as info:
+        cd.ArrowSource([str(parquet_dir / "part-2.parquet"), bad])
+    message = str(info.value)
+    assert f"{bad!r} ({why}" in message and "1 of the 2 paths given" in message, message
+    assert "fix these paths" in message and str(parquet_dir) not in message, message
+
+
+def test_every_path_that_names_no_data_file_is_named(parquet_dir: Path, nothing_there: Path) -> None:
+    """Several such paths: one error that names each, not only the first."""
+    bad = [str(nothing_there / name) for name, _ in NAMES_NOTHING.values()]
+    with pytest.raises(cd.SourceError) as info:
+        cd.ArrowSource([str(parquet_dir), *bad])
+    assert "3 of the 4 paths given" in str(info.value) and all(repr(b) in str(info.value) for b in bad), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("records", "at", "kind"),
+    [([{"x": 1}, {"x": 2}, [3], {"x": 4}], 2, "list"), ([5, {"x": 1}], 0, "int"), ([{"x": 1}, "text"], 1, "str")],
+)
+def test_a_record_that_is_not_a_dict_is_named_with_its_index_and_type(records: list[Any], at: int, kind: str) -> None:
+    """Issue 26: a record that is not a dict (after dict ones) was a raw AttributeError."""
+    source = cd.RecordSource(records)
+    with pytest.raises(cd.SourceError, match=rf"list: record {at} is of type {kind}, not dict; .*make every record a dict"):
+        source.take(np.arange(len(records)))
+
+
+@pytest.mark.parametrize("cache_bytes", [0, -1, 1.5, None, True])
 def test_bad_cache_bytes(cache_bytes: Any, parquet_dir: Path) -> None:
-    with pytest.raises(cd.SourceError, match="cache_bytes"):
+    with pytest.raises(cd.ConfigError, match=rf"cache_bytes={cache_bytes!r}: give an int >= 1"):
         cd.ArrowSource(str(parquet_dir), cache_bytes=cache_bytes)
 
 

@@ -161,7 +161,7 @@ def test_cli_passes_on_a_sound_pipeline(workdir: Path, token_corpus: Path) -> No
         "PASS  identical batches: hosts 1, 2, 4 give the same 10 batches, row for row in every column"
     )
     assert found["exactly once"] == (
-        "PASS  exactly once: each record once per epoch over epoch 0 (stream positions 0-119), with hosts 1, 2, 4"
+        "PASS  exactly once: each record once per epoch over stream positions 0-119: epoch 0, with hosts 1, 2, 4"
     )
     assert found["seed order"] == (
         "PASS  seed order: every record comes where seed 7 (shuffle=block:2) puts it, with hosts 1, 2, 4"
@@ -263,7 +263,7 @@ def test_host_counts_that_do_not_divide_the_batch_are_skipped(
         "SKIP  4 hosts", "PASS  identical batches", "PASS  exactly once", "PASS  seed order", "PASS  resume",
     ]
     assert checks[1].detail.startswith("hosts 1, 2, 3 give the same 7 batches")
-    assert checks[2].detail.startswith("each record once per epoch over 42 of epoch 0's 120 positions")
+    assert checks[2].detail.startswith("each record once per epoch over stream positions 0-41: 42 of epoch 0's 120")
     assert checks[-1].detail.startswith("state after 3 batches with 1 host, restored with 3 hosts")
     with pytest.raises(cd.ConfigError, match=r"hosts=\(4, 5\): none divides global_batch_size=6"):
         verify(pipeline, hosts=(4, 5))

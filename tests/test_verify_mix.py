@@ -1,5 +1,5 @@
 """`verify` of a `cd.Mix` (issue 13, mixtures): it passes on a sound mixture, checking the
-shares in every prefix, each component's records once per component epoch and the
+shares in every prefix, each component's records once per epoch of its component and the
 mixture's order; it fails naming the component on transforms that break the mixture (one
 that relabels a component, one that copies a row over another on one host count); and a
 transform that drops the component column is a ConfigError that names it. Real Parquet
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import colo_data as cd
-from colo_data.ops import verify as verify_module
 from colo_data.ops.verify import Check, verify
+from colo_data.spec import mix as mix_module
 
 BATCH = 12
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
@@ -56,7 +56,7 @@ def test_a_sound_mixture_passes_every_check(mix_corpora: dict[str, Path]) -> Non
         "('web' 32768/65536, 'code' 19661/65536, 'math' 13107/65536), with hosts 1, 2, 3"
     )
     assert found["exactly once"].detail == (
-        "each component's records once per component epoch over stream positions 0-119: 'web' epoch 0, "
+        "each record once per epoch of its component over stream positions 0-119: 'web' epoch 0, "
         "'code' epoch 0 and 11 of epoch 1's 25, 'math' epochs 0-2 and 3 of epoch 3's 7, with hosts 1, 2, 3"
     )
     assert found["resume"].detail.startswith("state after 5 batches with 1 host, restored with 3 hosts")
@@ -64,7 +64,7 @@ def test_a_sound_mixture_passes_every_check(mix_corpora: dict[str, Path]) -> Non
 
 def test_the_default_run_is_capped(mix_corpora: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A component of tiny weight would make the default run long: it stops at the cap."""
-    monkeypatch.setattr(verify_module, "_MIX_DEFAULT_RECORDS", 4 * BATCH)
+    monkeypatch.setattr(mix_module, "_VERIFY_RECORDS", 4 * BATCH)
     checks = by_name(verify(mix_pipeline(mix_corpora, weights={"web": 1, "code": 1e-3, "math": 1}), hosts=(1, 2)))
     assert checks["identical batches"].detail.startswith("hosts 1, 2 give the same 4 batches")
     assert "'web' 24 of epoch 0's 60, 'code' none, " in checks["exactly once"].detail
@@ -84,8 +84,9 @@ def test_a_relabelled_component_fails_naming_it(mix_corpora: dict[str, Path]) ->
     assert checks["shares"].failed and checks["shares"].detail.startswith("1 host: component 'web' has ")
     exactly_once = checks["exactly once"]
     assert exactly_once.failed and "'web' record" in exactly_once.detail, exactly_once
-    assert "'math': 0 records delivered, the mixture's order puts" in exactly_once.detail, exactly_once
-    assert checks["seed order"].failed and "where the mixture's order has 'math' record" in checks["seed order"].detail
+    assert "but the order puts it at none of the stream positions" in exactly_once.detail, exactly_once
+    assert "'math' record" in exactly_once.detail and " is missing (the order puts it at batch " in exactly_once.detail
+    assert checks["seed order"].failed and "where the seed's order has 'math' record" in checks["seed order"].detail
     assert checks["resume"].status == "PASS"
 
 
@@ -126,9 +127,9 @@ def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora:
     assert f": 'web' record {record} with 1 host, " in identical
     exactly_once = checks["exactly once"].detail
     assert exactly_once.startswith("2 hosts: ") and "(fails with" not in exactly_once, exactly_once
-    assert f"'web' record {record} is missing from its epoch 0 (the order puts it at batch 3 row {6 + row})" in exactly_once
+    assert f"'web' record {record} is missing (the order puts it at batch 3 row {6 + row})" in exactly_once
     assert checks["seed order"].detail.startswith(f"2 hosts: batch 3 row {6 + row} holds ")
-    assert checks["seed order"].detail.endswith(f"where the mixture's order has 'web' record {record}")
+    assert checks["seed order"].detail.endswith(f"where the seed's order has 'web' record {record}")
     assert checks["resume"].status == "PASS"  # restored with 3 hosts, which are sound
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 BUILTIN = "configs/demo.toml (built in)"
+WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` appends the remote traceback
 
 
 def builtin_config() -> Any:
@@ -90,17 +91,18 @@ def bench(
 
     flags.FLAGS.mark_as_parsed()
     from colo_data.errors import ColoDataError, ConfigError
-    from colo_data.ops import bench as runner
     from colo_data.ops.config import load_config
 
     try:
         settings = load_config(config) if config else builtin_config()
-        chosen = _backend(backend, workers, settings.sidecar)
         try:
             pipeline = settings.build()
         except ConfigError as error:  # a value in [args] the pipeline refused: say which file
             message = str(error)
             raise ConfigError(message if message.startswith(settings.path) else f"{settings.path}: {message}") from error
+        # the backend ("auto" asks JAX whether it runs on Pathways) and the loader: once the config is known to be good
+        chosen = _backend(backend, workers, settings.sidecar)
+        from colo_data.ops import bench as runner
         options: dict[str, Any] = {"backend": chosen, "hosts": hosts}
         header = (
             f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen.name}, hosts {hosts or 'default'}, "
@@ -110,8 +112,9 @@ def bench(
         runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]
         if compare == "grain" and not runs[0].interrupted:
             runs.append(runner.run_grain(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000))
-    except ConfigError as error:  # one line naming the key or setting
-        raise click.ClickException(str(error).splitlines()[0]) from error
+    except ConfigError as error:  # names the key or setting (with the end of the user's code's traceback, if it
+        # raised); the traceback of another process that raised it (a sidecar, a worker) is left out
+        raise click.ClickException(str(error).split(WIRE_TAIL, 1)[0]) from error
     except ColoDataError as error:
         raise click.ClickException(str(error)) from error
     except KeyboardInterrupt:  # before the first batch: nothing to report

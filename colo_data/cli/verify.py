@@ -62,7 +62,6 @@ def verify(
     from colo_data.ops.config import load_config
     from colo_data.ops.verify import verify as run_checks
     from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
-    from colo_data.spec.mix import Mix
     from colo_data.spec.pipeline import Pipeline
 
     try:
@@ -73,8 +72,7 @@ def verify(
             click.echo(f"{header}{steps or DEFAULT_STEPS} batches against Grain's own, hosts {', '.join(map(str, hosts))}")
             checks = verify_grain(pipeline, hosts, steps, resume_at)
         else:
-            mixed = isinstance(pipeline.source, Mix)
-            length = f"{steps} batches" if steps else "one epoch of every component" if mixed else "one epoch"
+            length = f"{steps} batches" if steps else pipeline.stream.first_epochs()
             click.echo(f"{header}{length}, hosts {', '.join(map(str, hosts))}")
             checks = run_checks(pipeline, hosts, steps, resume_at, resume_hosts)
     except ConfigError as e:

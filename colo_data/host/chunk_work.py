@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -18,9 +18,9 @@ from colo_data.errors import ColoDataError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
-from colo_data.spec.mix import Mix, MixOrder
-from colo_data.spec.order import GlobalOrder, host_rows
+from colo_data.spec.order import host_rows
 from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.stream import BoundStream
 from colo_data.spec.transforms import random_map
 from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
 
@@ -109,18 +109,15 @@ class ChunkWork:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = range(*host_rows(pipeline.global_batch_size, host, hosts))
         self.stages = StageTimes()
-        self._order: GlobalOrder | MixOrder | None = None
+        self._order: BoundStream | None = None
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
         self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
 
     @property
-    def order(self) -> GlobalOrder | MixOrder:
+    def order(self) -> BoundStream:
+        """The pipeline's stream bound to its order: stream positions -> records."""
         if self._order is None:
-            source = self.pipeline.source
-            if isinstance(source, Mix):
-                self._order = source.bind(self.pipeline.order)
-            else:
-                self._order = self.pipeline.order.bind(source.row_group_sizes)
+            self._order = self.pipeline.stream.bind(self.pipeline.order)
         return self._order
 
     @property
@@ -180,18 +177,6 @@ class ChunkWork:
         need each record's `record_keys`."""
         return any(isinstance(t, random_map) for t in self.pipeline.transforms)
 
-    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        """Each record's (component + 1, epoch, index) at stream positions `stream` (records
-        `indices`), 0 for the component outside a mixture and a mixture component's own
-        epoch and index: what seeds `cd.random_map`'s draws, the same on every host."""
-        source = self.pipeline.source
-        if isinstance(source, Mix):
-            components, own = cast(MixOrder, self.order).positions(stream)
-            sizes = np.array([len(s) for s in source.sources], dtype=np.int64)
-            local = source.locate(indices)[1]
-            return np.stack([components.astype(np.int64) + 1, own // sizes[components], local], axis=1)
-        return np.stack([np.zeros_like(stream), stream // len(source), indices], axis=1)
-
     def count_reads(self, stages: StageTimes) -> None:
         """Add what loading row groups cost the source since the last count (I/O wait and
         bytes fetched, decode time and bytes) to `stages`."""
@@ -236,15 +221,8 @@ class ChunkWork:
         columns = table_to_columns(table)
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         self.count_reads(stages)
-        source = self.pipeline.source
-        if isinstance(source, Mix):  # the index within the component, and the component
-            components, local = source.locate(indices)
-            if self.pipeline.index_column is not None:
-                columns[self.pipeline.index_column] = local
-            columns[source.component_column] = components
-        elif self.pipeline.index_column is not None:
-            columns[self.pipeline.index_column] = indices
-        keys = self.record_keys(stream if rows is None else stream[rows], indices) if self.draws else None
+        columns.update(self.pipeline.stream.record_columns(indices, self.pipeline.index_column))
+        keys = self.order.record_keys(stream if rows is None else stream[rows], indices) if self.draws else None
         return HostChunk(self.transformed(columns, batch_position, stages, keys), places=rows)
 
     def transformed(
@@ -278,6 +256,12 @@ class ChunkWork:
                 out = transform(columns)
         except ColoDataError:
             raise
+        except SystemExit as e:  # would end the sidecar or the trainer: the transform's error, named
+            raise TransformError(
+                f"transform {transform!r} called sys.exit({e.code!r}) on host {self.host} of {self.hosts}, batch at "
+                f"stream position {position}: a transform returns the batch or raises an exception; it must not "
+                f"exit the process it runs in\n{traceback.format_exc()}"
+            ) from None
         except Exception as e:
             raise TransformError(
                 f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "

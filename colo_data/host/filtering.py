@@ -18,7 +18,6 @@ from colo_data.host.chunk import HostBatch
 from colo_data.host.chunk_work import ChunkWork
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
-from colo_data.spec.mix import Mix
 from colo_data.telemetry.counters import ORDER, READ
 
 READ_RECORDS = 512  # records read at once, at least a global batch's
@@ -41,14 +40,9 @@ def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
 def with_index(work: ChunkWork, table: pa.Table, indices: np.ndarray) -> pa.Table:
     """The records read, with the pipeline's index column (from a `cd.Mix`: the index
     within the component, and the component column), as the transforms see them."""
-    pipeline, source = work.pipeline, work.pipeline.source
-    if isinstance(source, Mix):
-        components, local = source.locate(indices)
-        if pipeline.index_column is not None:
-            table = table.append_column(pipeline.index_column, pa.array(local))
-        return table.append_column(source.component_column, pa.array(components))
-    if pipeline.index_column is not None:
-        table = table.append_column(pipeline.index_column, pa.array(indices))
+    pipeline = work.pipeline
+    for name, column in pipeline.stream.record_columns(indices, pipeline.index_column).items():
+        table = table.append_column(name, pa.array(column))
     return table
 
 
@@ -83,7 +77,7 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             continue
         window, at = pa.concat_tables(tables) if len(tables) > 1 else tables[0], np.concatenate(places)
         stream = at[first_row:stop_row]
-        keys = work.record_keys(stream, work.stream_indices(stream)) if work.draws else None
+        keys = work.order.record_keys(stream, work.stream_indices(stream)) if work.draws else None
         mine = table_to_columns(window.slice(first_row, stop_row - first_row))
         end = int(at[size - 1]) + 1
         yield work.transformed(mine, position, keys=keys), end

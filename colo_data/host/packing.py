@@ -21,8 +21,8 @@ from colo_data.host.chunk_work import ChunkWork
 from colo_data.host.filtering import kept
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
-from colo_data.spec.mix import Mix
 from colo_data.spec.pack import Pack
+from colo_data.spec.stream import Stream
 from colo_data.spec.transforms import random_map
 from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
 
@@ -188,7 +188,7 @@ class _Window:
         columns = table_to_columns(table)
         t2 = perf_counter()
         draws = any(isinstance(t, random_map) for t in self.pack.prepare)
-        keys = self.work.record_keys(np.arange(first, stop, dtype=np.int64), indices) if draws else None
+        keys = self.work.order.record_keys(np.arange(first, stop, dtype=np.int64), indices) if draws else None
         for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
             columns = self.work.prepared(transform, columns, first, keys)
         if self.pack.prepare:
@@ -226,7 +226,6 @@ def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator
     rows, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
     total = pipeline.total_records
     window = _Window(work, pack, start_position)
-    mix = pipeline.source if isinstance(pipeline.source, Mix) else None
     ahead = rows * pack.max_segments  # a batch never holds more records than this
     while True:
         if len(window.indices) < ahead:  # read ahead a whole batch's worst case at once: fewer, larger reads
@@ -240,7 +239,7 @@ def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator
                     return
                 break
             consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False, pack.method)
-        batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, mix)
+        batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, pipeline.stream)
         work.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
         window.drop(consumed)
@@ -255,11 +254,11 @@ def _host_rows(
     first_row: int,
     stop_row: int,
     index_column: str | None,
-    mix: Mix | None,
+    stream: Stream,
 ) -> Columns:
-    """Rows `[first_row, stop_row)` of the plan, built from the window's values. From a
-    `cd.Mix`, the index column holds each record's index within its component, and the
-    mixture's component column each record's component (-1 where a row has no record)."""
+    """Rows `[first_row, stop_row)` of the plan, built from the window's values, with the
+    columns that name each row's records (`Stream.record_columns`: the index column, a
+    mixture's component column), -1 where a row has no record."""
     height, length = stop_row - first_row, pack.length
     mine = np.flatnonzero((row_of >= first_row) & (row_of < stop_row))
     mine = mine[np.lexsort((offset_of[mine], row_of[mine]))]  # by row, then place in the row
@@ -288,14 +287,8 @@ def _host_rows(
                 segment_ids[row, offset : offset + slot] = seg
                 positions[row, offset : offset + slot] = ramp[:slot]
         batch[name], batch[ids_name], batch[positions_name] = tokens, segment_ids, positions
-    indices = window.indices[mine]
-    if mix is not None:
-        components, indices = mix.locate(indices)
-        placed_components = np.full((height, pack.max_segments), -1, np.int32)
-        placed_components[rows, segment - 1] = components
-        batch[mix.component_column] = placed_components
-    if index_column is not None:
-        records = np.full((height, pack.max_segments), -1, np.int64)
-        records[rows, segment - 1] = indices
-        batch[index_column] = records
+    for name, column in stream.record_columns(window.indices[mine], index_column).items():
+        padded = np.full((height, pack.max_segments), -1, column.dtype)  # -1 where a row has no record
+        padded[rows, segment - 1] = column
+        batch[name] = padded
     return batch

@@ -80,9 +80,14 @@ class ArrayRecordSource:
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], parse: Parse = parse_json) -> None:
         patterns = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]
-        files = sorted({f for pattern in patterns for f in (glob.glob(pattern) if glob.has_magic(pattern) else [pattern])})
-        if not files:
-            raise SourceError(f"ArrayRecordSource: no file matches {patterns}: check the path or the glob")
+        matched = {pattern: glob.glob(pattern) if glob.has_magic(pattern) else [pattern] for pattern in patterns}
+        unmatched = [p for p, found in matched.items() if not found or not all(os.path.isfile(f) for f in found)]
+        if unmatched:
+            raise SourceError(
+                f"ArrayRecordSource: no file matches {unmatched} (of the paths given, {patterns}): a source reads every "
+                "path it is given or none; fix these paths (the name, the glob) or leave them out"
+            )
+        files = sorted({f for found in matched.values() for f in found})
         if not callable(parse):
             raise SourceError(f"ArrayRecordSource(parse={parse!r}): give a function of a list of bytes, e.g. cd.parse_json")
         self.files = tuple(files)

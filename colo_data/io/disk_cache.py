@@ -16,6 +16,7 @@ from typing import Any
 import diskcache
 
 from colo_data.errors import ConfigError
+from colo_data.spec.integers import int_setting
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,7 @@ class DiskCache:
     """
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
-        if not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ConfigError(f"cache_dir_bytes={max_bytes!r}: must be a positive number of bytes")
+        max_bytes = int_setting("cache_dir_bytes", max_bytes, 1, "the disk cache's size limit in bytes")
         self.directory = os.fspath(directory)
         self.max_bytes = max_bytes
         try:

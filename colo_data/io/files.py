@@ -5,9 +5,11 @@ after a source indexed it."""
 from __future__ import annotations
 
 import errno
+import os
+import platform
 import resource
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -22,6 +24,7 @@ _PARQUET_MAGIC = b"PAR1"
 _IPC_FILE_MAGIC = b"ARROW1"
 _IPC_STREAM_MAGIC = b"\xff\xff\xff\xff"
 TAIL = 64 * 2**10  # bytes read from the end of a Parquet object for its footer, in one request
+MACHINE = platform.node()  # this machine's name: a local file's time of last writing is compared only here
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class DataFile:
     row_groups: tuple[int, ...]
     size: int  # bytes when the source was made: reads check that the file still has them
     version: str | None = None  # object storage: its generation (GCS) or ETag (S3): a rewrite changes it
+    mtime_ns: int | None = None  # a local file: its time of last writing (os.stat): a rewrite changes it
+    machine: str | None = None  # where `mtime_ns` was read: a copy on another machine has its own time
 
 
 def detect_format(fs: pafs.FileSystem, path: str) -> str:
@@ -193,23 +198,24 @@ def _remote_reader(handle: pa.NativeFile, size: int, path: str) -> tuple[str, pq
 
 
 def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = None) -> tuple[DataFile, pa.Schema]:
-    """The file's format, row groups, size (and on object storage its version) and schema,
-    from its metadata. On object storage the file is opened once, its footer read through
-    that handle, and what a later read can use is kept in `kept[path]`; a transient error is raised as
-    it is, for the caller to retry.
+    """The file's format, row groups, size (on object storage its version, locally its time
+    of last writing) and schema, from its metadata. On object storage the file is opened
+    once, its footer read through that handle, and what a later read can use is kept in
+    `kept[path]`; a transient error is raised as it is, for the caller to retry.
 
     Raises:
         SourceError: the file is an IPC stream, or may not be read.
         CorruptFileError: it is not Parquet or Arrow IPC, or its metadata cannot be read.
     """
     remote = not isinstance(fs, pafs.LocalFileSystem)
-    version, fmt = None, "data"
+    version, mtime_ns, fmt = None, None, "data"
     try:
         if remote:
             handle = open_object(fs, path)
             version, size = object_version(handle), handle.size()
             fmt, reader = _remote_reader(handle, size, path)
         else:
+            mtime_ns = os.stat(path).st_mtime_ns  # before the metadata is read: a write after it is noticed
             fmt = detect_format(fs, path)
     except PermissionError as e:
         raise unreadable(path, e) from e
@@ -246,7 +252,7 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
         footer = reader.metadata if isinstance(reader, pq.ParquetFile) else None
         written = _written(handle) if fs.type_name == "gcs" else None
         kept[path] = Kept(footer, handle if written is not None else None, written)
-    return DataFile(path, fmt, sizes, size, version), schema
+    return DataFile(path, fmt, sizes, size, version, mtime_ns, None if remote else MACHINE), schema
 
 
 DO_NOT_REWRITE = (
@@ -259,6 +265,13 @@ def size_now(fs: pafs.FileSystem, path: str) -> int | None:
     """The file's size in bytes now; None when it is gone."""
     info = fs.get_file_info(path)
     return info.size if info.type == pafs.FileType.File else None
+
+
+def _when(mtime_ns: int | None) -> str:
+    """A file's time of last writing as a user reads it (UTC, to the microsecond)."""
+    if mtime_ns is None:
+        return "unknown"
+    return datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).isoformat(timespec="microseconds")
 
 
 def changed(fs: pafs.FileSystem, file: DataFile, group: int) -> SourceError:
@@ -285,7 +298,11 @@ def changed(fs: pafs.FileSystem, file: DataFile, group: int) -> SourceError:
     differ = [g for g in range(max(len(old), len(new))) if old[g : g + 1] != new[g : g + 1]]
     g = group if group in differ else differ[0] if differ else -1
     if g < 0 and now.size == file.size:
-        what = f"written again (version {file.version} then, {now.version} now), the same size and row groups"
+        if file.mtime_ns is not None:
+            then_now = f"last written {_when(file.mtime_ns)} then, {_when(now.mtime_ns)} now"
+        else:
+            then_now = f"version {file.version} then, {now.version} now"
+        what = f"written again ({then_now}), the same size and row groups"
     elif g < 0:
         what = f"{file.size} bytes then, {now.size} now, in the same row groups"
     elif g >= len(old):

@@ -29,6 +29,7 @@ from colo_data.errors import (
 from colo_data.io.columns import from_records, table_to_columns, to_arrow, to_records
 from colo_data.io.disk_cache import DiskCache
 from colo_data.io.files import (
+    MACHINE,
     DataFile,
     Kept,
     changed,
@@ -45,6 +46,7 @@ from colo_data.io.gather import gather
 from colo_data.io.remote import RemoteFiles
 from colo_data.io.retry import Exhausted, transient, with_retries
 from colo_data.io.rowgroup_cache import RowGroupCache
+from colo_data.spec.integers import int_setting
 
 _DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
 _GLOB_CHARS = "*?["
@@ -145,6 +147,19 @@ def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
     return []
 
 
+def _why_nothing(fs: pafs.FileSystem, path: str) -> str:
+    """Why `path` names no data file, in a few words (an error path: a lookup more is fine)."""
+    if any(c in path for c in _GLOB_CHARS):
+        return "a glob that matches no file"
+    try:
+        directory = fs.get_file_info(path).type == pafs.FileType.Directory
+    except OSError:  # the store did not answer this time: the listing's answer stands
+        return "no data file found"
+    if directory:
+        return f"a directory with no {', '.join(_DATA_SUFFIXES)} file"
+    return "no such file or directory"
+
+
 @dataclass(frozen=True)
 class _Reading:
     """An ArrowSource's read settings (see its arguments)."""
@@ -203,7 +218,8 @@ class ArrowSource:
 
     Args:
         paths: a file, a directory (its data files, recursively), a glob, or a list of
-            them; a URI (`gs://...`, `s3://...`) picks its `pyarrow.fs` filesystem.
+            them; a URI (`gs://...`, `s3://...`) picks its `pyarrow.fs` filesystem. Each
+            must name at least one data file: a missing one is an error, never skipped.
         columns: the columns to read; None reads every column of the first file.
         filesystem: the `pyarrow.fs` filesystem to read the paths from, instead of the
             local one or the URI's.
@@ -220,7 +236,9 @@ class ArrowSource:
             backoff and jitter, before it is a `SourceError`.
 
     Raises:
-        SourceError: no file matches, the paths span filesystems, or an object cannot be read.
+        SourceError: a path names no data file (a file that does not exist, a directory or
+            glob with no data files: each is named), the paths span filesystems, or an
+            object cannot be read.
         ConfigError: a setting is out of range, or `cache_dir` is not a writable directory.
         CorruptFileError: a file's metadata cannot be read.
         SchemaError: a column is missing from a file, or files disagree on its type.
@@ -237,12 +255,9 @@ class ArrowSource:
         cache_dir_bytes: int = defaults.CACHE_DIR_BYTES,
         retries: int = defaults.READ_RETRIES,
     ) -> None:
-        if not isinstance(cache_bytes, int) or cache_bytes < 1:
-            raise SourceError(f"cache_bytes={cache_bytes!r}: must be a positive number of bytes of decoded row groups")
-        if not isinstance(io_concurrency, int) or io_concurrency < 1:
-            raise ConfigError(f"io_concurrency={io_concurrency!r}: must be a positive number of reads in flight")
-        if not isinstance(retries, int) or retries < 0:
-            raise ConfigError(f"retries={retries!r}: must be 0 or more retries of a transient read failure")
+        cache_bytes = int_setting("cache_bytes", cache_bytes, 1, "bytes of decoded row groups kept")
+        io_concurrency = int_setting("io_concurrency", io_concurrency, 1, "reads in flight at once")
+        retries = int_setting("retries", retries, 0, "retries of a transient read failure")
         disk = DiskCache(cache_dir, cache_dir_bytes) if cache_dir is not None else None
         reading = _Reading(cache_bytes, io_concurrency, retries, disk)
         patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
@@ -250,6 +265,7 @@ class ArrowSource:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
         found: set[str] = set()
         fs: pafs.FileSystem | None = None
+        unmatched: list[str] = []
         for pattern in patterns:
             pattern_fs, inner = _split_uri(pattern, filesystem)
             if fs is not None and pattern_fs.type_name != fs.type_name:
@@ -258,11 +274,15 @@ class ArrowSource:
                     "one ArrowSource reads from one filesystem; make one source per filesystem."
                 )
             fs = pattern_fs
-            found.update(_listed(fs, inner, reading.retries))
-        if not found:
+            matched = _listed(fs, inner, reading.retries)
+            if not matched:
+                unmatched.append(f"{pattern!r} ({_why_nothing(fs, inner)})")
+            found.update(matched)
+        if unmatched:
             raise SourceError(
-                f"no Parquet or Arrow IPC files match {patterns!r} on {type(fs).__name__}: "
-                "check the path, the glob, or the filesystem argument."
+                f"{len(unmatched)} of the {len(patterns)} paths given name no Parquet or Arrow IPC file on "
+                f"{type(fs).__name__}: {'; '.join(unmatched)}. A source reads every path it is given or none: "
+                "fix these paths (the name, the glob, the filesystem argument) or leave them out."
             )
         kept: dict[str, Kept] = {}
         inspected = _inspect_all(fs, sorted(found), reading, kept)
@@ -361,17 +381,23 @@ class ArrowSource:
 
     def _decode_local(self, group: int, _: None) -> pa.Table:
         """Row group `group`, decoded from its local file, which must still be the file
-        indexed when the source was made: same size before each decode (a stat), same size
-        and row groups when the file is opened, same rows in the group decoded (object
-        storage: `RemoteFiles`). A file replaced by a rename keeps being read
-        from the file that was opened, as it was. Not noticed: new values written in place
-        in the same layout and size (as by `fingerprint`), and a rewrite in place of an IPC
-        file whose batches are cached (views of the file: they show the new bytes, or the
-        process gets SIGBUS where the file was cut short) until the next decode from it."""
+        indexed when the source was made: same size and time of last writing before each
+        decode (one stat, which a rewrite in place of the same size and layout changes; the
+        time only on the machine that made the source, as a host's own copy of the file has
+        its own), same size and row groups when the file is opened, same rows in the group decoded
+        (object storage: `RemoteFiles`). A file replaced by a rename keeps being read
+        from the file that was opened, as it was. Not noticed: a rewrite of the same size
+        and layout within the filesystem's clock tick (a few milliseconds) of the indexing
+        stat, one whose writer sets the old time back (`touch -d`, `cp -p`), and a rewrite
+        in place of an IPC file whose batches are cached (views of the file: they show the
+        new bytes, or the process gets SIGBUS where the file was cut short) until the next
+        decode from it."""
         file_index, local = int(self._rg_file[group]), int(self._rg_local[group])
         file = self._files[file_index]
         try:
-            if os.stat(file.path).st_size != file.size:  # before a mapping is read past its end
+            now = os.stat(file.path)
+            rewritten = now.st_mtime_ns != file.mtime_ns and file.machine == MACHINE  # copies elsewhere: their own times
+            if now.st_size != file.size or rewritten:  # before a mapping is read past its end
                 raise changed(self._fs, file, local)
             checked = file_index in self._footers
             reader, handle = open_reader(self._fs, file.path, file.format, self._footers.get(file_index))
@@ -534,7 +560,8 @@ class RecordSource:
 
         Raises:
             RecordIndexError: an index is outside `[0, len(self))`.
-            SourceError: the collection's records are not dicts.
+            SourceError: a record is not a dict (the error names its index and type), or
+                records differ in their keys.
         """
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self._len):
@@ -548,10 +575,11 @@ class RecordSource:
                 "a record at every index; run the Grain pipeline with cd.GrainPipeline(make_dataset=..., ...) instead "
                 "(docs/grain.md, 'MapDataset.filter')"
             )
-        if rows and not isinstance(rows[0], dict):
+        odd = next(((i, row) for i, row in zip(idx.tolist(), rows, strict=True) if not isinstance(row, dict)), None)
+        if odd is not None:
             raise SourceError(
-                f"{type(self._records).__name__} yields {type(rows[0]).__name__} records; "
-                "colo-data needs dict records (column name -> value)."
+                f"{type(self._records).__name__}: record {odd[0]} is of type {type(odd[1]).__name__}, not dict; "
+                "colo-data needs dict records (column name -> value): make every record a dict."
             )
         if not rows:
             return pa.table({})

@@ -6,6 +6,7 @@ loader becomes unreachable, and at interpreter exit."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -28,8 +29,8 @@ from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.mix import Mix, same_stream
 from colo_data.spec.state import make_state, restore
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
@@ -80,7 +81,8 @@ class _Runner:
         self.prefetcher: Prefetcher[GlobalBatch] | None = None
         self.export: TelemetryExport | None = None
         self.exporters: list[Any] = []
-        self._reading = threading.Lock()  # held by the thread inside `next()`
+        self._reading = threading.Lock()  # held by the thread inside `next()` or `set_state()`
+        self._holder = "next()"  # which of the two holds it
         self.closing = False  # `close()` has begun, maybe on another thread than a waiting `next()`
 
     def start(self) -> None:
@@ -99,16 +101,15 @@ class _Runner:
         """The meters' telemetry, with a mixture's records per component since `first`."""
         telemetry = self.meters.telemetry()
         pipeline = self.pipeline
-        if isinstance(pipeline, GrainPipeline) or not isinstance(pipeline.source, Mix):
+        if isinstance(pipeline, GrainPipeline):
             return telemetry
-        source = pipeline.source
-        order = source.bind(pipeline.order)
-        now, then = order.component_positions(self.position), order.component_positions(self.first)
-        counts = {name: q - p for name, q, p in zip(source.names, now, then, strict=True)}
-        return dataclasses.replace(telemetry, components=counts)
+        counts = pipeline.stream.component_records(pipeline, self.first, self.position)
+        return telemetry if counts is None else dataclasses.replace(telemetry, components=counts)
 
     def next(self) -> GlobalBatch:
-        if not self._reading.acquire(blocking=False):
+        """The next batch. Another thread's `next()` in progress is a LoaderBusyError; a
+        `set_state()` in progress is waited for (the batch then follows the new state)."""
+        if not self._reading.acquire(blocking=False) and not (self._holder == "set_state()" and self._reading.acquire()):
             raise LoaderBusyError(
                 "another thread is in next() on this Loader: a loader feeds one consumer; read it from one "
                 "thread and hand the batches on (a queue.Queue) to the others"
@@ -116,6 +117,23 @@ class _Runner:
         try:
             return self._next()
         finally:
+            self._reading.release()
+
+    @contextlib.contextmanager
+    def jumping(self) -> Iterator[None]:
+        """Hold the loader for `set_state`: a LoaderBusyError while another thread is in
+        `next()`, whose stream a jump would end under it."""
+        if not self._reading.acquire(blocking=False):
+            raise LoaderBusyError(
+                "set_state while another thread is in next() on this Loader: the waiting batch belongs to the old "
+                "position. Call set_state from the thread that reads the loader, between batches (or after that "
+                "next() returns); the next batch is then the one after the state"
+            )
+        self._holder = "set_state()"
+        try:
+            yield
+        finally:
+            self._holder = "next()"
             self._reading.release()
 
     def _next(self) -> GlobalBatch:
@@ -208,11 +226,11 @@ class Loader:
         warmup: int = 3,
         telemetry_export: TelemetryExport | None = None,
     ) -> None:
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ConfigError(f"warmup={warmup!r}: must be an int >= 0 (first steps kept apart from the steady state)")
+        warmup = int_setting("warmup", warmup, 0, "first steps kept apart from the steady state")
         clock = StepClock(warmup)  # first: the start-up is counted from here
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ConfigError(f"prefetch={prefetch!r}: must be an int >= 0 (global batches prepared ahead)")
+        prefetch = int_setting("prefetch", prefetch, 0, "global batches prepared ahead")
+        if hosts is not None:
+            hosts = int_setting("hosts", hosts, 1, "host pipelines that share each global batch; None: the backend's own")
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
             raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
         if not isinstance(pipeline, AnyPipeline):
@@ -282,7 +300,7 @@ class Loader:
             state: what `get_state()` returned (also from another host or worker count).
         """
         rebased, position = restore(self.pipeline, state, self.hosts)
-        if isinstance(rebased.source, Mix) and not same_stream(rebased.source, self.pipeline.source):  # type: ignore[arg-type]
+        if not isinstance(rebased, GrainPipeline) and not rebased.stream.continues(self.pipeline.stream):  # type: ignore[union-attr]
             raise StateError(
                 "set_state: this state continues the mixture under other weights (or from another interleaving); make "
                 "a new loader for it: cd.Loader(pipeline, state=state, ...)"
@@ -290,16 +308,17 @@ class Loader:
         runner = self._runner
         if runner.owner.state == "closed":
             raise LoaderClosedError("set_state on a closed Loader: make a new one with cd.Loader(pipeline, state=state, ...)")
-        runner.stop()
-        runner.position = runner.first = position
-        if isinstance(rebased, GrainPipeline):  # its hosts start from the states the pipeline carries: a new transport
-            self._transport_parts.close()
-            self._transport_parts = runner.owner.child("transport")
-            self.pipeline = runner.pipeline = rebased
-            transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
-            runner.backend = transport
-            runner.meters.replace_backend(transport)
-            runner.host_states = dict(enumerate(rebased.resume or ()))
+        with runner.jumping():
+            runner.stop()
+            runner.position = runner.first = position
+            if isinstance(rebased, GrainPipeline):  # its hosts start from the states the pipeline carries: a new transport
+                self._transport_parts.close()
+                self._transport_parts = runner.owner.child("transport")
+                self.pipeline = runner.pipeline = rebased
+                transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
+                runner.backend = transport
+                runner.meters.replace_backend(transport)
+                runner.host_states = dict(enumerate(rebased.resume or ()))
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         """Stop prefetching, the worker processes, the sidecar sessions and the sidecars

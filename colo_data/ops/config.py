@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
+from colo_data.spec.integers import as_int
 
 if TYPE_CHECKING:
     from colo_data.spec.kinds import AnyPipeline
@@ -35,8 +36,14 @@ class Config:
     deploy: dict[str, Any] = field(default_factory=dict)
 
     def _failed(self, doing: str, error: Exception) -> ConfigError:
-        """The config's pipeline code raised: its error and where, as a ConfigError."""
-        where = "".join(traceback.format_exception(error)[-3:])
+        """The config's pipeline code raised: its error and where (the last frames of the
+        user's code, not importlib's or this module's), as a ConfigError."""
+        machinery = {__file__, importlib.__file__}
+        frames = [
+            f for f in traceback.extract_tb(error.__traceback__)
+            if f.filename not in machinery and not f.filename.startswith("<frozen")
+        ]
+        where = "".join(traceback.format_list(frames[-2:]) + traceback.format_exception_only(error)).rstrip()
         return ConfigError(
             f"{self.path}: pipeline = {self.pipeline!r}: {doing} raised {type(error).__name__}: {error}. "
             f"Fix the pipeline's code; the end of its traceback:\n{where}"
@@ -88,9 +95,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a config file; every problem is one ConfigError naming the key."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from e
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding: TOML is UTF-8
+        raise ConfigError(
+            f"{path}: not a TOML config: byte {e.start} ({e.object[e.start:e.start + 1]!r}) is not UTF-8 text. "
+            "Give the path of a .toml file (UTF-8 text), e.g. configs/demo.toml."
+        ) from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     unknown = set(data) - _TOP_KEYS
@@ -108,9 +120,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
     workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", defaults.SLOTS)
-    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+    if workers != "auto" and (as_int(workers) is None or workers < 0):
         raise ConfigError(f'{path}: [sidecar] workers = {workers!r}: give "auto" or an int >= 0')
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2:
+    if as_int(slots) is None or slots < 2:
         raise ConfigError(f"{path}: [sidecar] slots = {slots!r}: give an int >= 2")
     if not isinstance(sidecar.get("shm_dir", ""), str):
         raise ConfigError(f"{path}: [sidecar] shm_dir = {sidecar['shm_dir']!r}: give a directory path (a string)")

@@ -2,15 +2,14 @@
 real `Loader`, once per host count, checks the promises a trainer relies on: every host
 count yields the same global batches, each record appears exactly once (through the
 pipeline's index column), in the order the seed defines, and a state saved at one step and
-restored with another host count continues identically. For a `cd.Mix` the record is a
-(component, index) pair and the checks are per component: every prefix keeps each
-component within one record of its share, and each component's records come once per
-component epoch. Each result is a `Check` whose detail names the first offending batch,
-row and record."""
+restored with another host count continues identically. A record is a (component, index)
+pair, as the pipeline's stream names it (one component for a single source): each comes
+once per epoch of its component, and for a `cd.Mix` every prefix also keeps each
+component within one record of its share. Each result is a `Check` whose detail names
+the first offending batch, row and record."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -26,15 +25,14 @@ from colo_data.host.filtering import kept, with_index
 from colo_data.host.pipeline import HostPipeline
 from colo_data.io.columns import table_to_columns
 from colo_data.loader.loader import Loader
-from colo_data.spec.mix import DENOMINATOR, Mix, schedule
 from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.schedule import DENOMINATOR
 from colo_data.testing import to_numpy
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 Batch = dict[str, np.ndarray]
 _KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects
 _PLACES_SHOWN = 4
-_MIX_DEFAULT_RECORDS = 1 << 20  # the longest default run of a mixture (a component of tiny weight takes long)
 
 
 @dataclass(frozen=True)
@@ -90,23 +88,19 @@ def verify(
         raise ConfigError("the pipeline delivers no batch: does the pack's keep reject every record?")
     resume_at = len(reference) // 2 if resume_at is None else resume_at
     _check_resume_at(resume_at, len(reference))
-    expected = _expected(pipeline, max(run.end for run in runs))
+    end = max(run.end for run in runs)
+    expected = _expected(pipeline, end)
     if pipeline.pack is not None:
-        stream = _stream_keys(pipeline, expected, max(run.end for run in runs))
+        stream = expected.keys(expected.delivered(end))
         for run in runs:
             run.stream = stream
-    if isinstance(pipeline.source, Mix):
-        checks = _mix_checks(pipeline, pipeline.source, runs, expected)
-    else:
-        covered = _covered(pipeline, reference, expected)
-        order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
-        checks = [
-            _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
-            _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
-        ]
+    order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
+    covered = _covered(pipeline, reference.end, expected)
     return skipped + [
         _identical(runs, difference),
-        *checks,
+        *_shares_check(pipeline, runs, expected),
+        _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
+        _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
         _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts),
     ]
 
@@ -134,40 +128,22 @@ def _check_resume_at(resume_at: int | None, batches: int) -> None:
 
 def _run_steps(pipeline: Pipeline, steps: int | None) -> int | None:
     """Global batches to read: `steps`, at most what the stream holds; by default the
-    first epoch's full batches (a mixture's: the batches that reach `_default_end`). None
-    for packed or filtered pipelines without `steps`: their batches take as many records as fit or pass, so
-    the run reads until it passes `_default_end`."""
+    batches that reach the stream's `verify_end` (one epoch; a mixture's: one epoch of every
+    component). None for packed or filtered pipelines without `steps`: their batches take as
+    many records as fit or pass, so the run reads until it passes `verify_end`."""
+    available = pipeline.batches_from(0)
     if steps is None:
         if pipeline.variable_batches:
             return None
-        size = pipeline.global_batch_size
-        return -(-_default_end(pipeline) // size) if isinstance(pipeline.source, Mix) else _default_end(pipeline) // size
-    available = pipeline.batches_from(0)
+        steps = -(-pipeline.stream.verify_end(pipeline) // pipeline.global_batch_size)
     return steps if available is None else min(steps, available)
-
-
-def _default_end(pipeline: Pipeline) -> int:
-    """The stream position a run without `steps` reads to: one epoch; for a mixture, until
-    every component with a weight has run through its first epoch (its own epoch 0), but at
-    most `_MIX_DEFAULT_RECORDS` records (a component of tiny weight would take too long)."""
-    mix = pipeline.source
-    if not isinstance(mix, Mix):
-        return pipeline.records_per_epoch
-    components, ranks = schedule(mix.shares)
-    end = 0
-    for c, (share, source) in enumerate(zip(mix.shares, mix.sources, strict=True)):
-        if share:  # its last record of epoch 0: the slot of rank (len - 1) % share, (len - 1) // share periods on
-            periods, rank = divmod(len(source) - 1, share)
-            slot = int(np.flatnonzero((components == c) & (ranks == rank))[0])
-            end = max(end, periods * DENOMINATOR + slot + 1)
-    return min(end, _MIX_DEFAULT_RECORDS)
 
 
 @dataclass
 class _Run:
     """What one host count's run delivered, as verify needs it: each batch's index column
-    (and a mixture's component column) and the loader state after each batch (`states[0]`:
-    before the first), through JSON as a checkpoint holds it."""
+    and component column (zeros for one source) and the loader state after each batch
+    (`states[0]`: before the first), through JSON as a checkpoint holds it."""
 
     hosts: int
     records: list[np.ndarray] = field(default_factory=list)
@@ -219,8 +195,7 @@ class _Stream:
             return None
         batch = to_numpy(arrays)
         self.run.records.append(_index_column(self.pipeline, batch))
-        if isinstance(self.pipeline.source, Mix):
-            self.run.components.append(_component_column(self.pipeline.source, batch, self.run.records[-1].shape))
+        self.run.components.append(_component_column(self.pipeline, batch, self.run.records[-1].shape))
         self.run.states.append(self._state())
         return batch
 
@@ -244,9 +219,12 @@ def _index_column(pipeline: Pipeline, batch: Batch) -> np.ndarray:
     return records.astype(np.int64)
 
 
-def _component_column(mix: Mix, batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
-    """A mixture's component column as int64, checked: the index column's shape."""
-    name = mix.component_column
+def _component_column(pipeline: Pipeline, batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
+    """A mixture's component column as int64, checked: the index column's shape (zeros for
+    a stream of one component)."""
+    name = pipeline.stream.component_column
+    if name is None:
+        return np.zeros(shape, np.int64)
     if name not in batch:
         raise ConfigError(
             f"Mix(component_column={name!r}): the batches have no such column (they have {sorted(batch)}): a "
@@ -279,7 +257,7 @@ def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> t
             for stream, label in zip(streams[1:], labels[1:], strict=True):
                 got = stream.next() if len(stream.run) == step else None  # None: it ended before
                 difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
-            if want is None or (steps is None and reference.run.end >= _default_end(pipeline)):
+            if want is None or (steps is None and reference.run.end >= pipeline.stream.verify_end(pipeline)):
                 break
     return [stream.run for stream in streams], difference
 
@@ -349,26 +327,45 @@ def _resume(pipeline: Pipeline, reference: _Run, resume_at: int, resume_hosts: i
     return Check(name, "PASS", f"{what}: the remaining {rest} batches are identical to the uninterrupted run's")
 
 
+_COMPONENT_KEY = 2**40  # a record as one key: component * this + index within the component
+
+
+def _keys(records: np.ndarray, components: np.ndarray) -> np.ndarray:
+    """Records (index within the component, component) as keys that tell components apart."""
+    return components * _COMPONENT_KEY + records
+
+
 @dataclass(frozen=True)
 class _Expected:
-    """What the seed defines for stream positions `[0, len(records))`: the record at each
-    position and whether it is delivered (False: the pack's `keep` rejects it)."""
+    """What the order defines for stream positions `[0, len(components))`: each position's
+    component, the index of its record within the component, the component's own position
+    (its epoch is that // the component's size), and whether the keep (the pipeline's and
+    the pack's) takes it."""
 
-    records: np.ndarray
+    components: np.ndarray
+    indices: np.ndarray
+    own: np.ndarray
     kept: np.ndarray
 
     def delivered(self, end: int) -> np.ndarray:
-        """The records delivered from positions `[0, end)`, in stream order."""
-        return self.records[:end][self.kept[:end]]
+        """The stream positions of the records delivered from `[0, end)`, in stream order."""
+        return np.flatnonzero(self.kept[:end])
+
+    def keys(self, positions: np.ndarray) -> np.ndarray:
+        """The records (`_keys`) at stream `positions`."""
+        return _keys(self.indices[positions], self.components[positions])
 
 
 def _expected(pipeline: Pipeline, end: int) -> _Expected:
-    """The seed's records for stream positions `[0, end)`, and which of them the keep
-    (the pipeline's and the pack's) takes (all, without one)."""
-    host = HostPipeline(pipeline)
-    records = host.stream_indices(np.arange(end, dtype=np.int64))
+    """The order's records for stream positions `[0, end)`, from the pipeline's stream bound
+    to its order, and which of them the keep takes (all, without one)."""
+    order = pipeline.stream.bind(pipeline.order)
+    components, own = order.positions(np.arange(end, dtype=np.int64))
+    components = components.astype(np.int64)
+    indices = order.own_indices(components, own)
     if pipeline.keep is None and (pipeline.pack is None or pipeline.pack.keep is None):
-        return _Expected(records, np.ones(end, bool))
+        return _Expected(components, indices, own, np.ones(end, bool))
+    host, records = HostPipeline(pipeline), order.stream_indices(np.arange(end, dtype=np.int64))
     verdicts = []
     for i in range(0, end, _KEEP_CHUNK):
         chunk = records[i : i + _KEEP_CHUNK]
@@ -376,25 +373,29 @@ def _expected(pipeline: Pipeline, end: int) -> _Expected:
         verdict = kept(host.work, table_to_columns(table), len(chunk))
         assert verdict is not None  # there is a keep (above)
         verdicts.append(verdict)
-    return _Expected(records, np.concatenate(verdicts))
+    return _Expected(components, indices, own, np.concatenate(verdicts))
 
 
 @dataclass(frozen=True)
 class _Delivered:
-    """A run's records in stream order with their places, (batch, row, segment) each:
-    segment 0 without packing, else 1, 2, ... as in `segment_ids`."""
+    """A run's records in stream order (index within the component, component) with their
+    places, (batch, row, segment) each: segment 0 without packing, else 1, 2, ... as in
+    `segment_ids`."""
 
     records: np.ndarray
+    components: np.ndarray
     places: np.ndarray
-    components: np.ndarray  # a mixture's component of each record; empty for other pipelines
+
+    @property
+    def keys(self) -> np.ndarray:
+        return _keys(self.records, self.components)
 
 
 def _delivered(run: _Run) -> _Delivered:
     """The run's records in stream order (a packed batch's as `run.stream` orders them);
     packed batches' -1 padding left out."""
     records, places, components = [], [], []
-    for batch, index in enumerate(run.records):
-        component = run.components[batch] if run.components else np.zeros(index.shape, np.int64)
+    for batch, (index, component) in enumerate(zip(run.records, run.components, strict=True)):
         if index.ndim == 1:
             rows, segments = np.arange(len(index)), np.zeros(len(index), np.int64)
         else:
@@ -404,12 +405,25 @@ def _delivered(run: _Run) -> _Delivered:
         components.append(component)
         places.append(np.stack([np.full(len(index), batch), rows, segments], axis=1))
     if not records:  # a host count whose stream ended at once
-        return _Delivered(np.zeros(0, np.int64), np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-    mixed = np.concatenate(components) if run.components else np.zeros(0, np.int64)
-    delivered = _Delivered(np.concatenate(records), np.concatenate(places), mixed)
-    if run.stream is None:
-        return delivered
-    return _stream_ordered(delivered, _keys(delivered.records, delivered.components), run.stream)
+        return _Delivered(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3), np.int64))
+    delivered = _Delivered(np.concatenate(records), np.concatenate(components), np.concatenate(places))
+    return delivered if run.stream is None else _stream_ordered(delivered, run.stream)
+
+
+def _stream_ordered(delivered: _Delivered, want: np.ndarray) -> _Delivered:
+    """A packed batch places its records in its rows by fit, not in stream order: each
+    batch's records put in the order the stream has them (`want`, as keys), where the batch
+    holds just the records of its part of the stream (else as delivered, for the check to
+    name)."""
+    got, order = delivered.keys, np.arange(len(delivered.records))
+    batches = delivered.places[:, 0]
+    starts = np.flatnonzero(np.r_[True, batches[1:] != batches[:-1]]) if len(batches) else np.zeros(0, np.int64)
+    for start, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(got)], strict=True):
+        mine, theirs = got[start:stop], want[start:stop]
+        by_got, by_want = np.argsort(mine, kind="stable"), np.argsort(theirs, kind="stable")
+        if len(mine) == len(theirs) and np.array_equal(mine[by_got], theirs[by_want]):
+            order[start + by_want] = start + by_got  # the delivered record that the stream has at each place
+    return _Delivered(delivered.records[order], delivered.components[order], delivered.places[order])
 
 
 def _per_run(name: str, runs: list[_Run], problem_of: Callable[[_Run], str | None], passed: str) -> Check:
@@ -423,173 +437,122 @@ def _per_run(name: str, runs: list[_Run], problem_of: Callable[[_Run], str | Non
     return Check(name, "FAIL", f"{_hosts(hosts)}: {problem}{also}")
 
 
+def _label(pipeline: Pipeline, key: int) -> str:
+    """A record key (`_keys`) as a message names it."""
+    component, index = divmod(int(key), _COMPONENT_KEY)
+    return pipeline.stream.record_label(component, index)
+
+
+def _outside(pipeline: Pipeline, delivered: _Delivered) -> tuple[np.ndarray, str | None]:
+    """Which delivered records name no record of the source (an unknown component, an index
+    out of its component's range), and what the first one is."""
+    stream = pipeline.stream
+    sizes = np.asarray(stream.sizes, dtype=np.int64)
+    components, records = delivered.components, delivered.records
+    unknown = (components < 0) | (components >= len(sizes))
+    outside = unknown | (records < 0) | (records >= sizes[np.where(unknown, 0, components)])
+    if not outside.any():
+        return outside, None
+    i = int(np.flatnonzero(outside)[0])
+    place, component = _place(delivered.places[i]), int(components[i])
+    if unknown[i]:
+        named = ", ".join(map(repr, stream.names))
+        return outside, f"{place} holds component {component}, not one of 0-{len(sizes) - 1} ({named})"
+    label = stream.record_label(component, int(records[i]))
+    return outside, f"{place} holds {label}, not in 0..{sizes[component] - 1}"
+
+
 def _exactly_once(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
     """What is wrong with the records' counts: each delivered record as often as the order
-    puts it in the run's stream positions (once per epoch), and never one `keep` rejects."""
-    delivered, total, end = _delivered(run), pipeline.records_per_epoch, run.end
-    outside = (delivered.records < 0) | (delivered.records >= total)
-    problems = []
-    if outside.any():
-        i = int(np.flatnonzero(outside)[0])
-        problems.append(f"{_place(delivered.places[i])} holds record {delivered.records[i]}, not in 0..{total - 1}")
-    got, places = delivered.records[~outside], delivered.places[~outside]
-    want = expected.delivered(end)
-    want_count, got_count = np.bincount(want, minlength=total), np.bincount(got, minlength=total)
+    puts it in the run's stream positions (once per epoch of its component), and never one
+    the keep rejects."""
+    delivered, end = _delivered(run), run.end
+    outside, problem = _outside(pipeline, delivered)
+    problems = [problem] if problem else []
+    got, places = delivered.keys[~outside], delivered.places[~outside]
+    positions = expected.delivered(end)
+    want = expected.keys(positions)
+    keys, inverse = np.unique(np.concatenate([want, got]), return_inverse=True)
+    want_at, got_at = inverse[: len(want)], inverse[len(want) :]
+    want_count, got_count = np.bincount(want_at, minlength=len(keys)), np.bincount(got_at, minlength=len(keys))
     too_often, missing = got_count > want_count, got_count < want_count
     if too_often.any():
-        record = int(got[np.flatnonzero(too_often[got])[0]])
-        seen = f"record {record} appears {_times(int(got_count[record]))} ({_places(places[got == record])})"
-        if want_count[record]:
-            problems.append(seen + ("" if want_count[record] == 1 else f", expected {_times(int(want_count[record]))}"))
-        elif record in expected.records[:end]:
+        k = int(got_at[np.flatnonzero(too_often[got_at])[0]])
+        seen = f"{_label(pipeline, keys[k])} appears {_times(int(got_count[k]))} ({_places(places[got == keys[k]])})"
+        if want_count[k]:
+            problems.append(seen + ("" if want_count[k] == 1 else f", expected {_times(int(want_count[k]))}"))
+        elif keys[k] in expected.keys(np.arange(end)):
             problems.append(f"{seen}, but the pack's keep rejects it")
         else:
             problems.append(f"{seen}, but the order puts it at none of the stream positions 0-{end - 1}")
     if missing.any():
-        position = int(np.flatnonzero(expected.kept[:end])[np.flatnonzero(missing[want])[0]])
-        record = int(expected.records[position])
-        where = f"the order puts it at {_expected_place(pipeline, run, position)}"
-        if got_count[record]:
-            times, wanted = _times(int(got_count[record])), _times(int(want_count[record]))
-            problems.append(f"record {record} appears {times}, expected {wanted} ({where})")
+        j = int(np.flatnonzero(missing[want_at])[0])
+        k, where = int(want_at[j]), f"the order puts it at {_expected_place(pipeline, run, int(positions[j]))}"
+        if got_count[k]:
+            times, wanted = _times(int(got_count[k])), _times(int(want_count[k]))
+            problems.append(f"{_label(pipeline, keys[k])} appears {times}, expected {wanted} ({where})")
         else:
-            problems.append(f"record {record} is missing ({where})")
+            problems.append(f"{_label(pipeline, keys[k])} is missing ({where})")
     if not problems:
         return None
     too_often_count = _count(int(too_often.sum()), "record")
     return "; ".join(problems) + f" (in all: {too_often_count} too often, {int(missing.sum())} missing)"
 
 
-def _covered(pipeline: Pipeline, run: _Run, expected: _Expected) -> str:
-    """What the exactly-once check covered: whole epochs and part of the last one."""
-    total = pipeline.records_per_epoch
-    epochs, rest = divmod(run.end, total)
-    spans = (["epoch 0" if epochs == 1 else f"epochs 0-{epochs - 1}"] if epochs else []) + (
-        [f"{rest} of epoch {epochs}'s {total} positions"] if rest else []
-    )
-    rejected = int((~expected.kept[: run.end]).sum())
+def _covered(pipeline: Pipeline, end: int, expected: _Expected) -> str:
+    """What the exactly-once check covered, stream positions `[0, end)`: each component's
+    whole epochs and part of the next one."""
+    stream = pipeline.stream
+    spans = []
+    for c, (name, size) in enumerate(zip(stream.names, stream.sizes, strict=True)):
+        epochs, rest = divmod(int(np.count_nonzero(expected.components[:end] == c)), size)
+        whole = ["epoch 0" if epochs == 1 else f"epochs 0-{epochs - 1}"] if epochs else []
+        span = " and ".join(whole + ([f"{rest} of epoch {epochs}'s {size}"] if rest else [])) or "none"
+        spans.append(f"{name!r} {span}" if name else span)
+    rejected = int((~expected.kept[:end]).sum())
     dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
-    return f"each record once per epoch over {' and '.join(spans)} (stream positions 0-{run.end - 1}){dropped}"
-
-
-_COMPONENT_KEY = 2**40  # a mixture's record as one key: component * this + index
-
-
-def _keys(records: np.ndarray, components: np.ndarray) -> np.ndarray:
-    """Records as keys that tell a mixture's components apart."""
-    return records if not len(components) else components * _COMPONENT_KEY + records
-
-
-def _stream_keys(pipeline: Pipeline, expected: _Expected, end: int) -> np.ndarray:
-    """The keys (`_keys`) of the records the order delivers from positions `[0, end)`."""
-    if isinstance(pipeline.source, Mix):
-        want = _mix_expected(pipeline, pipeline.source, expected)
-        positions = want.delivered(end)
-        return _keys(want.indices[positions], want.components[positions])
-    return expected.delivered(end)
-
-
-def _stream_ordered(delivered: _Delivered, got: np.ndarray, want: np.ndarray) -> _Delivered:
-    """A packed batch places its records in its rows by fit, not in stream order: each
-    batch's records put in the order the stream has them (`want`; `got` the delivered
-    records' keys alike), where the batch holds just the records of its part of the stream
-    (else as delivered, for the check to name)."""
-    order = np.arange(len(got))
-    batches = delivered.places[:, 0]
-    starts = np.flatnonzero(np.r_[True, batches[1:] != batches[:-1]]) if len(batches) else np.zeros(0, np.int64)
-    for start, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(got)], strict=True):
-        mine, theirs = got[start:stop], want[start:stop]
-        by_got, by_want = np.argsort(mine, kind="stable"), np.argsort(theirs, kind="stable")
-        if len(mine) == len(theirs) and np.array_equal(mine[by_got], theirs[by_want]):
-            order[start + by_want] = start + by_got  # the delivered record that the stream has at each place
-    mixed = delivered.components[order] if len(delivered.components) else delivered.components
-    return _Delivered(delivered.records[order], delivered.places[order], mixed)
+    epoch = "epoch of its component" if any(stream.names) else "epoch"
+    return f"each record once per {epoch} over stream positions 0-{end - 1}: {', '.join(spans)}{dropped}"
 
 
 def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
     """The first record that is not where the seed's order (less what `keep` rejects) puts it."""
-    delivered, want = _delivered(run), expected.delivered(run.end)
-    count = min(len(delivered.records), len(want))
-    wrong = np.flatnonzero(delivered.records[:count] != want[:count])
+    delivered, positions = _delivered(run), expected.delivered(run.end)
+    got, want = delivered.keys, expected.keys(positions)
+    count = min(len(got), len(want))
+    wrong = np.flatnonzero(got[:count] != want[:count])
     if len(wrong):
         i = int(wrong[0])
         place = _place(delivered.places[i])
-        return f"{place} holds record {delivered.records[i]} where the seed's order has record {want[i]}"
-    if len(delivered.records) != len(want):
-        span = f"stream positions 0-{run.end - 1}"
-        return f"{len(delivered.records)} records delivered; the seed's order has {len(want)} in {span}"
+        return f"{place} holds {_label(pipeline, got[i])} where the seed's order has {_label(pipeline, want[i])}"
+    if len(got) != len(want):
+        return f"{len(got)} records delivered; the seed's order has {len(want)} in stream positions 0-{run.end - 1}"
     return None
 
 
-@dataclass(frozen=True)
-class _MixExpected:
-    """What a mixture's order defines for stream positions `[0, len(components))`: each
-    position's component, the index of its record there, the component's own position
-    (its epoch is that // the component's length), and whether the pack's `keep` takes it."""
-
-    components: np.ndarray
-    indices: np.ndarray
-    own: np.ndarray
-    kept: np.ndarray
-
-    def delivered(self, end: int) -> np.ndarray:
-        """The stream positions of the records delivered from `[0, end)`, in stream order."""
-        return np.flatnonzero(self.kept[:end])
+def _shares_check(pipeline: Pipeline, runs: list[_Run], expected: _Expected) -> list[Check]:
+    """A mixture's shares on every run (none for a stream of one source): in every prefix
+    each component within one record of its share."""
+    stream, end = pipeline.stream, runs[0].end
+    if stream.shares is None:
+        return []
+    if not expected.kept.all():
+        return [Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")]
+    weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(stream.names, stream.shares, strict=True) if s)
+    passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
+    return [_per_run("shares", runs, lambda run: _shares(pipeline, stream.shares or (), run), passed)]
 
 
-def _mix_expected(pipeline: Pipeline, mix: Mix, expected: _Expected) -> _MixExpected:
-    """The mixture's order for the positions `expected` covers, from the order itself
-    (`Mix.bind`), not from what the loader computes with it."""
-    order = mix.bind(pipeline.order)
-    components, own = order.positions(np.arange(len(expected.records), dtype=np.int64))
-    indices = np.empty(len(own), np.int64)
-    for c in np.unique(components):
-        mine = components == c
-        indices[mine] = order.orders[c].stream_indices(own[mine])
-    return _MixExpected(components.astype(np.int64), indices, own, expected.kept)
-
-
-def _mix_checks(pipeline: Pipeline, mix: Mix, runs: list[_Run], expected: _Expected) -> list[Check]:
-    """A mixture's shares, exactly-once per component epoch and seed order, on every run."""
-    want, end = _mix_expected(pipeline, mix, expected), runs[0].end
-    weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(mix.names, mix.shares, strict=True) if s)
-    if want.kept.all():
-        passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
-        shares = _per_run("shares", runs, lambda run: _shares(mix, run), passed)
-    else:
-        shares = Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")
-    order = (
-        f"every record comes where the mixture's order (seed {pipeline.order.seed}, "
-        f"shuffle={pipeline.order.describe()}, each component's seed made with its name) puts it"
-    )
-    return [
-        shares,
-        _per_run("exactly once", runs, lambda run: _mix_exactly_once(pipeline, run, want), _mix_covered(mix, end, want)),
-        _per_run("seed order", runs, lambda run: _mix_in_order(mix, run, want), order),
-    ]
-
-
-def _unknown_component(mix: Mix, delivered: _Delivered) -> str | None:
-    unknown = (delivered.components < 0) | (delivered.components >= len(mix.names))
-    if not unknown.any():
-        return None
-    i = int(np.flatnonzero(unknown)[0])
-    return (
-        f"{_place(delivered.places[i])} holds component {delivered.components[i]}, not one of 0-{len(mix.names) - 1} "
-        f"({', '.join(map(repr, mix.names))})"
-    )
-
-
-def _shares(mix: Mix, run: _Run) -> str | None:
+def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | None:
     """The first prefix of the run in which a component's record count is more than one
     record from its exact share, `records * share / DENOMINATOR` (counted in integers)."""
     delivered = _delivered(run)
-    unknown = _unknown_component(mix, delivered)
+    unknown = _outside(pipeline, delivered)[1]
     if unknown:
         return unknown
     prefix = np.arange(1, len(delivered.components) + 1, dtype=np.int64)
     first: tuple[int, int, int] | None = None  # (record, component, its count there)
-    for c, share in enumerate(mix.shares):
+    for c, share in enumerate(shares):
         counts = np.cumsum(delivered.components == c)
         off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > DENOMINATOR)
         if len(off) and (first is None or off[0] < first[0]):
@@ -597,120 +560,11 @@ def _shares(mix: Mix, run: _Run) -> str | None:
     if first is None:
         return None
     i, c, count = first
-    exact = (i + 1) * mix.shares[c] / DENOMINATOR
+    exact = (i + 1) * shares[c] / DENOMINATOR
     return (
-        f"component {mix.names[c]!r} has {count} of the first {i + 1} records (through {_place(delivered.places[i])}), "
-        f"its share ({mix.shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"
+        f"component {pipeline.stream.names[c]!r} has {count} of the first {i + 1} records (through "
+        f"{_place(delivered.places[i])}), its share ({shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"
     )
-
-
-def _mix_exactly_once(pipeline: Pipeline, run: _Run, want: _MixExpected) -> str | None:
-    """What is wrong with each component's records: in each of the component's epochs (as
-    its own positions fall in the run) every record at most once, every one in an epoch
-    the run completes, and as many records as the order puts in the run."""
-    mix = pipeline.source
-    assert isinstance(mix, Mix)
-    delivered, positions = _delivered(run), want.delivered(run.end)
-    unknown = _unknown_component(mix, delivered)
-    problems = [unknown] if unknown else []
-    for c, name in enumerate(mix.names):
-        mine, wanted = delivered.components == c, positions[want.components[positions] == c]
-        reached = int(np.count_nonzero(want.components[: run.end] == c))  # own positions 0..reached-1 are in the run
-        got = _Delivered(delivered.records[mine], delivered.places[mine], delivered.components[mine])
-        where = functools.partial(_expected_place, pipeline, run)
-        problem = _component_once(name, len(mix.sources[c]), got, want, wanted, reached, where)
-        if problem:
-            problems.append(problem)
-    return "; ".join(problems) if problems else None
-
-
-def _component_once(
-    name: str,
-    size: int,
-    got: _Delivered,
-    want: _MixExpected,
-    positions: np.ndarray,
-    reached: int,
-    where: Callable[[int], str],
-) -> str | None:
-    """What is wrong with one component's records `got` (in stream order): the first record
-    repeated within an epoch, the first missing from a complete epoch, a wrong count;
-    against the stream `positions` at which the order puts its delivered records (`where`
-    names a stream position's place)."""
-    outside = (got.records < 0) | (got.records >= size)
-    if outside.any():
-        i = int(np.flatnonzero(outside)[0])
-        return f"{_place(got.places[i])} holds {name!r} record {got.records[i]}, not in 0..{size - 1}"
-    epochs = want.own[positions] // size
-    k = min(len(got.records), len(positions))
-    repeated = missing = None
-    for epoch in np.unique(epochs[:k]):
-        span = np.flatnonzero(epochs[:k] == epoch)
-        records = got.records[span]
-        values, first, counts = np.unique(records, return_index=True, return_counts=True)
-        if repeated is None and (counts > 1).any():
-            record = int(values[counts > 1][np.argmin(first[counts > 1])])
-            seen = _places(got.places[span][records == record])
-            times = _times(int(counts[values == record][0]))
-            repeated = f"{name!r} record {record} appears {times} in its epoch {epoch} ({seen})"
-        if missing is None and (epoch + 1) * size <= reached:  # the run completes this epoch: all its records
-            in_epoch = positions[epochs == epoch]
-            absent = np.flatnonzero(~np.isin(want.indices[in_epoch], records))
-            if len(absent):
-                position = int(in_epoch[absent[0]])
-                missing = (
-                    f"{name!r} record {want.indices[position]} is missing from its epoch {epoch} "
-                    f"(the order puts it at {where(position)})"
-                )
-    problems = [p for p in (repeated, missing) if p]
-    if len(got.records) != len(positions):
-        problems.append(f"{name!r}: {len(got.records)} records delivered, the mixture's order puts {len(positions)} in the run")
-    return "; ".join(problems) if problems else None
-
-
-def _mix_covered(mix: Mix, end: int, want: _MixExpected) -> str:
-    """What the exactly-once check covered: each component's whole epochs and part of the
-    next one."""
-    spans = []
-    for c, (name, source) in enumerate(zip(mix.names, mix.sources, strict=True)):
-        size = len(source)
-        epochs, rest = divmod(int(np.count_nonzero(want.components[:end] == c)), size)
-        if not epochs and not rest:
-            spans.append(f"{name!r} none")
-            continue
-        whole = ["epoch 0" if epochs == 1 else f"epochs 0-{epochs - 1}"] if epochs else []
-        spans.append(f"{name!r} " + " and ".join(whole + ([f"{rest} of epoch {epochs}'s {size}"] if rest else [])))
-    rejected = int((~want.kept[:end]).sum())
-    dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
-    return (
-        f"each component's records once per component epoch over stream positions 0-{end - 1}: "
-        f"{', '.join(spans)}{dropped}"
-    )
-
-
-def _mix_in_order(mix: Mix, run: _Run, want: _MixExpected) -> str | None:
-    """The first (component, record) that is not where the mixture's order puts it."""
-    delivered, positions = _delivered(run), want.delivered(run.end)
-    count = min(len(delivered.records), len(positions))
-    head = positions[:count]
-    wrong = np.flatnonzero(
-        (delivered.components[:count] != want.components[head]) | (delivered.records[:count] != want.indices[head])
-    )
-    if len(wrong):
-        i, position = int(wrong[0]), int(head[wrong[0]])
-        got = _mix_record(mix, int(delivered.components[i]), int(delivered.records[i]))
-        expected = _mix_record(mix, int(want.components[position]), int(want.indices[position]))
-        return f"{_place(delivered.places[i])} holds {got} where the mixture's order has {expected}"
-    if len(delivered.records) != len(positions):
-        span = f"stream positions 0-{run.end - 1}"
-        return f"{len(delivered.records)} records delivered; the mixture's order has {len(positions)} in {span}"
-    return None
-
-
-def _mix_record(mix: Mix, component: int, index: int) -> str:
-    if 0 <= component < len(mix.names):
-        return f"{mix.names[component]!r} record {index}"
-    return f"record {index} of component {component} (no such component)"
 
 
 def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
@@ -735,23 +589,16 @@ def _places(places: np.ndarray) -> str:
 
 
 def _row_records(pipeline: Pipeline, batch: Batch, row: int) -> str:
-    """The record(s) a batch's row holds, a mixture's with their components."""
+    """The record(s) a batch's row holds, named by the stream (a mixture's with their
+    components); a packed row's without the -1 padding."""
     assert pipeline.index_column is not None  # verify refuses a pipeline without one
-    index, mix = batch[pipeline.index_column][row], pipeline.source
-    if not isinstance(mix, Mix):
-        return _records(index)
-    components = batch[mix.component_column][row]
+    index, stream = batch[pipeline.index_column][row], pipeline.stream
+    name = stream.component_column
+    components = batch[name][row] if name is not None and name in batch else np.zeros_like(index)
     if index.ndim == 0:
-        return _mix_record(mix, int(components), int(index))
+        return stream.record_label(int(components), int(index))
     pairs = zip(components.tolist(), index.tolist(), strict=True)
-    return "[" + ", ".join(_mix_record(mix, c, i) for c, i in pairs if i != -1) + "]"
-
-
-def _records(index: np.ndarray) -> str:
-    """The record(s) a row holds: one index, or a packed row's without the -1 padding."""
-    if index.ndim == 0:
-        return f"record {int(index)}"
-    return f"records {[int(i) for i in index if i != -1]}"
+    return "[" + ", ".join(stream.record_label(c, i) for c, i in pairs if i != -1) + "]"
 
 
 def _refused(size: int, hosts: int) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,62 +18,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from colo_data.errors import ConfigError, SchemaError
+from colo_data.errors import ConfigError, SchemaError, StateError
 from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
 from colo_data.spec.order import GlobalOrder, Order, epoch_seed
 from colo_data.spec.permute import permute
+from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
+from colo_data.spec.state_format import FORMAT
+from colo_data.spec.stream import PipelineView, Stream
 
-DENOMINATOR = 1 << 16  # weights are rounded to multiples of 1/DENOMINATOR: one schedule period
-
-
-def integer_shares(weights: list[float]) -> tuple[int, ...]:
-    """Weights as whole slots of a period of `DENOMINATOR`, by largest remainder (a weight
-    above zero keeps at least one slot, so no component that was asked for is dropped)."""
-    w = np.asarray(weights, dtype=np.float64)
-    scaled = w / w.sum() * DENOMINATOR
-    shares = np.floor(scaled).astype(np.int64)
-    shares[(w > 0) & (shares == 0)] = 1
-    rest = DENOMINATOR - int(shares.sum())
-    order = np.argsort(-(scaled - shares), kind="stable")
-    if rest >= 0:
-        shares[order[:rest]] += 1
-    else:  # the slots given to tiny weights come out of the largest shares
-        for i in np.argsort(-shares, kind="stable")[: -rest]:
-            shares[i] -= 1
-    return tuple(int(s) for s in shares)
-
-
-@functools.lru_cache(maxsize=8)
-def schedule(shares: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """One period: the component of each slot, and the slot's rank among its component's.
-
-    Earliest deadline first over each component's n-th record of the period, released at
-    floor((n - 1) * D / share) and due by ceil(n * D / share) (proportionate-fair windows):
-    with the shares summing to D, every record lands in its window, so in every prefix each
-    component's count is within one record of its exact share (the tests check it).
-    """
-    comp = np.empty(DENOMINATOR, np.int32)
-    rank = np.empty(DENOMINATOR, np.int64)
-    done = [0] * len(shares)
-    ready: list[tuple[int, int]] = []  # (deadline, component) of each component's next record
-    waiting = [(0, c) for c, s in enumerate(shares) if s]  # (release, component)
-    heapq.heapify(waiting)
-    for t in range(DENOMINATOR):
-        while waiting and waiting[0][0] <= t:
-            _, c = heapq.heappop(waiting)
-            heapq.heappush(ready, (-(-(done[c] + 1) * DENOMINATOR // shares[c]), c))
-        _, c = heapq.heappop(ready)
-        comp[t], rank[t] = c, done[c]
-        done[c] += 1
-        if done[c] < shares[c]:
-            heapq.heappush(waiting, (done[c] * DENOMINATOR // shares[c], c))
-    return comp, rank
-
-
-def component_seed(seed: int, name: str) -> int:
-    """The seed of a component's own order: from the pipeline's seed and the name alone."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1  # in [0, 2**63)
+__all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
+_VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,15 +185,124 @@ class Mix:
             (int(position), tuple(int(q) for q in component_positions)),
         )
 
+    # -- the Stream protocol (colo_data.spec.stream) --
 
-def same_stream(a: Mix, b: Mix) -> bool:
-    """Whether two mixtures give the same stream: the same components and weights, and
-    starts a whole number of schedule periods apart."""
-    if a.names != b.names or a.shares != b.shares:
-        return False
-    (sa, qa), (sb, qb) = (m.start or (0, (0,) * len(m.names)) for m in (a, b))
-    periods, rest = divmod(sb - sa, DENOMINATOR)
-    return rest == 0 and all(y == x + periods * s for x, y, s in zip(qa, qb, a.shares, strict=True))
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(s) for s in self.sources)
+
+    def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
+        """The index within the component (as the index column) and the component."""
+        components, local = self.locate(indices)
+        named = {} if index_column is None else {index_column: local}
+        return {**named, self.component_column: components}
+
+    def check(self, pipeline: PipelineView) -> None:
+        if pipeline.epochs is not None:
+            raise ConfigError(
+                f"epochs={pipeline.epochs!r}: a cd.Mix is endless (each component runs through its own epochs): "
+                "give epochs=None and stop after the steps you want"
+            )
+        if self.component_column in self.columns or self.component_column == pipeline.index_column:
+            raise ConfigError(
+                f"Mix(component_column={self.component_column!r}) is already a column of the source or the "
+                "index column: choose another name"
+            )
+
+    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
+        """The stream position, where it falls in the schedule's period (`phase`), and each
+        component's name, data fingerprint and own position there."""
+        start = self.start[0] if self.start is not None else 0
+        at = self.bind(pipeline.order).component_positions(position)
+        return {
+            "format": FORMAT,
+            "position": position,
+            "phase": (position - start) % DENOMINATOR,
+            "seed": pipeline.order.seed,
+            "order": pipeline.order.describe(),
+            "global_batch_size": pipeline.global_batch_size,
+            "weights": self._weights_id(),
+            "mix": [[n, f, q] for n, f, q in zip(self.names, self.component_fingerprints(), at, strict=True)],
+        }
+
+    def _weights_id(self) -> str:
+        return hashlib.sha256(repr(self.shares).encode()).hexdigest()[:8]
+
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+        """`pipeline` over this mixture rebased at the state's position, so that every
+        component continues where it stopped: in the same interleaving under the same
+        weights, and from there on under new ones.
+
+        Raises:
+            StateError: the state is not a mixture's, its seed or order differ, or a
+                component was added, removed or has other data (each named).
+        """
+        if "mix" not in state:
+            raise StateError("the loader state was saved from a pipeline without a cd.Mix; this pipeline's source is one")
+        ours = {"seed": pipeline.order.seed, "order": pipeline.order.describe()}
+        differences = [f"{k}: state has {state.get(k)!r}, pipeline has {v!r}" for k, v in ours.items() if state.get(k) != v]
+        saved = {entry[0]: entry for entry in state["mix"]}
+        fingerprints = dict(zip(self.names, self.component_fingerprints(), strict=True))
+        differences += [f"component {n!r} is not in the state (added?)" for n in self.names if n not in saved]
+        differences += [
+            f"component {n!r} of the state is not in the pipeline (removed?)" for n in saved if n not in fingerprints
+        ]
+        differences += [
+            f"component {n!r} has other data than when the state was saved"
+            for n in self.names
+            if n in saved and saved[n][1] != fingerprints[n]
+        ]
+        if differences:
+            raise StateError(
+                "the loader state does not fit this mixture (" + "; ".join(differences) + "). Restore it into the "
+                "pipeline that saved it (weights may change), or start without a state."
+            )
+        position, phase = state.get("position"), state.get("phase")
+        at = [saved[n][2] for n in self.names]
+        if not (isinstance(position, int) and isinstance(phase, int) and position >= 0 and 0 <= phase < DENOMINATOR):
+            raise StateError(f"loader state has position={position!r}, phase={phase!r}: not a position of a mixture")
+        if not all(isinstance(q, int) and q >= 0 for q in at):
+            raise StateError(f"loader state has component positions {at!r}: each must be an int >= 0")
+        if state.get("weights") == self._weights_id():  # the same interleaving goes on
+            comp, _ = schedule(self.shares)
+            before = np.bincount(comp[:phase], minlength=len(self.names))
+            begin = [q - int(b) for q, b in zip(at, before, strict=True)]
+            return pipeline.with_source(self.rebased(position - phase, begin)), position
+        return pipeline.with_source(self.rebased(position, at)), position
+
+    def continues(self, other: Stream) -> bool:
+        """The same components and weights, and starts a whole number of schedule periods
+        apart."""
+        if not isinstance(other, Mix) or self.names != other.names or self.shares != other.shares:
+            return False
+        (sa, qa), (sb, qb) = (m.start or (0, (0,) * len(m.names)) for m in (self, other))
+        periods, rest = divmod(sb - sa, DENOMINATOR)
+        return rest == 0 and all(y == x + periods * s for x, y, s in zip(qa, qb, self.shares, strict=True))
+
+    def verify_end(self, pipeline: PipelineView) -> int:
+        """Until every component with a weight has run through its first epoch (its own
+        epoch 0), but at most 2**20 records (a component of tiny weight would take long)."""
+        components, ranks = schedule(self.shares)
+        end = 0
+        for c, (share, size) in enumerate(zip(self.shares, self.sizes, strict=True)):
+            if share:  # its last record of epoch 0: the slot of rank (size - 1) % share, (size - 1) // share periods on
+                periods, rank = divmod(size - 1, share)
+                slot = int(np.flatnonzero((components == c) & (ranks == rank))[0])
+                end = max(end, periods * DENOMINATOR + slot + 1)
+        return min(end, _VERIFY_RECORDS)
+
+    def first_epochs(self) -> str:
+        return "one epoch of every component"
+
+    def record_label(self, component: int, index: int) -> str:
+        if 0 <= component < len(self.names):
+            return f"{self.names[component]!r} record {index}"
+        return f"record {index} of component {component} (no such component)"
+
+    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
+        order = self.bind(pipeline.order)
+        now, then = order.component_positions(position), order.component_positions(first)
+        return {name: q - p for name, q, p in zip(self.names, now, then, strict=True)}
 
 
 class ComponentOrder(GlobalOrder):
@@ -295,6 +357,19 @@ class MixOrder:
             mask = comps == c
             out[mask] = self.mix.offsets[c] + self.orders[c].stream_indices(own[mask])
         return out
+
+    def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
+        indices = np.empty(len(own), np.int64)
+        for c in np.unique(components):
+            mine = components == c
+            indices[mine] = self.orders[c].stream_indices(own[mine])
+        return indices
+
+    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        components, own = self.positions(stream)
+        sizes = np.array(self.mix.sizes, dtype=np.int64)
+        local = self.mix.locate(indices)[1]
+        return np.stack([components.astype(np.int64) + 1, own // sizes[components], local], axis=1)
 
     def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         comps, own = self.positions(stream)

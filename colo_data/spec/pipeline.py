@@ -4,6 +4,7 @@ as one frozen, picklable value that every host builds its share from."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,9 +15,9 @@ from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
 from colo_data.io.sources import Source, as_source
 from colo_data.spec.integers import as_int
-from colo_data.spec.mix import Mix
 from colo_data.spec.order import Order
 from colo_data.spec.pack import Pack
+from colo_data.spec.stream import Stream, stream_of
 from colo_data.spec.transforms import BatchTransform
 
 
@@ -85,20 +86,13 @@ class Pipeline:
             raise ConfigError(
                 f"index_column={self.index_column!r} is already a column of the source: choose another name"
             )
-        if isinstance(self.source, Mix):
-            self._check_mix(self.source, columns)
+        self.stream.check(self)
 
-    def _check_mix(self, mix: Mix, columns: Sequence[str]) -> None:
-        if self.epochs is not None:
-            raise ConfigError(
-                f"epochs={self.epochs!r}: a cd.Mix is endless (each component runs through its own epochs): "
-                "give epochs=None and stop after the steps you want"
-            )
-        if mix.component_column in columns or mix.component_column == self.index_column:
-            raise ConfigError(
-                f"Mix(component_column={mix.component_column!r}) is already a column of the source or the "
-                "index column: choose another name"
-            )
+    @functools.cached_property
+    def stream(self) -> Stream:
+        """What the source makes of the stream: its order, state and checks
+        (`colo_data.spec.stream`)."""
+        return stream_of(self.source)
 
     def with_source(self, source: Any) -> Pipeline:
         """This pipeline over another source (a rebased `cd.Mix`, say)."""

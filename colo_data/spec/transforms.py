@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from colo_data.errors import TransformError
 from colo_data.io.columns import Column, Columns, from_records, to_records
+from colo_data.spec.integers import as_int
 
 BatchTransform = Callable[[Columns], Columns]
 
@@ -62,8 +63,10 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
     pad_value: int | float = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.length, int) or self.length < 1:
-            raise TransformError(f"pad_or_truncate({self.column!r}, length={self.length!r}): length must be >= 1")
+        length = as_int(self.length)
+        if length is None or length < 1:
+            raise TransformError(f"pad_or_truncate({self.column!r}, length={self.length!r}): length must be an int >= 1")
+        object.__setattr__(self, "length", length)
 
     def __call__(self, batch: Columns) -> Columns:
         """The batch with `column` padded or cut to `length`."""
@@ -121,6 +124,13 @@ def _names(columns: tuple[str, ...], what: str) -> tuple[str, ...]:
     return columns
 
 
+def _present(columns: tuple[str, ...], batch: Columns, what: str) -> None:
+    """A TransformError naming the first of `columns` that the batch lacks, and its columns."""
+    missing = [c for c in columns if c not in batch]
+    if missing:
+        raise TransformError(f"{what}: no column {missing[0]!r} in the batch; it has {sorted(batch)}")
+
+
 class select:  # noqa: N801 - used like a function: cd.select("tokens", "_index")
     """Keep only these columns of the batch (e.g. the token ids once a text column has been
     tokenized: the text itself cannot be a batch array).
@@ -134,9 +144,7 @@ class select:  # noqa: N801 - used like a function: cd.select("tokens", "_index"
 
     def __call__(self, batch: Columns) -> Columns:
         """The batch with only `columns`."""
-        missing = [c for c in self.columns if c not in batch]
-        if missing:
-            raise TransformError(f"cd.select: no column {missing[0]!r} in the batch; it has {sorted(batch)}")
+        _present(self.columns, batch, "cd.select")
         return {name: batch[name] for name in self.columns}
 
     def __repr__(self) -> str:
@@ -155,9 +163,7 @@ class drop:  # noqa: N801 - used like a function: cd.drop("text")
 
     def __call__(self, batch: Columns) -> Columns:
         """The batch without `columns`."""
-        missing = [c for c in self.columns if c not in batch]
-        if missing:
-            raise TransformError(f"cd.drop: no column {missing[0]!r} in the batch; it has {sorted(batch)}")
+        _present(self.columns, batch, "cd.drop")
         return {name: column for name, column in batch.items() if name not in self.columns}
 
     def __repr__(self) -> str:

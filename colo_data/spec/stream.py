@@ -1,0 +1,248 @@
+"""What a pipeline's source makes of its stream. A source read alone (`Single`) and a
+`cd.Mix` answer the same questions, `Stream`'s: which record each stream position holds
+(the bound order), the columns that name a record, the loader state, what a default verify
+run reads and how it names a record, and the records of each component. The rest of
+colo-data asks the pipeline's stream and never which kind of source it has; a new kind of
+source with an order of its own (one that defines `bind`) implements `Stream` too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from colo_data.errors import StateError
+from colo_data.spec.order import GlobalOrder, Order
+from colo_data.spec.state_format import FORMAT
+
+if TYPE_CHECKING:
+    from colo_data.io.sources import Source
+
+# A loader state's fields that must match the pipeline's. The global batch size is recorded
+# but not matched: the position counts records, so a loader with another batch size
+# continues the same stream (each record still once).
+_MATCHED = ("seed", "order", "records", "source")
+
+
+class PipelineView(Protocol):
+    """What a stream reads of its pipeline (a `cd.Pipeline`)."""
+
+    @property
+    def source(self) -> Any: ...
+
+    @property
+    def order(self) -> Order: ...
+
+    @property
+    def epochs(self) -> int | None: ...
+
+    @property
+    def index_column(self) -> str | None: ...
+
+    @property
+    def global_batch_size(self) -> int: ...
+
+    @property
+    def records_per_epoch(self) -> int: ...
+
+    def with_source(self, source: Any) -> Any: ...
+
+
+class BoundStream(Protocol):
+    """A stream bound to the pipeline's order: stream positions -> records. A record is
+    (component, its index within the component); a single source has one component."""
+
+    @property
+    def locality(self) -> int: ...
+
+    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
+        """The source's record index at each stream position."""
+        ...
+
+    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Each record's row group's rank in its epoch's reading order (worker shares)."""
+        ...
+
+    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The component of each stream position, and that component's own position."""
+        ...
+
+    def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """The record index within its component at each (component, own position)."""
+        ...
+
+    def component_positions(self, position: int) -> list[int]:
+        """Records each component has delivered before stream `position`."""
+        ...
+
+    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Each record's (component + 1, the component's epoch, index within the component)
+        at stream positions `stream` (the source's records `indices`): what seeds
+        `cd.random_map`'s draws, the same on every host."""
+        ...
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """A source's stream: what the loader, its state, telemetry and verify need to know of
+    it beyond reading records."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The components' names."""
+        ...
+
+    @property
+    def shares(self) -> tuple[int, ...] | None:
+        """Each component's slots of a mixture's schedule; None for one source."""
+        ...
+
+    @property
+    def component_column(self) -> str | None:
+        """The column naming each row's component; None for one source."""
+        ...
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Records in each component."""
+        ...
+
+    def bind(self, order: Order) -> BoundStream: ...
+
+    def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
+        """The columns that name the records `indices` (the index column, a mixture's
+        component column), added before the transforms run."""
+        ...
+
+    def check(self, pipeline: PipelineView) -> None:
+        """Raise ConfigError for a pipeline setting this stream cannot run with."""
+        ...
+
+    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
+        """The loader state after `position` records of the stream."""
+        ...
+
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+        """The pipeline to continue with and the position `state` (of this format) points
+        at; StateError when it does not belong to `pipeline`."""
+        ...
+
+    def continues(self, other: Stream) -> bool:
+        """Whether `other` (this stream restored from a state) gives the same stream, so a
+        running loader can jump in it."""
+        ...
+
+    def verify_end(self, pipeline: PipelineView) -> int:
+        """The stream position a default verify run reads to."""
+        ...
+
+    def first_epochs(self) -> str:
+        """What a default verify run reads, in words."""
+        ...
+
+    def record_label(self, component: int, index: int) -> str:
+        """A record named in a message."""
+        ...
+
+    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
+        """Each component's records between two stream positions (None: one source)."""
+        ...
+
+
+def stream_of(source: Any) -> Stream:
+    """The stream of a source: its own when it defines one (a `cd.Mix`), else `Single`."""
+    return source if isinstance(source, Stream) else Single(source)
+
+
+class SingleOrder(GlobalOrder):
+    """One source's `GlobalOrder` as a `BoundStream`: one component, whose own position is
+    the stream position."""
+
+    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        stream = np.asarray(stream, dtype=np.int64)
+        return np.zeros(len(stream), np.int64), stream
+
+    def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
+        return self.stream_indices(own)
+
+    def component_positions(self, position: int) -> list[int]:
+        return [position]
+
+    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        return np.stack([np.zeros_like(stream), stream // len(self), indices], axis=1)
+
+
+@dataclass(frozen=True)
+class Single:
+    """A source read alone: epoch after epoch, each in the pipeline's order; its state is
+    (epoch, position) with what the pipeline must match to continue."""
+
+    source: Source
+    names: tuple[str, ...] = ("",)
+    shares: tuple[int, ...] | None = None
+    component_column: str | None = None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return (len(self.source),)
+
+    def bind(self, order: Order) -> SingleOrder:
+        return SingleOrder(order, np.asarray(self.source.row_group_sizes, dtype=np.int64))
+
+    def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
+        return {} if index_column is None else {index_column: indices}
+
+    def check(self, pipeline: PipelineView) -> None:
+        return None
+
+    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
+        epoch, within = divmod(position, pipeline.records_per_epoch)
+        return {"format": FORMAT, "epoch": epoch, "position": within, **_identity(pipeline)}
+
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+        if "mix" in state:
+            raise StateError("the loader state was saved from a pipeline over a cd.Mix; this pipeline's source is not one")
+        if "kind" in state:
+            raise StateError(
+                f"the loader state was saved from a cd.GrainPipeline (kind {state['kind']!r}); this is a native "
+                "cd.Pipeline: restore it into the pipeline that saved it, or start without a state"
+            )
+        ours = _identity(pipeline)
+        differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
+        if differences:
+            raise StateError(
+                "the loader state was saved from a different pipeline ("
+                + "; ".join(differences)
+                + "). Restore it into the pipeline that saved it, or start without a state."
+            )
+        epoch, within = state.get("epoch"), state.get("position")
+        records = ours["records"]
+        if not (isinstance(epoch, int) and isinstance(within, int) and epoch >= 0 and 0 <= within < records):
+            raise StateError(f"loader state has epoch={epoch!r}, position={within!r}: not a position in {records} records")
+        return pipeline, epoch * records + within
+
+    def continues(self, other: Stream) -> bool:
+        return True
+
+    def verify_end(self, pipeline: PipelineView) -> int:
+        return pipeline.records_per_epoch
+
+    def first_epochs(self) -> str:
+        return "one epoch"
+
+    def record_label(self, component: int, index: int) -> str:
+        return f"record {index}"
+
+    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
+        return None
+
+
+def _identity(pipeline: PipelineView) -> dict[str, Any]:
+    return {
+        "seed": pipeline.order.seed,
+        "order": pipeline.order.describe(),
+        "global_batch_size": pipeline.global_batch_size,
+        "records": pipeline.records_per_epoch,
+        "source": pipeline.source.fingerprint(),
+    }
