@@ -103,6 +103,20 @@ def test_serve_fails_at_start_when_the_ring_cannot_fit(token_corpus: Path, small
     assert not socket.exists(), "it never listened"
 
 
+def test_doctor_reports_an_shm_dir_that_is_a_file_as_a_fatal_finding(tmp_path: Path) -> None:
+    """Issue 26: a regular file as the shm dir was reported healthy (its file system's free
+    space); no ring can be made in it, so the doctor fails after its report, naming it."""
+    shm = tmp_path / "shm"
+    shm.write_text("not a directory")
+    expected = f"is {shm}, which is a regular file, not a directory: point it at a memory-backed directory"
+    result = doctor("--shm-dir", str(shm), "--json")
+    assert result.exit_code == 1, result.output
+    assert expected in json.loads(result.stdout)["shm"]["error"]
+    assert result.stderr.startswith("Error: the shm dir (") and expected in result.stderr
+    text = doctor("--shm-dir", str(shm))
+    assert text.exit_code == 1 and "free (UNUSABLE: see below)" in text.stdout and expected in text.stderr
+
+
 
 def doctor_process(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """`colo-data doctor ARGS` as a process with this environment, less any JAX_*, XLA_FLAGS

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +23,7 @@ import colo_data as cd
 from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
-from pipelines import backend_of, make_pipeline
+from pipelines import IdleHost, backend_of, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 4
@@ -208,3 +209,46 @@ def test_close_from_another_thread_ends_a_blocked_next(
         for _ in range(1000):
             next(loader)
     assert time.monotonic() - started < 30, "next() woke up once the loader was closed"
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_close_from_another_thread_with_busy_workers_is_bounded_by_its_timeout(
+    token_corpus: Path, tmp_path: Path, backend: str
+) -> None:
+    """Issue 26: with worker processes stuck in a long chunk, `close(timeout=3)` from
+    another thread took twice its timeout: the run's prefetch thread, waiting on the
+    workers (or on the sidecar's connection, closed after it), was waited for in full, then
+    the workers (or the sidecar, waiting on its own) had a whole timeout again."""
+    busy = tmp_path / "busy"
+
+    def stuck_in_workers(columns: dict) -> dict:
+        if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) == "colo_data.workers.processes":
+            open(busy, "w").close()
+            time.sleep(60)
+        return columns
+
+    transforms = [IdleHost(0.1), stuck_in_workers, cd.pad_or_truncate("tokens", 8)]  # the host leaves CPU to workers
+    loader = cd.Loader(make_pipeline(token_corpus, epochs=None, transforms=transforms), backend=backend_of(backend, 2, tmp_path))
+    ended: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            while True:
+                next(loader)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            ended.append(e)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert settle(busy.exists, 60), "no worker ever took a chunk"
+    time.sleep(0.5)  # the consumer drains what the host made meanwhile and waits on the stuck workers
+    started = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # what was still running at the run's deadline is named
+        loader.close(timeout=3)
+    took = time.monotonic() - started
+    consumer.join(10)
+    assert took < 1.5 * 3, f"close(timeout=3) took {took:.1f} s"
+    assert not consumer.is_alive() and isinstance(ended[0], cd.LoaderClosedError), ended
+    assert settle(lambda: not children(), 10), f"left running: {children()}"

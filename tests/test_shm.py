@@ -2,23 +2,31 @@
 directory too small fails before anything is made (on a real 64 MiB tmpfs), and no segment
 outlives its writer: close, interpreter exit and the stale sweep after a SIGKILL."""
 
+import contextlib
 import fcntl
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import colo_data as cd
 from colo_data.backends.sidecar import shm
+from colo_data.backends.sidecar.server import SidecarServer
 from colo_data.errors import ConfigError, ShmError
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader, ShmRing, check_capacity, ring_bytes, slot_bytes, sweep_stale
+
+from pipelines import make_pipeline
 
 MIB = 2**20
 
@@ -321,3 +329,75 @@ def test_exit_removes_the_ring_but_a_forked_child_exit_does_not(tmp_path: Path) 
     assert child.returncode == 0
     assert out.strip().splitlines()[-1] == "True []"  # still there and still held after the child's exit
     assert os.listdir(tmp_path) == []  # removed at the writer's exit, without close()
+
+
+@contextmanager
+def read_only_tmpfs(path: Path) -> Iterator[Path]:
+    """A tmpfs mounted read-only at `path`: a directory that not even root may write."""
+    path.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs (root needed): {result.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.parametrize("kind", ["regular file", "read-only mount"])
+def test_an_shm_dir_that_cannot_hold_a_ring_is_named_where_it_is_set(tmp_path: Path, token_corpus: Path, kind: str) -> None:
+    """Issue 26: a raw errno message before; now a ShmError naming the path, the setting and
+    the fix, from the ring, from a sidecar at its start, and from a loader that would start one."""
+    with contextlib.ExitStack() as stack:
+        if kind == "regular file":
+            shm_dir = tmp_path / "shm"
+            shm_dir.write_text("not a directory")
+            expected = rf"is {shm_dir}, which is a regular file, not a directory: point it at a memory-backed directory"
+        else:
+            shm_dir = stack.enter_context(read_only_tmpfs(tmp_path / "shm"))
+            expected = rf"{shm_dir} is not writable by this process \(uid 0; .*, on a read-only mount\): mount it read-write"
+        with pytest.raises(ShmError, match=rf"^the shm dir \(cd\.Sidecar\(shm_dir=\.\.\.\), --shm-dir, .*{expected}"):
+            ShmRing.create(str(shm_dir), 2, 4096)
+        with pytest.raises(ShmError, match=expected):
+            SidecarServer(str(tmp_path / "host0.sock"), shm_dir=str(shm_dir), workers=0)
+        with pytest.raises(ShmError, match=expected):
+            cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(shm_dir=str(shm_dir), workers=0))
+        if kind == "read-only mount":
+            assert os.listdir(shm_dir) == []
+    if kind == "regular file":
+        assert shm_dir.read_text() == "not a directory"
+
+
+ANOTHER_USER = """
+import os, sys
+from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
+os.setgroups([])
+os.setgid(int(sys.argv[4]))
+os.setuid(int(sys.argv[3]))  # from here on, a trainer running as another user
+try:
+    ShmReader(sys.argv[1], [sys.argv[2]]).view(0, [ArraySpec("x", "<i8", (4,), 0)])
+except Exception as e:
+    print(type(e).__name__, e, flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads the ring as another user (nobody): needs root")
+def test_a_trainer_of_another_user_is_told_to_share_the_sidecars_uid() -> None:
+    """Issue 26: a trainer under another uid than the sidecar's got a raw PermissionError
+    on the slot files; a process that drops to `nobody` now gets a ShmError naming both."""
+    nobody = pwd.getpwnam("nobody")
+    directory = tempfile.mkdtemp(prefix="colo-data-test-", dir="/dev/shm")
+    os.chmod(directory, 0o755)  # the other user reaches the slot files, which are the sidecar's own
+    try:
+        with ShmRing.create(directory, 1, 4096) as ring:
+            ring.write(0, {"x": np.arange(4)})
+            child = _python(ANOTHER_USER, directory, ring.names[0], str(nobody.pw_uid), str(nobody.pw_gid))
+            out, _ = child.communicate(timeout=60)
+        path = os.path.join(directory, ring.names[0])
+        assert out.startswith(
+            f"ShmError cannot read shared-memory segment {path} (Permission denied): it belongs to uid 0 and this "
+            f"process runs as uid {nobody.pw_uid}"
+        ), out
+        assert "run the trainer and the sidecar as the same user (uid)" in out, out
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

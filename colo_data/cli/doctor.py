@@ -1,7 +1,8 @@
 """`colo-data doctor`: print what this host gives an input pipeline (CPU budget and why,
 workers, memory, shared memory) and what JAX sees, to check a container before a run.
 Given a CONFIG it also sizes the sidecar's shared-memory ring as the sidecar will, and
-exits non-zero (after the report) when the ring cannot fit: the sidecar image runs it
+exits non-zero (after the report) when the ring cannot fit, and, with or without one, when
+the shared-memory directory cannot hold a ring at all (a file, read-only): the sidecar image runs it
 before the sidecar and refuses to start on that. Where the trainer is a Pathways client
 (`JAX_PLATFORMS=proxy`) it also warns about settings of its environment that do not reach
 Pathways' compiler; warnings do not change the exit status."""
@@ -19,6 +20,7 @@ from typing import Any
 import click
 
 from colo_data import defaults
+from colo_data.backends.sidecar.shm import check_directory
 from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
@@ -60,8 +62,9 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
             click.echo(json.dumps({"error": str(error), "type": type(error).__name__}, indent=2))
         raise click.ClickException(str(error)) from error
     click.echo(json.dumps(report, indent=2) if as_json else _text(report))
-    if report.get("ring", {}).get("error"):
-        raise click.ClickException(report["ring"]["error"])
+    for finding in (report["shm"], report.get("ring", {})):
+        if finding.get("error"):
+            raise click.ClickException(finding["error"])
 
 
 def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, Any]:
@@ -94,11 +97,22 @@ def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = 
     return {
         "cpu": dataclasses.asdict(cpu_budget()),
         "memory_limit": memory_limit(),
-        "shm": {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)},
+        "shm": _shm(shm_dir),
         "jax": jax_info,
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
         "warnings": _pathways_warnings(deploy or {}) if jax_info["pathways"] else [],
     }
+
+
+def _shm(shm_dir: str) -> dict[str, Any]:
+    """The shared-memory directory's free bytes, and an `error` when no ring can be made in
+    it (a file, not writable): a fatal finding, like a ring that does not fit."""
+    shm: dict[str, Any] = {"directory": shm_dir, "free_bytes": shm_capacity(shm_dir)}
+    try:
+        check_directory(shm_dir)
+    except ShmError as error:
+        shm["error"] = str(error)
+    return shm
 
 
 def _jax() -> dict[str, Any]:
@@ -188,7 +202,7 @@ def _text(report: dict[str, Any]) -> str:
         ("cgroup cpu quota", quota),
         ("workers", str(cpu["workers"])),
         ("memory limit", memory),
-        (f"shm {shm['directory']}", f"{_bytes(shm['free_bytes'])} free"),
+        (f"shm {shm['directory']}", f"{_bytes(shm['free_bytes'])} free" + (" (UNUSABLE: see below)" if "error" in shm else "")),
         ("jax backend", jax_info["backend"] or f"unavailable: {jax_info['error']}"),
         ("jax devices", f"{len(jax_info['devices'])}: {', '.join(jax_info['devices'])}" if jax_info["devices"] else "none"),
         ("pathways proxy", "yes" if jax_info["pathways"] else "no"),

@@ -13,7 +13,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
 import jax
@@ -179,10 +179,12 @@ class _Runner:
         return late
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
-        """Stop the run and everything else the loader started; final."""
+        """Stop the run and everything else the loader started, within `timeout` seconds in
+        all; final."""
         self.closing = True
+        deadline = monotonic() + timeout
         late = self.stop(timeout)
-        return late + self.owner.close(timeout)
+        return late + self.owner.close(max(0.0, deadline - monotonic()))
 
 
 class Loader:

@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data
 TEMPLATE_FILES = {"pathways": "pathways-jobset.yaml", "multi-controller": "multi-controller.yaml"}
-SOCKET_DIR = "/run/colo"  # the sidecar image's COLO_DATA_SOCKET lives here
-SOCKET = f"{SOCKET_DIR}/sidecar.sock"
+SOCKET_DIR = "/run/colo"  # the socket's emptyDir mount
+# A trainer refuses a socket whose directory others may write, and an emptyDir is 0777: the
+# socket lives in a subdirectory that the image's entrypoint creates (0755, the sidecar's).
+SOCKET = f"{SOCKET_DIR}/sidecar/sidecar.sock"
 # The shared-memory mount when [sidecar] shm_dir is unset: /dev/shm for colo-data's ring,
 # pathwaysutils' default for the Pathways sidecar's transfer directory.
 SHM_DIRS = {"pathways": "/tmp/shared-memory", "multi-controller": "/dev/shm"}

@@ -1,6 +1,8 @@
 """`Lifecycle`: the one owner of everything a loader starts (threads, worker processes,
 sidecar processes and their sockets, shared-memory readers). Each part registers how to
-stop it; `close()` stops them newest first within one deadline, and runs exactly once:
+stop it; `close()` stops them newest first within one deadline (parts registered with
+`first`, such as a connection that a thread of a newer part reads, before the others, so
+that the thread is not waited for while what would wake it stays open), and runs exactly once:
 when the user calls it, when the loader becomes unreachable (`weakref.finalize`), or at
 interpreter exit, before JAX, XLA and Arrow tear down their own threads.
 
@@ -54,7 +56,7 @@ class Lifecycle:
         self.name = name
         self._id = next(_ids)
         self._lock = threading.RLock()
-        self._parts: dict[int, tuple[str, Stop]] = {}
+        self._parts: dict[int, tuple[str, Stop, bool]] = {}
         self._keys = itertools.count()
         self._state: State = "new"
         self._parent: tuple[Lifecycle, int] | None = None
@@ -67,18 +69,20 @@ class Lifecycle:
         """`new` (nothing started yet), `running` (parts registered) or `closed` (final)."""
         return self._state
 
-    def add(self, what: str, stop: Stop) -> int:
+    def add(self, what: str, stop: Stop, first: bool = False) -> int:
         """Register a part; returns a key for `discard`. A part added after `close()` is
         stopped at once (a thread that raced the close).
 
         Args:
             what: the part, for messages ("prefetch thread", "sidecar pid 123").
             stop: stops it within the seconds it is given; must be safe to call twice.
+            first: stop it before the parts without `first`: for a part whose stop is
+                instant and wakes threads of newer parts (closing a connection they read).
         """
         with self._lock:
             if self._state != "closed":
                 key = next(self._keys)
-                self._parts[key] = (what, stop)
+                self._parts[key] = (what, stop, first)
                 self._state = "running"
                 return key
         stop(DEFAULT_TIMEOUT_S)
@@ -108,11 +112,11 @@ class Lifecycle:
             if self._state == "closed":
                 return []
             self._state = "closed"
-            parts = list(self._parts.values())
+            parts = sorted(reversed(self._parts.values()), key=lambda part: not part[2])  # newest first, `first` ones before
             self._parts.clear()
         deadline = time.monotonic() + timeout
         late = []
-        for what, stop in reversed(parts):
+        for what, stop, _ in parts:
             try:
                 stop(max(0.0, deadline - time.monotonic()))
             except Exception as e:  # noqa: BLE001 - one part failing to stop must not keep the others running

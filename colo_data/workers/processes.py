@@ -46,6 +46,7 @@ from colo_data.telemetry.counters import StageTimes
 READY = "ready"  # a worker's reply to a job it has set up
 WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
 _POLL_S = 0.5
+_EXIT_S = 0.5  # a worker still running this long after its socket closed is killed: it computes a chunk nobody takes
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
@@ -121,13 +122,17 @@ class _Worker:
     def send(self, message: tuple[Any, ...]) -> None:
         frames.send(self.sock, message)
 
-    def stop(self, deadline: float) -> None:
-        """Close the socket (the worker exits), wait until `deadline`, then kill it."""
+    def hang_up(self) -> None:
+        """Close the socket: an idle worker exits at once, a busy one when it next replies."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
+
+    def stop(self, deadline: float) -> None:
+        """Hang up, wait until `deadline` for the worker to exit, then kill it."""
+        self.hang_up()
         try:
             self.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -227,11 +232,14 @@ class WorkerPool:
         )
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        """End the workers: close their sockets (they exit), wait up to `timeout` seconds,
-        then kill what is left; safe to call twice."""
-        deadline = time.monotonic() + timeout
+        """End the workers: close all their sockets (idle ones exit at once), wait up to
+        `_EXIT_S` (at most `timeout`) seconds, then kill what is left, so that a worker
+        busy with a long chunk does not hold the close for its whole timeout; safe to call twice."""
         self._closed = True
         workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.hang_up()
+        deadline = time.monotonic() + min(timeout, _EXIT_S)
         for worker in workers:
             worker.stop(deadline)
 

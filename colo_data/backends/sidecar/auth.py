@@ -4,13 +4,18 @@ challenge, which reads raw bytes, never a pickle) before anything is read from i
 time limit on both sides (a silent peer cannot hold the sidecar's door, a frozen sidecar
 cannot hold the trainer). The key comes from `COLO_DATA_SIDECAR_KEY` (hex, the same on both
 sides), else from a file beside the socket that the sidecar writes at start, readable by its
-owner (and its group, with a group-readable `--socket-mode`)."""
+owner (and its group, with a group-readable `--socket-mode`).
+
+Who may serve: the trainer unpickles what the sidecar sends, so before it connects it checks
+that nobody but itself and root could have put the socket and the key there
+(`check_trusted`): another user's sidecar at its address would otherwise run code in it."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import socket
+import stat
 import struct
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
@@ -63,15 +68,15 @@ def read_key(socket_path: str) -> bytes | None:
     its key file; None while the file is not there yet (the sidecar is starting).
 
     Raises:
-        SidecarError: the key file exists but this process may not read it.
+        SidecarError: the key file exists but this process may not read it, or another
+            user could have written it (see `check_trusted`).
     """
     key = _from_env()
     if key is not None:
         return key
     path = key_path(socket_path)
     try:
-        with open(path) as f:
-            return bytes.fromhex(f.read().strip())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     except PermissionError as e:
@@ -79,6 +84,56 @@ def read_key(socket_path: str) -> bytes | None:
             f"cannot read the sidecar's key {path} ({e.strerror}): run the trainer as the sidecar's user, give the "
             f"sidecar a group-readable --socket-mode (e.g. 660), or set {KEY_ENV} to the same key on both sides"
         ) from e
+    except OSError as e:  # ELOOP: a symbolic link, which O_NOFOLLOW refuses
+        raise _untrusted(path, "the sidecar's key", f"cannot be opened as a plain file ({e.strerror})") from e
+    with open(fd) as f:
+        _check_owner(path, "the sidecar's key", os.fstat(fd), _OTHERS_WRITE)
+        return bytes.fromhex(f.read().strip())
+
+
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _untrusted(path: str, what: str, why: str) -> SidecarError:
+    return SidecarError(
+        f"refusing to connect: {what} {path} {why}. The trainer unpickles what the sidecar sends, so whoever can put "
+        f"a socket or key there can run code in this trainer (uid {os.geteuid()}). Keep the socket in a directory "
+        "owned by the trainer's user or root and writable by its owner only (e.g. `mkdir -m 755 /run/colo` as root, "
+        "or `chmod go-w DIR`), not in a shared one such as /tmp (its sticky bit does not stop another user from "
+        "taking a free name), and run the sidecar as the trainer's user or root"
+    )
+
+
+def _check_owner(path: str, what: str, info: os.stat_result, forbidden: int) -> None:
+    """Raise SidecarError unless `info` (of `path`) belongs to this process's user or root
+    and has none of the write bits `forbidden`."""
+    if info.st_uid not in (os.geteuid(), 0):
+        raise _untrusted(path, what, f"belongs to uid {info.st_uid}, not to this trainer's user (uid {os.geteuid()}) or root")
+    if info.st_mode & forbidden:
+        who = {stat.S_IWOTH: "others", stat.S_IWGRP: "its group"}.get(info.st_mode & forbidden, "its group and others")
+        raise _untrusted(path, what, f"is writable by {who} (mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def check_trusted(socket_path: str) -> None:
+    """Before connecting: refuse a socket that another user owns, or whose directory
+    another user could write (they could put their own sidecar and key there). What is not
+    there yet passes (the sidecar is starting); the key file is checked as it is read
+    (`read_key`). The socket's own write bit is the right to connect (a group's, with
+    `--socket-mode 660`), not to replace it: the key guards that.
+
+    Raises:
+        SidecarError: naming the path, why it is not trusted, and how to fix it.
+    """
+    holders = (os.path.dirname(os.path.abspath(socket_path)), os.path.dirname(os.path.realpath(socket_path)))
+    for directory in dict.fromkeys(holders):  # the link's and, for a symbolic link, its target's
+        try:
+            _check_owner(directory, "the directory of the sidecar's socket", os.stat(directory), _OTHERS_WRITE)
+        except FileNotFoundError:
+            continue
+    try:
+        _check_owner(socket_path, "the sidecar's socket", os.stat(socket_path), 0)
+    except FileNotFoundError:
+        pass
 
 
 def set_timeout(conn: Connection, seconds: float) -> None:

@@ -64,7 +64,8 @@ class SidecarBackend:
         self._clients = []
         for address, pid in self._targets:
             client = SidecarClient(address, pid, timeout=self.timeout)
-            run.add(f"sidecar session at {address}", client.close)
+            # first: a prefetch thread waiting on the sidecar wakes when the connection closes
+            run.add(f"sidecar session at {address}", client.close, first=True)
             self._clients.append(client)
         hosts = self.placement.hosts
         streams = [

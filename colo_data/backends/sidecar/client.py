@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
@@ -19,8 +20,8 @@ import numpy as np
 import psutil
 
 from colo_data import defaults
-from colo_data.backends.sidecar.auth import KEY_ENV, connect, key_path, read_key
-from colo_data.backends.sidecar.protocol import SESSION_END_S, socket_path
+from colo_data.backends.sidecar.auth import KEY_ENV, check_trusted, connect, key_path, read_key
+from colo_data.backends.sidecar.protocol import SESSION_END_S, check_path_length, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError, from_wire
 from colo_data.host.chunk import HostChunk, split_rows
@@ -29,13 +30,17 @@ from colo_data.telemetry.counters import HANDOFF, StageTimes
 
 _POLL_S = 0.5
 CLOSE_S = 5.0
+_LOCAL_START_S = 60.0  # a sidecar this process started is waited for this long (or `timeout`) while it starts
 
 
 class SidecarClient:
     """One connection to the sidecar at `address`. `pid`, when known (a local sidecar),
     lets a dead sidecar be told apart from a slow one while waiting for a batch. A sidecar
     that sends nothing, not even its heartbeat, for `timeout` seconds while the trainer
-    waits is taken for frozen (a `SidecarError`). `stats` holds the sidecar's latest
+    waits is taken for frozen (a `SidecarError`). A sidecar given by address is waited for
+    `connect_timeout` seconds, by default `timeout`; one this process started (`pid`), as
+    long as it lives, up to `_LOCAL_START_S` or `timeout` (its imports take seconds on a
+    busy host). `stats` holds the sidecar's latest
     telemetry counters (sent with each slot), `handoff` the time this side spends mapping
     (or copying out) the slots."""
 
@@ -43,11 +48,13 @@ class SidecarClient:
         self,
         address: str,
         pid: int | None = None,
-        connect_timeout: float = 60.0,
+        connect_timeout: float | None = None,
         timeout: float = defaults.SIDECAR_TIMEOUT_S,
     ) -> None:
         self.address, self.pid, self.timeout = address, pid, timeout
-        self._frozen = False
+        self._frozen = self._closed = False
+        if connect_timeout is None:
+            connect_timeout = timeout if pid is None else max(timeout, _LOCAL_START_S)
         self._conn: Connection = self._connect(connect_timeout)
         self.info: dict[str, Any] = {}
         self.stats: dict[str, Any] | None = None
@@ -62,20 +69,22 @@ class SidecarClient:
             raise
 
     def _connect(self, connect_timeout: float) -> Connection:
-        deadline = time.monotonic() + connect_timeout
+        """Connect once the socket and its key are there and trusted (`check_trusted`:
+        nothing is read from a socket another user could have put there), waiting up to
+        `connect_timeout` seconds for them."""
         path = socket_path(self.address)
+        check_path_length(path)
+        started = time.monotonic()
         while True:
             try:
+                check_trusted(path)
                 key = read_key(path)
                 if key is None:  # the sidecar writes its key before it binds its socket
                     raise FileNotFoundError(errno.ENOENT, "no key file beside the socket", key_path(path))
                 return connect(path, key, self.timeout)
             except (FileNotFoundError, ConnectionRefusedError) as e:
-                if time.monotonic() > deadline or not self._alive():
-                    raise SidecarError(
-                        f"no sidecar answers at {self.address} ({e.strerror}): start one with "
-                        "`colo-data sidecar serve CONFIG --socket PATH`, or check the path"
-                    ) from e
+                if time.monotonic() - started > connect_timeout or not self._alive():
+                    raise self._absent(path, time.monotonic() - started, e) from e
                 time.sleep(0.1)
             except PermissionError as e:
                 raise SidecarError(
@@ -96,6 +105,29 @@ class SidecarClient:
                     "check its log"
                 ) from e
 
+    def _absent(self, path: str, waited: float, error: OSError) -> SidecarError:
+        """The error for a sidecar not found within `waited` seconds: its key file missing
+        beside its socket, or no sidecar at all."""
+        key = key_path(path)
+        if error.filename == key and os.path.exists(path):
+            return SidecarError(
+                f"the sidecar's key file {key} is missing, though its socket {path} is there: a sidecar writes its key "
+                "there before it listens and removes both when it stops. Restart the sidecar if this socket is a killed "
+                f"one's; mount the same directory {os.path.dirname(path)} in the trainer and the sidecar; or set "
+                f"{KEY_ENV} to the same key on both sides"
+            )
+        if not os.path.lexists(path):
+            why = "nothing is at that path"
+        elif isinstance(error, ConnectionRefusedError):
+            why = "nothing listens on the socket there: a sidecar that was killed leaves it"
+        else:
+            why = str(error.strerror)
+        return SidecarError(
+            f"no sidecar answers at {self.address} after {waited:.1f} s ({why}): start one with "
+            "`colo-data sidecar serve CONFIG --socket PATH`, or check the path (the trainer waits for a sidecar as "
+            "long as cd.Sidecar(timeout=...) says)"
+        )
+
     def _alive(self) -> bool:
         if self.pid is None:
             return True
@@ -105,6 +137,8 @@ class SidecarClient:
             return False
 
     def _died(self, doing: str) -> SidecarError:
+        if self._closed:  # by this trainer (a close from another thread): the sidecar and its ring are fine
+            return SidecarError(f"the connection to the sidecar at {self.address} was closed while the trainer {doing}")
         self._sweep()
         return SidecarError(
             f"the sidecar at {self.address} died or closed the connection while the trainer {doing}; "
@@ -238,6 +272,7 @@ class SidecarClient:
 
     def close(self, timeout: float = 0.0) -> None:
         """Close the connection (the sidecar then ends the session); safe to call twice."""
+        self._closed = True
         try:
             self._conn.close()
         except OSError:  # closed already, from another thread

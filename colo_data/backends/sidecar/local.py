@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 from colo_data import defaults
+from colo_data.backends.sidecar.shm import check_directory
 from colo_data.host.resources import Workers
 from colo_data.runtime.child_env import child_env
 
@@ -23,6 +24,7 @@ class LocalSidecar:
     sidecar removes it when this process dies without `stop()`)."""
 
     def __init__(self, shm_dir: str, workers: Workers, slots: int) -> None:
+        check_directory(shm_dir)  # here, in the trainer: the sidecar would only say so in its log
         self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]

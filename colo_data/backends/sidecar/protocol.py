@@ -31,11 +31,27 @@ slot count bounds how far the sidecar runs ahead.
 
 from __future__ import annotations
 
+import os
+
+from colo_data.errors import ConfigError
+
 FAMILY = "AF_UNIX"
 SCHEME = "unix://"
 SESSION_END_S = 30.0  # a trainer that comes while the last one's session ends waits at most this long for it
+MAX_PATH_BYTES = 107  # a Unix socket's path: Linux's sun_path holds 108 bytes with the terminating NUL
 
 
 def socket_path(address: str) -> str:
     """`unix:///run/colo/host0.sock` or a plain path -> the socket's path."""
     return address[len(SCHEME) :] if address.startswith(SCHEME) else address
+
+
+def check_path_length(path: str) -> None:
+    """Raise ConfigError for a socket path longer than a Unix socket's address can hold
+    (the system's own error says only "AF_UNIX path too long")."""
+    size = len(os.fsencode(path))
+    if size > MAX_PATH_BYTES:
+        raise ConfigError(
+            f"the sidecar socket path {path} is {size} bytes, longer than the limit of {MAX_PATH_BYTES} bytes "
+            f"(108 with the terminating NUL on Linux): choose a shorter path, e.g. /run/colo/host0.sock"
+        )

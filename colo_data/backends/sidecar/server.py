@@ -25,9 +25,9 @@ import psutil
 
 from colo_data import defaults
 from colo_data.backends.sidecar.auth import KEY_ENV, admit, key_path, make_key, peer_pid
-from colo_data.backends.sidecar.protocol import FAMILY, SESSION_END_S
+from colo_data.backends.sidecar.protocol import FAMILY, SESSION_END_S, check_path_length
 from colo_data.backends.sidecar.ring_plan import RingPlan
-from colo_data.backends.sidecar.shm import ShmRing
+from colo_data.backends.sidecar.shm import ShmRing, check_directory
 from colo_data.errors import ConfigError, SidecarError, to_wire
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.host.kinds import host_pipeline
@@ -186,6 +186,7 @@ class SidecarServer:
         self.socket_path = socket_path
         self.socket_mode = socket_mode
         self.pipeline = pipeline
+        check_directory(shm_dir)  # a file or a read-only directory fails here, not at the first trainer's open
         self.shm_dir = shm_dir
         self.budget = cpu_budget()
         beside = "the sidecar's own thread and the trainer" if exit_with is not None else "the sidecar's own thread"
@@ -325,9 +326,10 @@ class SidecarServer:
 
         Raises:
             SidecarError: a sidecar already listens on the socket.
-            ConfigError: the socket's directory is missing, or its path is another file.
+            ConfigError: the socket's directory is missing, its path is another file or too long.
         """
         path = self.socket_path
+        check_path_length(path)
         directory = os.path.dirname(path) or os.curdir
         if not os.path.isdir(directory):
             raise ConfigError(
@@ -347,7 +349,7 @@ class SidecarServer:
             os.chmod(path, self.socket_mode)
         except OSError as e:  # another sidecar took the path meanwhile
             self._remove_key()
-            raise SidecarError(f"cannot listen on {path}: {e.strerror}; is another sidecar starting on it?") from e
+            raise SidecarError(f"cannot listen on {path}: {e.strerror or e}; is another sidecar starting on it?") from e
         finally:
             os.umask(umask)
 
@@ -379,6 +381,9 @@ class SidecarServer:
                         pass
                     except Exception as e:  # a request that breaks the protocol: its session ends, not the sidecar
                         print(f"colo-data sidecar: ended a session on a bad request: {e!r}", file=sys.stderr)
+                    except BaseException:  # stopping (SIGTERM) mid-session: the session ends below, without waiting
+                        self._stop_workers()  # for workers busy with a chunk that nobody will take
+                        raise
                     finally:
                         self._ending()
                         self._end_session()
@@ -386,8 +391,15 @@ class SidecarServer:
                             self._active = None
                             self._turn.notify_all()
         finally:
+            self._stop_workers()
             self._end_session()
             self._remove_key()
+
+    def _stop_workers(self) -> None:
+        """End the worker processes at once (the server is stopping): a session's producer
+        waiting on them then ends, and so can the session."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _door(self, listener: Listener) -> None:
         key = self._key

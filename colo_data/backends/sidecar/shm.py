@@ -18,6 +18,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ _FIX = (
     "mount a larger shared-memory dir (docker/podman --shm-size=..., Kubernetes emptyDir "
     "medium: Memory with sizeLimit), point shm_dir at one, use fewer slots or a smaller batch"
 )
+_SETTING = "the shm dir (cd.Sidecar(shm_dir=...), --shm-dir, COLO_DATA_SHM_DIR or the config's [sidecar] shm_dir)"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,28 @@ def check_capacity(directory: str, slots: int, slot_size: int, memory_limit: int
         raise ShmError(
             f"{want}, but the memory limit is {memory_limit} bytes ({memory_limit / _MIB:.1f} MiB) "
             f"({directory} has {free} bytes free): raise the memory limit, use fewer slots or a smaller batch"
+        )
+
+
+def check_directory(directory: str) -> None:
+    """Raise ShmError unless slot files can be made in `directory`: a directory this process
+    may write (a missing one is `shm_capacity`'s to name)."""
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise ShmError(
+            f"{_SETTING} is {directory}, which is {'a regular file' if stat.S_ISREG(info.st_mode) else 'a special file'}, "
+            "not a directory: point it at a memory-backed directory "
+            "(/dev/shm, a tmpfs, a Kubernetes emptyDir with medium: Memory)"
+        )
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        mount = ", on a read-only mount" if os.statvfs(directory).f_flag & os.ST_RDONLY else ""
+        raise ShmError(
+            f"{_SETTING} {directory} is not writable by this process (uid {os.geteuid()}; the directory belongs to "
+            f"uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}{mount}): mount it read-write, give this user "
+            "write permission, or point the setting at another memory-backed directory"
         )
 
 
@@ -161,6 +185,7 @@ class ShmRing:
         A failure part-way removes what was made. Arrays of several MiB are copied in by up
         to `copy_threads` threads (numpy releases the GIL while copying): one thread's copy
         is slower than the memory allows."""
+        check_directory(directory)
         sweep_stale(directory)
         check_capacity(directory, slots, slot_size, memory_limit)
         run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -169,7 +194,13 @@ class ShmRing:
         maps: list[mmap.mmap] = []
         try:
             for slot, path in enumerate(paths):
-                fds.append(_create_locked(path))
+                try:
+                    fds.append(_create_locked(path))
+                except OSError as error:  # what `check_directory` could not foresee (an immutable directory, say)
+                    raise ShmError(
+                        f"cannot create slot file {path} in {_SETTING}: {error.strerror}; make {directory} writable "
+                        "by this user or point the setting at another memory-backed directory"
+                    ) from error
                 try:
                     os.posix_fallocate(fds[-1], 0, slot_size)
                 except OSError as error:  # ENOSPC: something filled it after the capacity check
@@ -253,6 +284,14 @@ def _create_locked(path: str) -> int:
         os.close(fd)
 
 
+def _owner(path: str) -> str:
+    """Whose `path` is, for an error message."""
+    try:
+        return f"it belongs to uid {os.stat(path).st_uid}"
+    except OSError as error:  # a directory this user cannot search
+        return f"its directory {os.path.dirname(path)} is closed to this user ({error.strerror})"
+
+
 class ShmReader:
     """The trainer's side: maps a ring's slot files read-only, one map per slot on first
     use, and hands out numpy views into them."""
@@ -271,6 +310,12 @@ class ShmReader:
                 raise ShmError(
                     f"shared-memory segment {path} is missing: its writer (pid {pid}) removed it or "
                     "died and it was swept; restart the sidecar"
+                ) from error
+            except PermissionError as error:
+                raise ShmError(
+                    f"cannot read shared-memory segment {path} ({error.strerror}): {_owner(path)} and this process "
+                    f"runs as uid {os.geteuid()}. The sidecar makes its slot files readable by its own user only: run "
+                    "the trainer and the sidecar as the same user (uid)"
                 ) from error
             try:
                 self._maps[slot] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
