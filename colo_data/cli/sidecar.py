@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
+    # Once: a second SIGTERM (a trainer's stop called again) would interrupt the unwinding
+    # mid-way, leaving a session's thread in its generator; the trainer kills what hangs.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(0)  # unwinds the server: the open session's ring is removed
 
 

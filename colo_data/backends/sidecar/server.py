@@ -148,7 +148,10 @@ class _Session:
         self.ring.close()
 
     def _close_batches(self) -> None:
-        close_iterator(self._chunks)
+        try:
+            close_iterator(self._chunks)
+        except ValueError:  # a thread of the pipeline is inside it (stopping with the workers): the owner ends it
+            pass
         self._owner.close()
 
 
