@@ -21,7 +21,7 @@ from colo_data.io.sources import ReadAhead
 from colo_data.spec.order import host_rows
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.stream import BoundStream
-from colo_data.spec.transforms import random_map
+from colo_data.spec.transforms import draws, random_map
 from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
 
 
@@ -175,7 +175,7 @@ class ChunkWork:
     def draws(self) -> bool:
         """Whether the pipeline's transforms draw random numbers (a `cd.random_map`), and so
         need each record's `record_keys`."""
-        return any(isinstance(t, random_map) for t in self.pipeline.transforms)
+        return draws(self.pipeline.transforms)
 
     def count_reads(self, stages: StageTimes) -> None:
         """Add what loading row groups cost the source since the last count (I/O wait and

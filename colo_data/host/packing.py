@@ -23,7 +23,7 @@ from colo_data.io.columns import Columns, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream
-from colo_data.spec.transforms import random_map
+from colo_data.spec.transforms import draws
 from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
 
 
@@ -187,8 +187,8 @@ class _Window:
         self.work.count_reads(self.work.stages)
         columns = table_to_columns(table)
         t2 = perf_counter()
-        draws = any(isinstance(t, random_map) for t in self.pack.prepare)
-        keys = self.work.order.record_keys(np.arange(first, stop, dtype=np.int64), indices) if draws else None
+        drawn = draws(self.pack.prepare)
+        keys = self.work.order.record_keys(np.arange(first, stop, dtype=np.int64), indices) if drawn else None
         for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
             columns = self.work.prepared(transform, columns, first, keys)
         if self.pack.prepare:

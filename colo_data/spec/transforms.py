@@ -5,7 +5,7 @@ Arrow compute) are the fast path; `per_record` lifts a per-record function or a 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,12 @@ class random_map:  # noqa: N801 - used like a function: cd.random_map(crop)
 
     def __repr__(self) -> str:
         return f"cd.random_map({getattr(self.fn, '__name__', self.fn)!r}, seed={self.seed})"
+
+
+def draws(transforms: Sequence[Callable[..., Any]]) -> bool:
+    """Whether any of `transforms` draws random numbers (a `cd.random_map`), and so needs
+    each record's keys (component, epoch, index)."""
+    return any(isinstance(t, random_map) for t in transforms)
 
 
 def _names(columns: tuple[str, ...], what: str) -> tuple[str, ...]:
