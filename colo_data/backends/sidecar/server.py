@@ -39,6 +39,7 @@ from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 from colo_data.workers.processes import WorkerPool
 
 _WATCH_S = 0.5
+_LEAVE_S = 5.0  # a thread inside the session's batches is waited for this long when it closes
 _HANDSHAKE_S = 5.0  # a peer that has not passed the key challenge by then is dropped
 _RACE_S = 1.0  # a trainer that has just died may not have been noticed yet: wait this long before `busy`
 _PROBE_S = 2.0  # a live sidecar accepts a connection at once, even mid-session (the backlog)
@@ -148,10 +149,18 @@ class _Session:
         self.ring.close()
 
     def _close_batches(self) -> None:
-        try:
-            close_iterator(self._chunks)
-        except ValueError:  # a thread of the pipeline is inside it (stopping with the workers): the owner ends it
-            pass
+        """Close the session's batches: a thread of the pipeline still inside them (stopping
+        with the workers) is waited for, up to `_LEAVE_S`, so that nothing is left open for
+        the interpreter's exit to close (a traceback there, Grain's iterators' included)."""
+        deadline = time.monotonic() + _LEAVE_S
+        while True:
+            try:
+                close_iterator(self._chunks)
+                break
+            except ValueError:  # "generator already executing": another thread is inside it
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
         self._owner.close()
 
 
