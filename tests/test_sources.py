@@ -586,10 +586,10 @@ def test_rowgroup_cache_two_stages_forget_a_failed_fetch_however_fast_it_fails()
     for round_ in range(300):
         broken = [True]
 
-        def fetch(group: int, broken: list[bool] = broken) -> bytes:
+        def fetch(run: list[int], broken: list[bool] = broken) -> list[bytes]:
             if broken[0]:
-                raise OSError(f"group {group}: no such object")
-            return b"x"
+                raise OSError(f"group {run[0]}: no such object")
+            return [b"x"] * len(run)
 
         cache = RowGroupCache(lambda group, data: pa.table({"v": [group]}), 10**6, fetch=fetch, io_threads=4)
         with pytest.raises(OSError, match="no such object"):

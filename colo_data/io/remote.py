@@ -1,7 +1,10 @@
 """Row groups of files on object storage (GCS, S3: any pyarrow filesystem that is not the
-local one). A row group is fetched as the byte ranges of the wanted columns' chunks, one
-request per range, retried on transient errors and optionally kept in a `DiskCache`; it is
-decoded afterwards, from memory, by whoever holds the bytes. So the requests of many row
+local one). Row groups are fetched as the byte ranges of the wanted columns' chunks: the
+ranges of neighbouring row groups asked for together in one request where they are near
+each other (a store's request costs more than its bytes: moto served a 10 MB corpus 4.6x
+faster as 24 whole files than as its 120 row groups), retried on transient errors and
+optionally kept in a `DiskCache`, a row group's ranges each under a key of their own; they
+are decoded afterwards, from memory, by whoever holds the bytes. So the requests of many row
 groups can be in flight at once on threads that only wait, while decoding stays on a pool
 sized to the CPU. Each file is opened once per process, checked against what the source
 indexed (size, version, row groups)."""
@@ -9,7 +12,8 @@ indexed (size, version, row groups)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ from colo_data.io.range_file import range_file
 from colo_data.io.retry import Exhausted, with_retries
 
 HOLE = 1 << 20  # column chunks closer than this are fetched in one request (the gap is read too)
+RUN_BYTES = 16 << 20  # at most this many bytes in one request of several ranges (S3's advice: 8-16 MB)
 
 
 @dataclass(frozen=True)
@@ -186,44 +191,74 @@ class RemoteFiles:
             dictionary = column.dictionary_page_offset
             if column.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
                 start = dictionary
-            spans.append((start, start + column.total_compressed_size))
-        merged: list[list[int]] = []
-        for start, stop in sorted(spans):
-            if merged and start - merged[-1][1] < HOLE:
-                merged[-1][1] = max(merged[-1][1], stop)
-            else:
-                merged.append([start, stop])
-        return [(start, stop - start) for start, stop in merged]
+            spans.append((start, column.total_compressed_size))
+        return _merged(spans, HOLE)
+
+    def _key(self, file: DataFile, what: str) -> str:
+        return f"{self._fs.type_name}:{file.path}:{file.size}:{file.version}:{what}"
 
     def _read(self, index: int, opened: _Opened, group: int, offset: int, length: int) -> bytes:
-        """`length` bytes at `offset` of file `index` (for its row group `group`): from the
-        disk cache, else fetched."""
+        """`length` bytes at `offset` of file `index` (for its row group `group`), fetched."""
         file = self._files[index]
-        key = f"{self._fs.type_name}:{file.path}:{file.size}:{file.version}:{offset}:{length}"
-        if self._disk is not None:
-            data = self._disk.get(key)
-            if data is not None:
-                return data
         what = f"reading bytes {offset}..{offset + length}"
         data = self._call(lambda: opened.handle.read_at(length, offset), file, group, what)
         if len(data) != length:
             raise changed(self._fs, file, group)
         self._count(requests=1, fetched_bytes=length)
-        if self._disk is not None:
-            self._disk.put(key, data)
         return data
 
-    def fetch(self, index: int, local: int) -> Fetched:
-        """The bytes of row group `local` of file `index` (IPC: its record batch's wanted
-        columns as an IPC stream)."""
+    def _kept_or_read(self, index: int, opened: _Opened, group: int, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of file `index`: from the disk cache, else fetched (and kept)."""
+        key = self._key(self._files[index], f"{offset}:{length}")
+        data = self._disk.get(key) if self._disk is not None else None
+        if data is None:
+            data = self._read(index, opened, group, offset, length)
+            if self._disk is not None:
+                self._disk.put(key, data)
+        return data
+
+    def fetch(self, index: int, groups: Sequence[int]) -> list[Fetched]:
+        """The bytes of row groups `groups` of file `index` (IPC: each record batch's wanted
+        columns as an IPC stream): the ranges not in the disk cache, where they lie less
+        than `HOLE` apart, in one request of at most `RUN_BYTES`; the requests of ranges
+        far apart (other columns between them) at once."""
         opened = self._open(index)
         file = self._files[index]
-        if file.format == "parquet":
-            ranges = tuple(
-                (offset, self._read(index, opened, local, offset, length)) for offset, length in self._ranges(opened, local)
-            )
-            return Fetched(ranges)
-        key = f"{self._fs.type_name}:{file.path}:{file.size}:{file.version}:batch{local}:{','.join(self._columns)}"
+        if file.format != "parquet":
+            return [self._batch(index, opened, local) for local in groups]
+        wanted = {local: self._ranges(opened, local) for local in groups}
+        got: dict[tuple[int, int], bytes] = {}
+        owner: dict[int, int] = {}  # a missing range's offset -> its row group, for messages
+        for local, ranges in wanted.items():
+            for offset, length in ranges:
+                data = self._disk.get(self._key(file, f"{offset}:{length}")) if self._disk is not None else None
+                if data is None:
+                    owner[offset] = local
+                else:
+                    got[(offset, length)] = data
+        missing = sorted({(o, n) for ranges in wanted.values() for o, n in ranges} - got.keys())
+        spans = _merged(missing, HOLE, RUN_BYTES)
+
+        def request(span: tuple[int, int]) -> None:
+            start, length = span
+            data = self._read(index, opened, owner[start], start, length)
+            for offset, size in missing:
+                if start <= offset < start + length:
+                    piece = got[(offset, size)] = data[offset - start : offset - start + size]
+                    if self._disk is not None:
+                        self._disk.put(self._key(file, f"{offset}:{size}"), piece)
+
+        if len(spans) > 1:
+            with ThreadPoolExecutor(min(len(spans), 8), thread_name_prefix="colo-data-ranges") as requests:
+                list(requests.map(request, spans))
+        elif spans:
+            request(spans[0])
+        return [Fetched(tuple((offset, got[(offset, length)]) for offset, length in wanted[local])) for local in groups]
+
+    def _batch(self, index: int, opened: _Opened, local: int) -> Fetched:
+        """Record batch `local` of IPC file `index`, its wanted columns as an IPC stream."""
+        file = self._files[index]
+        key = self._key(file, f"batch{local}:{','.join(self._columns)}")
         data = self._disk.get(key) if self._disk is not None else None
         if data is not None:
             return Fetched(((0, data),))
@@ -253,7 +288,7 @@ class RemoteFiles:
         opened = self._open(index)
         try:
             if file.format == "parquet":
-                more = lambda offset, length: self._read(index, opened, local, offset, length)  # noqa: E731
+                more = lambda offset, length: self._kept_or_read(index, opened, local, offset, length)  # noqa: E731
                 source = range_file(fetched.ranges, file.size, more)
                 parquet = pq.ParquetFile(source, metadata=opened.reader.metadata)
                 table = parquet.read_row_group(local, columns=self._columns, use_threads=False)
@@ -271,3 +306,17 @@ class RemoteFiles:
         if table.num_rows != file.row_groups[local]:
             raise changed(self._fs, file, local)
         return table.combine_chunks()
+
+
+def _merged(ranges: Sequence[tuple[int, int]], hole: int, most: int | None = None) -> list[tuple[int, int]]:
+    """`(offset, length)` ranges as the fewest ranges that cover them: ranges less than
+    `hole` apart are joined (the gap is read too), while the joined range stays within
+    `most` bytes."""
+    merged: list[list[int]] = []
+    for start, length in sorted(ranges):
+        stop = start + length
+        if merged and start - merged[-1][1] < hole and (most is None or max(stop, merged[-1][1]) - merged[-1][0] <= most):
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return [(start, stop - start) for start, stop in merged]

@@ -1,7 +1,9 @@
 """`RowGroupCache`: decoded row groups kept in a byte-bounded LRU and loaded in the
 background. Local files are decoded on one thread. Files on object storage go through two
 stages: `fetch` (the bytes; many requests in flight on threads that mostly wait) and
-`decode` (from memory, on a pool sized to the CPU). `prefetch` asks for the groups that
+`decode` (from memory, on a pool sized to the CPU); the groups asked for at once are
+fetched in the runs that `together` makes (a store's request costs more than its bytes:
+neighbouring groups of one file come in one). `prefetch` asks for the groups that
 upcoming positions need, nearest first, as far as the byte budget allows, so that the
 reads overlap the gather and transform work of the current batch. `close()` stops the
 threads within a deadline; the cache starts new ones when used again."""
@@ -14,7 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -54,7 +57,10 @@ class RowGroupCache:
             it may use readers that are not thread-safe).
         max_bytes: once the decoded bytes pass this, the least recently used groups are
             dropped (the newest group always stays); read-ahead stops short of it.
-        fetch: object storage: fetches one row group's bytes (safe from many threads).
+        fetch: object storage: fetches the bytes of a run of row groups, one item per group
+            (safe from many threads).
+        together: object storage: the groups asked for at once, as the runs that `fetch`
+            takes (default: each group alone).
         io_threads: fetches in flight at most.
         decode_threads: decodes at once at most (object storage).
         estimate: a guess of a row group's decoded bytes, for the read-ahead's budget.
@@ -64,13 +70,15 @@ class RowGroupCache:
         self,
         decode: Callable[[int, Any], pa.Table],
         max_bytes: int,
-        fetch: Callable[[int], Any] | None = None,
+        fetch: Callable[[list[int]], Sequence[Any]] | None = None,
+        together: Callable[[list[int]], list[list[int]]] | None = None,
         io_threads: int = 1,
         decode_threads: int = 1,
         estimate: Callable[[int], int] | None = None,
     ) -> None:
         self._decode = decode
         self._fetch = fetch
+        self._together = together or (lambda groups: [[group] for group in groups])
         self._max_bytes = max_bytes
         self._io_threads = io_threads
         self._decode_threads = decode_threads
@@ -91,40 +99,46 @@ class RowGroupCache:
             pool = self._pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"colo-data-{name}")
         return pool
 
-    def _submit(self, group: int, reserve: int = 0) -> _Pending:
-        """Under the lock: the load of `group`, scheduled once."""
-        pending = self._pending.get(group)
-        if pending is not None:
-            return pending
-        self._reserved += reserve
+    def _submit(self, groups: list[int], reserves: list[int] | None = None) -> dict[int, _Pending]:
+        """Under the lock: the loads of `groups` (neither cached nor pending), scheduled once
+        each: local ones one by one, on object storage one fetch per run of `together`."""
+        pending = {}
+        for group, reserve in zip(groups, reserves or [0] * len(groups), strict=True):
+            self._reserved += reserve
+            pending[group] = self._pending[group] = _Pending(Future(), None, reserve)
         if self._fetch is None:  # a failure is forgotten on the pool's thread, after the lock is let go
-            pending = _Pending(self._pool("read", 1).submit(self._load_local, group), None, reserve)
-            self._pending[group] = pending
-        else:  # registered before the callback, which runs here at once if the fetch has already ended
-            result: Future[pa.Table] = Future()
-            pending = self._pending[group] = _Pending(result, None, reserve)
-            pending.fetch = self._pool("fetch", self._io_threads).submit(self._fetch, group)
-            pending.fetch.add_done_callback(lambda done: self._fetched(group, done, result))
+            for group in groups:
+                pending[group].result = self._pool("read", 1).submit(self._load_local, group)
+            return pending
+        for run in self._together(groups):
+            fetch = self._pool("fetch", self._io_threads).submit(self._fetch, run)
+            for group in run:
+                pending[group].fetch = fetch
+            # (a fetch that has ended already calls back here at once, and a failure forgets the run)
+            fetch.add_done_callback(partial(self._fetched, run, results=[pending[group].result for group in run]))
         return pending
 
-    def _fetched(self, group: int, fetch: Future[Any], result: Future[pa.Table]) -> None:
-        """The fetch of `group` ended: decode it on the decode pool, or pass on its failure."""
+    def _fetched(self, run: list[int], fetch: Future[Sequence[Any]], *, results: list[Future[pa.Table]]) -> None:
+        """The fetch of `run` ended: decode each group on the decode pool, or pass on its failure."""
         if fetch.cancelled() or fetch.exception() is not None:
-            self._forget(group)
-            if fetch.cancelled():
-                result.cancel()
-            else:
-                result.set_exception(fetch.exception())
+            for group, result in zip(run, results, strict=True):
+                self._forget(group)
+                if fetch.cancelled():
+                    result.cancel()
+                else:
+                    result.set_exception(cast(BaseException, fetch.exception()))
             return
         try:
             with self._lock:
                 pool = self._pool("decode", self._decode_threads) if self._pools else None
             if pool is None:
                 raise RuntimeError("closed")
-            pool.submit(self._decode_into, group, fetch.result(), result)
+            for group, data, result in zip(run, fetch.result(), results, strict=True):
+                pool.submit(self._decode_into, group, data, result)
         except RuntimeError:  # closed meanwhile
-            self._forget(group)
-            result.cancel()
+            for group, result in zip(run, results, strict=True):
+                self._forget(group)
+                result.cancel()
 
     def _decode_into(self, group: int, data: Any, result: Future[pa.Table]) -> None:
         if not result.set_running_or_notify_cancel():
@@ -179,20 +193,22 @@ class RowGroupCache:
 
     def get_many(self, groups: Sequence[int]) -> list[pa.Table]:
         """Row groups `groups`, in that order: the missing ones are all asked for at once
-        (on object storage, fetched concurrently), then waited for."""
+        (on object storage, fetched concurrently, in runs), then waited for."""
         out: list[pa.Table | None] = []
-        waits: list[tuple[int, int, _Pending]] = []
         with self._lock:
+            missing: dict[int, None] = {}  # (in the order asked)
             for group in groups:
                 table = self._tables.get(group)
                 if table is not None:
                     self._tables.move_to_end(group)
-                else:
-                    waits.append((len(out), group, self._submit(group)))
+                elif group not in self._pending:
+                    missing[group] = None
                 out.append(table)
+            loads = self._pending | self._submit(list(missing))
+            waits = [(place, group, loads[group]) for place, group in enumerate(groups) if out[place] is None]
         for place, group, pending in waits:
             out[place] = self._wait(group, pending)
-        return out
+        return cast(list[pa.Table], out)
 
     def _wait(self, group: int, pending: _Pending) -> pa.Table:
         if pending.fetch is not None and not pending.fetch.done():
@@ -209,7 +225,7 @@ class RowGroupCache:
                 with self._decoding:
                     table = self._timed_decode(group, None)
             else:
-                table = self._timed_decode(group, self._fetch(group))
+                table = self._timed_decode(group, self._fetch([group])[0])
             self._insert(group, table)
             return table
 
@@ -217,13 +233,17 @@ class RowGroupCache:
         """Start loading the groups that are neither cached nor on their way, in the order
         given, while the cached and reserved bytes stay within the budget."""
         with self._lock:
+            wanted: dict[int, int] = {}  # group -> the bytes reserved for it, in the order given
+            held = self._bytes + self._reserved
             for group in groups:
-                if group in self._tables or group in self._pending:
+                if group in self._tables or group in self._pending or group in wanted:
                     continue
                 reserve = self._estimate(group) if self._estimate is not None else 0
-                if self._pending and self._bytes + self._reserved + reserve > self._max_bytes:
+                if (self._pending or wanted) and held + reserve > self._max_bytes:
                     break
-                self._submit(group, reserve)
+                wanted[group] = reserve
+                held += reserve
+            self._submit(list(wanted), list(wanted.values()))
 
     def close(self, timeout: float) -> None:
         """Cancel the loads not started, wait up to `timeout` seconds for those running,

@@ -43,7 +43,7 @@ from colo_data.io.files import (
     unreadable,
 )
 from colo_data.io.gather import gather
-from colo_data.io.remote import RemoteFiles
+from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.retry import Exhausted, transient, with_retries
 from colo_data.io.rowgroup_cache import RowGroupCache
 from colo_data.spec.integers import int_setting
@@ -323,6 +323,8 @@ class ArrowSource:
         self._rg_file = np.array([i for i, _, _ in sizes], dtype=np.int64)
         self._rg_local = np.array([g for _, g, _ in sizes], dtype=np.int64)
         self._rg_sizes = np.array([n for _, _, n in sizes], dtype=np.int64)
+        rows = [max(1, sum(f.row_groups)) for f in self._files]
+        self._rg_stored = np.array([self._files[i].size * n // rows[i] for i, _, n in sizes], dtype=np.int64)  # about
         self._rg_start = np.concatenate([[0], np.cumsum(self._rg_sizes)]).astype(np.int64)
         # local files checked against the index once, with their Parquet footers (None: IPC):
         # a read opens its file, decodes and closes it, so no file stays open between reads
@@ -440,12 +442,32 @@ class ArrowSource:
                 self._cache = RowGroupCache(
                     lambda group, fetched: remote.decode(int(self._rg_file[group]), int(self._rg_local[group]), fetched),
                     reading.cache_bytes,
-                    fetch=lambda group: remote.fetch(int(self._rg_file[group]), int(self._rg_local[group])),
+                    fetch=lambda run: remote.fetch(int(self._rg_file[run[0]]), [int(self._rg_local[g]) for g in run]),
+                    together=self._runs,
                     io_threads=reading.io_concurrency,
                     decode_threads=defaults.DECODE_THREADS,
                     estimate=self._estimate,
                 )
         return self._cache
+
+    def _runs(self, groups: list[int]) -> list[list[int]]:
+        """`groups` (object storage) as the runs fetched in one call each: neighbouring row
+        groups of one Parquet file, at most `RUN_BYTES` of it a run (its bytes per row times
+        the rows), the run of the group asked for first first."""
+        runs: list[list[int]] = []
+        stored = 0
+        for group in sorted(groups):
+            size = int(self._rg_stored[group])
+            last = runs[-1][-1] if runs else -2
+            neighbour = group == last + 1 and self._rg_file[last] == self._rg_file[group]
+            if neighbour and self._files[int(self._rg_file[group])].format == "parquet" and stored + size <= RUN_BYTES:
+                runs[-1].append(group)
+                stored += size
+            else:
+                runs.append([group])
+                stored = size
+        first = {group: place for place, group in enumerate(groups)}
+        return sorted(runs, key=lambda run: min(first[group] for group in run))
 
     def _estimate(self, group: int) -> int:
         """A guess of row group `group`'s decoded bytes: its rows times the bytes per row
