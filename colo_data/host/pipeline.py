@@ -123,8 +123,11 @@ class HostPipeline:
         the pool's hands (the first ones smaller), and whenever the next of them has not
         come, this thread makes chunks after them (as many batches as the pool has in
         hand), so it is never idle while there is work. Each count of workers is on trial
-        for `_DECIDE_S` from its first chunk: one more is tried while the last made the
-        stream faster by `_GAIN`; a count that does not goes back to the one before; a
+        for `_DECIDE_S` from its first chunk: one more is started while the last made the
+        stream faster by `_GAIN`, and shares the chunks from the moment it is ready (asked
+        for a share before, a starting worker held the stream up for the second of its
+        start: 2 workers ran the light pipeline in process at half of one's rate); a count
+        that does not pay goes back to the one before; a
         single worker that delivers less than `_SLOWER` times what this thread did alone is
         given up, and tried again after `_RETRY_S` (doubling). On 2 CPUs a light pipeline
         through a sidecar kept both busy without workers (two beside it ran at half its
@@ -150,6 +153,7 @@ class HostPipeline:
         trial: float | None = None  # while a count of workers is on trial: when its first chunk came (0.0: not yet)
         trial_from = 0  # the position of the first chunk asked of the count on trial
         settled = False  # the count of workers that pays is found
+        growing = False  # one more worker is starting, to be tried once it is ready
         retry, retry_at = _RETRY_S, 0.0
 
         def here_until(stop: int | None) -> HostChunk:
@@ -174,6 +178,8 @@ class HostPipeline:
                 frontier, batches, level, wanted, settled = position + chunk * size, chunk, 1, False, False
                 trial, trial_from = 0.0, frontier
                 del rates[1:]
+            elif growing and frontier is not None and stream is not None and stream.ready(level + 1):  # asked from here
+                level, trial, trial_from, growing = level + 1, 0.0, frontier, False
             elif trial and now - trial >= _DECIDE_S:
                 rates.append(made / (now - trial))
                 trial = None
@@ -181,10 +187,10 @@ class HostPipeline:
                     level, retry_at, retry = 0, now + retry, 2 * retry
                 elif level > 1 and rates[level] < rates[level - 1] * (1 + min(_GAIN, 0.5 / level)):  # it did not pay
                     level, settled = level - 1, True
-                elif level < pool.count and not settled:
-                    assert frontier is not None
-                    level, trial, trial_from = level + 1, 0.0, frontier
-                    started = max(started, level)
+                elif level < pool.count and not settled:  # start one more; it is tried once it is ready
+                    assert stream is not None
+                    growing, started = True, max(started, level + 1)
+                    stream.ready(level + 1)
             while level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
                 assert stream is not None  # the pool is asked only once its stream is ready
                 count = batches if end is None else min(batches, (end - frontier) // size)
