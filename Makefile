@@ -42,7 +42,7 @@ bench: $(VENV)/.installed-bench
 	$(VENV)/bin/colo-data bench configs/demo.toml
 
 test: $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=25
 
 # The documentation site from docs/ into site/; tests/test_docs.py builds it the same way.
 docs: $(VENV)/.installed-test

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -40,12 +42,59 @@ def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(COLO), "bench", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def test_bench_end_to_end_with_json_plot_and_grain(token_corpus: Path, tmp_path: Path) -> None:
-    out_json, out_png = tmp_path / "report.json", tmp_path / "report.png"
-    run = bench(
-        str(config(tmp_path, token_corpus)), "--warmup", "3", "--step-time", "1", "--compare", "grain",
-        "--json", str(out_json), "--plot", str(out_png),
-    )
+BAD_VALUES = {  # the key the error names: the config's [sidecar] lines, its [args]
+    "shuffle": ("", {"shuffle": "sideways"}),
+    "global_batch_size": ("", {"global_batch_size": 0}),
+    "workers": ('workers = "many"', {}),
+    "slots": ("slots = 1", {}),
+}
+
+
+def bench_args(test: str, directory: Path, corpus: Path) -> list[str]:
+    """The `colo-data bench` arguments of `test` (a test's name below), its files in `directory`."""
+    if test == "test_bench_end_to_end_with_json_plot_and_grain":
+        outputs = ["--json", str(directory / "report.json"), "--plot", str(directory / "report.png")]
+        return [str(config(directory, corpus)), "--warmup", "3", "--step-time", "1", "--compare", "grain", *outputs]
+    if test == "test_bench_with_no_step_reports_capacity_not_a_verdict":
+        return [str(config(directory, corpus)), "--warmup", "3"]
+    sidecar, args = BAD_VALUES[test.removeprefix("test_bad_config_values_are_one_error_line[").removesuffix("]")]
+    return [str(config(directory, corpus, sidecar, **args)), "--steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def bench_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, token_corpus: Path
+) -> Iterator[dict[str, Future[tuple[subprocess.CompletedProcess[str], Path]]]]:
+    """The bench runs of the selected tests that only read a run's output, a process a CPU at
+    a time in the order of their tests (each spends seconds importing JAX, and Grain, on one
+    CPU): a test waits for its own run while the next one runs. The Ctrl-C test runs alone."""
+
+    def run(test: str, directory: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+        return bench(*bench_args(test, directory, token_corpus)), directory
+
+    tests = [item.name for item in request.session.items if item.path == request.path and "ctrl_c" not in item.name]
+    tests = [t for t in tests if t.startswith(("test_bench_end_to_end", "test_bench_with_no_step", "test_bad_config_values"))]
+    directories = [tmp_path_factory.mktemp("bench") for _ in tests]
+    with ThreadPoolExecutor(max(1, min(4, len(os.sched_getaffinity(0))))) as pool:
+        futures = {test: pool.submit(run, test, directory) for test, directory in zip(tests, directories, strict=True)}
+        yield futures
+        for future in futures.values():
+            future.cancel()  # those not started (a run stopped early): the rest finish before the pool closes
+
+
+def bench_run(
+    request: pytest.FixtureRequest, runs: dict, corpus: Path, directory: Path
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """This test's bench run: started by `bench_runs`, or here when that did not start it."""
+    test = request.node.name
+    return runs[test].result() if test in runs else (bench(*bench_args(test, directory, corpus)), directory)
+
+
+def test_bench_end_to_end_with_json_plot_and_grain(
+    request: pytest.FixtureRequest, bench_runs: dict, token_corpus: Path, tmp_path: Path
+) -> None:
+    run, directory = bench_run(request, bench_runs, token_corpus, tmp_path)
+    out_json, out_png = directory / "report.json", directory / "report.png"
     assert run.returncode == 0, run.stderr
     for text in ("records/s", "input wait, share of wall time", "wait p50 / p90 / p99 (ms)", "transform", "hand-off", "CPU budget", "verdict: "):
         assert text in run.stdout, text
@@ -59,10 +108,12 @@ def test_bench_end_to_end_with_json_plot_and_grain(token_corpus: Path, tmp_path:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_with_no_step_reports_capacity_not_a_verdict(token_corpus: Path, tmp_path: Path) -> None:
+def test_bench_with_no_step_reports_capacity_not_a_verdict(
+    request: pytest.FixtureRequest, bench_runs: dict, token_corpus: Path, tmp_path: Path
+) -> None:
     """With no simulated step every loader waits for input all the time: the report says so
     and gives the pipeline's capacity and what limits it, not "input-bound"."""
-    run = bench(str(config(tmp_path, token_corpus)), "--warmup", "3")
+    run, _ = bench_run(request, bench_runs, token_corpus, tmp_path)
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert "no training step was simulated" in out and "verdict: " not in out and "input-bound" not in out, out
@@ -74,17 +125,11 @@ def test_bench_with_no_step_reports_capacity_not_a_verdict(token_corpus: Path, t
     assert "add --step-time MS" in out
 
 
-@pytest.mark.parametrize(
-    "sidecar, args, key",
-    [
-        ("", {"shuffle": "sideways"}, "shuffle"),
-        ("", {"global_batch_size": 0}, "global_batch_size"),
-        ('workers = "many"', {}, "workers"),
-        ("slots = 1", {}, "slots"),
-    ],
-)
-def test_bad_config_values_are_one_error_line(token_corpus: Path, tmp_path: Path, sidecar: str, args: dict, key: str) -> None:
-    run = bench(str(config(tmp_path, token_corpus, sidecar, **args)), "--steps", "2")
+@pytest.mark.parametrize("key", BAD_VALUES)
+def test_bad_config_values_are_one_error_line(
+    request: pytest.FixtureRequest, bench_runs: dict, token_corpus: Path, tmp_path: Path, key: str
+) -> None:
+    run, _ = bench_run(request, bench_runs, token_corpus, tmp_path)
     assert run.returncode == 1
     errors = [line for line in run.stderr.splitlines() if line.startswith("Error")]  # not a library's import warning
     assert len(errors) == 1 and errors[0].startswith("Error: ") and key in errors[0], run.stderr

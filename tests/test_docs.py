@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -64,12 +65,36 @@ def script(page: Path) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("page", RUN, ids=name)
-def test_the_page_examples_run(page: Path, tmp_path: Path) -> None:
-    path = tmp_path / f"{page.name}.py"  # a traceback names the page, at the page's line
+def run_page(page: Path, directory: Path) -> subprocess.CompletedProcess[str]:
+    """The page's script, run as a reader would run it, in `directory`."""
+    path = directory / f"{page.name}.py"  # a traceback names the page, at the page's line
     path.write_text(script(page))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # a reader's JAX: one CPU device unless a page asks
-    result = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, str(path)], cwd=directory, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Path, Future]]:
+    """Each selected page's script, one process a CPU at a time, in the order of their tests:
+    each is a Python process that mostly waits on one core for its imports, so on 2 CPUs the
+    pages take about half the time one after another took (the first test waits for its own
+    page while the next one runs)."""
+    pages = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_the_page_examples_run" and hasattr(item, "callspec")
+    ]
+    directories = {page: tmp_path_factory.mktemp(page.name) for page in pages}
+    with ThreadPoolExecutor(max(1, min(4, len(os.sched_getaffinity(0))))) as pool:
+        futures = {page: pool.submit(run_page, page, directories[page]) for page in pages}
+        yield futures
+        for future in futures.values():
+            future.cancel()  # those not started (a run stopped early): the rest finish before the pool closes
+
+
+@pytest.mark.parametrize("page", RUN, ids=name)
+def test_the_page_examples_run(page: Path, page_runs: dict[Path, Future], tmp_path: Path) -> None:
+    result = page_runs[page].result() if page in page_runs else run_page(page, tmp_path)
     assert result.returncode == 0, f"{name(page)}: its examples failed:\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -117,12 +118,18 @@ def test_doctor_reports_an_shm_dir_that_is_a_file_as_a_fatal_finding(tmp_path: P
     assert text.exit_code == 1 and "free (UNUSABLE: see below)" in text.stdout and expected in text.stderr
 
 
-
 def doctor_process(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """`colo-data doctor ARGS` as a process with this environment, less any JAX_*, XLA_FLAGS
     or LIBTPU_INIT_ARGS of the test run's own, plus `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k not in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
     return subprocess.run([str(COLO), "doctor", *args], env=base | env, capture_output=True, text=True, timeout=300)
+
+
+def doctor_processes(*calls: tuple[dict[str, str], tuple[str, ...]]) -> list[subprocess.CompletedProcess[str]]:
+    """`doctor_process(env, *args)` for each `(env, args)`, the processes side by side: each
+    spends its seconds importing JAX on one CPU, so two take about the time of one on 2 CPUs."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda call: doctor_process(call[0], *call[1]), calls))
 
 
 CLIENT_ENV = {  # flags XLA's CPU backend takes, so that only where they are set matters
@@ -135,7 +142,9 @@ CLIENT_ENV = {  # flags XLA's CPU backend takes, so that only where they are set
 def test_doctor_on_a_pathways_client_warns_of_settings_that_do_not_reach_the_compiler() -> None:
     """JAX_PLATFORMS=proxy without a proxy to reach: the JAX part is reported unavailable,
     the warnings name the flags and the cache directory, and the exit status stays 0."""
-    result = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"}, "--json")
+    result, text = doctor_processes(
+        ({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"}, ("--json",)), ({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"}, ())
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["jax"]["pathways"] and report["jax"]["backend"] is None and report["jax"]["devices"] == []
@@ -150,7 +159,6 @@ def test_doctor_on_a_pathways_client_warns_of_settings_that_do_not_reach_the_com
     assert scratch.startswith("no Pathways persistent compilation cache location is set") and "--gcs_scratch_location" in scratch
     assert "--set gcs_scratch=gs://BUCKET/pathways" in scratch and "COLO_DATA_PATHWAYS_SCRATCH" in scratch
 
-    text = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "proxy"})
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     warned = [line.split()[1] for line in lines if line.startswith("warning ")]
@@ -162,23 +170,24 @@ def test_doctor_finds_the_pathways_compilation_cache_location_in_the_environment
     """The location comes from the variable the JobSet gives the trainer, or from CONFIG's
     [deploy] gcs_scratch; one that is not on GCS is a warning of its own."""
     proxy = {"JAX_PLATFORMS": "proxy"}
-    given = doctor_process({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "gs://bucket/pathways"}, "--json")
-    assert given.returncode == 0 and json.loads(given.stdout)["warnings"] == [], given.stdout + given.stderr
-    local = doctor_process({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "/tmp/pathways"}, "--json")
-    (warning,) = json.loads(local.stdout)["warnings"]
-    assert warning.startswith("the Pathways persistent compilation cache location is '/tmp/pathways', not a gs:// location")
     config = tmp_path / "train.toml"
     config.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[args]\nseq_len = 64\n[deploy]\ngcs_scratch = "gs://bucket/p"\n')
-    from_config = doctor_process(proxy, str(config), "--json")
+    given, local, from_config = doctor_processes(
+        ({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "gs://bucket/pathways"}, ("--json",)),
+        ({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "/tmp/pathways"}, ("--json",)),
+        (proxy, (str(config), "--json")),
+    )
+    assert given.returncode == 0 and json.loads(given.stdout)["warnings"] == [], given.stdout + given.stderr
+    (warning,) = json.loads(local.stdout)["warnings"]
+    assert warning.startswith("the Pathways persistent compilation cache location is '/tmp/pathways', not a gs:// location")
     assert from_config.returncode == 0 and json.loads(from_config.stdout)["warnings"] == [], from_config.stderr
 
 
 def test_doctor_off_pathways_gives_no_warnings() -> None:
-    result = doctor_process({**CLIENT_ENV, "JAX_PLATFORMS": "cpu"}, "--json")
+    result, text = doctor_processes(({**CLIENT_ENV, "JAX_PLATFORMS": "cpu"}, ("--json",)), (CLIENT_ENV, ()))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["warnings"] == [] and report["jax"]["error"] is None
     assert report["jax"]["backend"] == "cpu" and len(report["jax"]["devices"]) == 2  # XLA_FLAGS reached this compiler
-    text = doctor_process(CLIENT_ENV)
     assert text.returncode == 0, text.stderr
     assert "warning" not in text.stdout and "jax backend" in text.stdout

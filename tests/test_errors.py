@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -104,26 +106,54 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(params=sorted(BROKEN))
-def broken_config(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
-    (tmp_path / "broken_pipes.py").write_text(BROKEN[request.param] + "def pipeline():\n    pass\n")
-    config = tmp_path / "broken.toml"
+COMMANDS = [["doctor"], ["doctor", "--json"], ["verify"], ["bench", "--steps", "2"], ["sidecar", "serve", "--socket", "S"]]
+
+
+def run_with_broken_config(case: str, command: list[str], directory: Path) -> subprocess.CompletedProcess[str]:
+    """`colo-data COMMAND` with a config, in `directory`, whose module fails at import as `case` says."""
+    (directory / "broken_pipes.py").write_text(BROKEN[case] + "def pipeline():\n    pass\n")
+    config = directory / "broken.toml"
     config.write_text('pipeline = "broken_pipes:pipeline"\n')
-    return config, EXPECTED[request.param]
+    if command[0] == "sidecar":
+        args = [str(COLO), *command[:2], str(config), *command[2:]]
+    else:
+        args = [str(COLO), command[0], str(config), *command[1:]]
+    args = [a if a != "S" else str(directory / "s.sock") for a in args]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=directory)
 
 
-@pytest.mark.parametrize(
-    "command",
-    [["doctor"], ["doctor", "--json"], ["verify"], ["bench", "--steps", "2"], ["sidecar", "serve", "--socket", "S"]],
-    ids=lambda c: " ".join(c[:2]),
-)
+@pytest.fixture(scope="module")
+def broken_config_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[tuple[str, str], Future]]:
+    """The selected (case, command) runs, a process a CPU at a time in the order of their
+    tests (each spends its seconds on imports on one CPU): a test waits for its own run
+    while the next one runs."""
+    runs = [
+        (item.callspec.params["case"], item.callspec.params["command"])
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_a_config_module_that_fails_at_import_is_a_clear_error"
+        and hasattr(item, "callspec")
+    ]
+    directories = [tmp_path_factory.mktemp("broken") for _ in runs]
+    with ThreadPoolExecutor(max(1, min(4, len(os.sched_getaffinity(0))))) as pool:
+        futures = {
+            (case, " ".join(command)): pool.submit(run_with_broken_config, case, command, directory)
+            for (case, command), directory in zip(runs, directories, strict=True)
+        }
+        yield futures
+        for future in futures.values():
+            future.cancel()  # those not started (a run stopped early): the rest finish before the pool closes
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_config_module_that_fails_at_import_is_a_clear_error(
-    broken_config: tuple[Path, str], command: list[str], tmp_path: Path
+    case: str, command: list[str], broken_config_runs: dict[tuple[str, str], Future], tmp_path: Path
 ) -> None:
-    config, expected = broken_config
-    args = [str(COLO), *command[:2], str(config), *command[2:]] if command[0] == "sidecar" else [str(COLO), command[0], str(config), *command[1:]]
-    args = [a if a != "S" else str(tmp_path / "s.sock") for a in args]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=config.parent)
+    key = (case, " ".join(command))
+    result = broken_config_runs[key].result() if key in broken_config_runs else run_with_broken_config(case, command, tmp_path)
+    expected = EXPECTED[case]
     assert result.returncode != 0
     assert "Traceback (most recent call last)" not in result.stderr, result.stderr
     assert "importing module 'broken_pipes' raised" in result.stderr and expected in result.stderr, result.stderr

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -388,22 +389,24 @@ def test_colo_data_verify_and_bench_take_a_grain_config(paths: list[str], tmp_pa
     (tmp_path / "good.toml").write_text(f'pipeline = "grain_verify:good"\n[args]\npaths = {json.dumps(paths)}\n')
     (tmp_path / "bad.toml").write_text('pipeline = "grain_verify:bad"\n')
 
-    def verify(config: str, hosts: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "colo_data.cli", "verify", config, "--hosts", hosts, "--steps", "4"]
+    def colo_data(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "colo_data.cli", *args]
         return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
-    good = verify("good.toml", "1,5")
+    # the three commands side by side: each spends most of its time importing Grain and JAX on one CPU
+    bench_args = ["bench", "good.toml", "--backend", "inprocess", "--hosts", "2", "--warmup", "2", "--json", "bench.json"]
+    with ThreadPoolExecutor(3) as pool:
+        verifies = (("good.toml", "1,5"), ("bad.toml", "1"))
+        runs = [pool.submit(colo_data, "verify", config, "--hosts", hosts, "--steps", "4") for config, hosts in verifies]
+        runs.append(pool.submit(colo_data, *bench_args))
+        good, bad, bench = (run.result() for run in runs)
     assert good.returncode == 0, good.stdout + good.stderr[-3000:]
     for line in ("PASS  identical to Grain, 1 host(s), sidecar", "PASS  identical to Grain, 1 host(s), inprocess",
                  "PASS  resume, 1 host(s)", "SKIP  identical to Grain, 5 host(s)"):
         assert line in good.stdout, good.stdout
-    bad = verify("bad.toml", "1")
     assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
     assert "FAIL  identical to Grain, 1 host(s), inprocess: batch 0, host 0, column 'x'" in bad.stdout, bad.stdout
 
-    command = [sys.executable, "-m", "colo_data.cli", "bench", "good.toml", "--backend", "inprocess", "--hosts", "2",
-               "--warmup", "2", "--json", "bench.json"]
-    bench = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert bench.returncode == 0, bench.stdout + bench.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())["colo-data"]
     ends = [sum(1 for _ in gp.maxtext_like(grain.sharding.ShardOptions(h, 2), paths)) for h in range(2)]
