@@ -49,6 +49,31 @@ class IdleHost:
 idle_host = IdleHost()
 
 
+class SlowToStart:
+    """A transform (doing nothing to the batch) that holds up the set-up of every worker
+    process but the first, as a slow start would, until the file `go` exists (2 minutes at
+    most); each writes `waiting` while it waits. The host's own thread is not held up."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, batch: dict) -> dict:
+        return batch
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        main = sys.modules.get("__main__")
+        if getattr(getattr(main, "__spec__", None), "name", None) != "colo_data.workers.processes":
+            return
+        try:
+            (self.directory / "first").open("x").close()
+        except FileExistsError:
+            (self.directory / "waiting").touch()
+            stop = time.monotonic() + 120
+            while not (self.directory / "go").exists() and time.monotonic() < stop:
+                time.sleep(0.05)
+
+
 def backend_of(name: str, workers: int = 0, shm_dir: Path | str | None = None) -> cd.InProcess | cd.Sidecar | cd.Colocated:
     """The backend called `name` with `workers` worker processes (a sidecar's ring in
     `shm_dir`, if given)."""

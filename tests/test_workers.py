@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from pipelines import BATCH, idle_host, make_pipeline, until_workers_made
+from pipelines import BATCH, SlowToStart, idle_host, make_pipeline, until_workers_made
 
 import colo_data as cd
 from colo_data import defaults
@@ -96,6 +97,36 @@ def test_workers_that_cost_more_than_they_give_are_given_up(
             got.append(to_numpy(next(loader)))
         assert pool_records(loader) == made, "the pool was asked again within its retry time"
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_path: Path) -> None:
+    """When one worker pays and one more is tried, the second is asked for shares only once
+    it is ready: while it starts (here, held up until the test says go), the stream goes on,
+    made by the first worker and the host's own thread. Before, the second was asked at
+    once, and the stream stopped for its whole start."""
+    transforms = [idle_host, SlowToStart(tmp_path), cd.pad_or_truncate("tokens", 8)]
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
+    more: list[dict] = []
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
+        got = until_workers_made(loader)
+
+        def read() -> None:  # until the first worker has paid and the second starts, then 1,500 batches more
+            stop = time.monotonic() + 60
+            while not (tmp_path / "waiting").exists() and time.monotonic() < stop:
+                got.append(to_numpy(next(loader)))
+            more.extend(to_numpy(next(loader)) for _ in range(1500))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(90)  # a hang detector, not a timing: this takes seconds
+        went_on, read_by_then = not reader.is_alive(), len(more)
+        (tmp_path / "go").touch()
+        reader.join(60)
+    assert (tmp_path / "waiting").exists(), "no second worker was tried"
+    assert went_on and read_by_then == 1500, f"the stream stopped after {read_by_then} batches while the second worker started"
+    got += more
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
 
 
 def test_no_unused_cpu_no_work_for_the_workers(token_corpus: Path) -> None:
