@@ -211,6 +211,27 @@ def test_close_from_another_thread_ends_a_blocked_next(
     assert time.monotonic() - started < 30, "next() woke up once the loader was closed"
 
 
+def test_a_sidecar_killed_on_close_leaves_no_ring(token_corpus: Path, tmp_path: Path) -> None:
+    """A loader closed with no time to spare while its own sidecar is inside a slow
+    transform: the sidecar is killed before it can remove its ring, and the loader removes
+    it (before, the ring's slot files stayed in the shared-memory directory)."""
+
+    def slow(columns: dict) -> dict:
+        time.sleep(3)
+        return columns
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[slow, cd.pad_or_truncate("tokens", 8)])
+    loader = cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm)))
+    next(loader)
+    assert any(shm.iterdir()), "the sidecar's ring is in the directory"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # what was still running at the deadline is named
+        loader.close(timeout=0)
+    assert not any(shm.iterdir()), f"left: {sorted(p.name for p in shm.iterdir())}"
+
+
 @pytest.mark.usefixtures("own_cpu_budget")
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_close_from_another_thread_with_busy_workers_is_bounded_by_its_timeout(

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 from colo_data import defaults
-from colo_data.backends.sidecar.shm import check_directory
+from colo_data.backends.sidecar.shm import check_directory, sweep_stale
 from colo_data.host.resources import Workers
 from colo_data.runtime.child_env import child_env
 
@@ -25,6 +25,7 @@ class LocalSidecar:
 
     def __init__(self, shm_dir: str, workers: Workers, slots: int) -> None:
         check_directory(shm_dir)  # here, in the trainer: the sidecar would only say so in its log
+        self._shm_dir = shm_dir
         self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
@@ -34,7 +35,9 @@ class LocalSidecar:
 
     def stop(self, timeout: float = _STOP_S) -> None:
         """Terminate the sidecar (it removes its ring), killing it if it has not exited
-        within `timeout` seconds, and remove its socket directory; safe to call twice."""
+        within `timeout` seconds, then remove what a killed one leaves (its ring: a sidecar
+        busy in a transform of its session was killed before it could) and its socket
+        directory; safe to call twice."""
         if self.process.poll() is None:
             self.process.terminate()
             self.process.send_signal(signal.SIGCONT)  # a stopped sidecar (SIGSTOP) handles the SIGTERM too
@@ -43,4 +46,5 @@ class LocalSidecar:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+                sweep_stale(self._shm_dir)
         shutil.rmtree(self._dir, ignore_errors=True)
