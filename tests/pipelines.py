@@ -3,6 +3,7 @@ block-shuffled in windows of 2 row groups, tokens padded to 8, with the record i
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,24 @@ class SlowToStart:
             stop = time.monotonic() + 120
             while not (self.directory / "go").exists() and time.monotonic() < stop:
                 time.sleep(0.05)
+
+
+class InWorkers:
+    """A transform (doing nothing to the batch) that, in a worker process, appends the
+    record indices (`_index`) of each batch it sees to the file named by the process's pid
+    in `directory`, and raises on a batch holding record `fail_on`."""
+
+    def __init__(self, directory: Path, fail_on: int | None = None) -> None:
+        self.directory, self.fail_on = directory, fail_on
+
+    def __call__(self, batch: dict) -> dict:
+        main = sys.modules.get("__main__")
+        if getattr(getattr(main, "__spec__", None), "name", None) == "colo_data.workers.processes":
+            with (self.directory / str(os.getpid())).open("a") as seen:
+                seen.write(" ".join(map(str, batch["_index"].tolist())) + "\n")
+            if self.fail_on in batch["_index"].tolist():
+                raise ValueError(f"record {self.fail_on}")
+        return batch
 
 
 def backend_of(name: str, workers: int = 0, shm_dir: Path | str | None = None) -> cd.InProcess | cd.Sidecar | cd.Colocated:

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from pipelines import BATCH, SlowToStart, idle_host, make_pipeline, until_workers_made
+from pipelines import BATCH, InWorkers, SlowToStart, idle_host, make_pipeline, until_workers_made
 
 import colo_data as cd
 from colo_data import defaults
@@ -218,7 +218,7 @@ def test_worker_processes_get_the_process_defaults_unless_set(token_corpus: Path
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(1, owner)
-        stream = pool.stream(cloudpickle.dumps(make_pipeline(token_corpus)), 0, 1)
+        stream = pool.stream(cloudpickle.dumps(make_pipeline(token_corpus)), 0, 1, 0)
         assert not pool.pids, "workers start when a stream first asks for them"
         stream.ready(1)
         environ = Path(f"/proc/{pool.pids[0]}/environ").read_bytes().split(b"\0")
@@ -238,6 +238,36 @@ def test_the_sidecar_image_sets_the_same_process_defaults() -> None:
     assert "ARROW_DEFAULT_MEMORY_POOL=jemalloc" in serve
 
 
+def test_a_worker_is_warmed_where_the_stream_is_before_it_says_it_is_ready(token_corpus: Path, tmp_path: Path) -> None:
+    """A worker computes one batch at the stream's position before it is ready (its first
+    chunk is then not the one that pays for its imports and file opens); an error there is
+    raised by the chunk that meets it, not by the set-up."""
+    work = ChunkWork(make_pipeline(token_corpus, "block", epochs=None))
+    at = 5 * BATCH
+    warm = work.stream_indices(work.stream(at, 1))
+    noting = InWorkers(tmp_path, fail_on=int(warm[0]))
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[noting, cd.pad_or_truncate("tokens", 8)])
+    owner = Lifecycle("test")
+    try:
+        pool = WorkerPool(1, owner)
+        stream = pool.stream(cloudpickle.dumps(pipeline), 0, 1, at)
+        stop = time.monotonic() + 60
+        while not stream.ready(1):
+            assert time.monotonic() < stop, "the worker was not ready in 60 s"
+            time.sleep(0.05)
+        seen = (tmp_path / str(pool.pids[0])).read_text().split()
+        assert sorted(map(int, seen)) == sorted(warm.tolist()), "the worker did not warm at the stream's position"
+        stream.ask(at + BATCH, 2, 1)  # the batches after it are computed
+        got = stream.take()
+        want = work.compute(at + BATCH, 2)
+        np.testing.assert_array_equal(got.columns["_index"], want.columns["_index"])
+        stream.ask(at, 1, 1)  # the warm batch's error is the chunk's
+        with pytest.raises(cd.TransformError, match=f"record {warm[0]}"):
+            stream.take()
+    finally:
+        owner.close()
+
+
 def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> None:
     """Chunks still in flight for an abandoned stream are passed over, not delivered; a
     chunk is the same made by one worker or shared by two."""
@@ -246,11 +276,11 @@ def test_a_stream_left_early_does_not_leak_into_the_next(token_corpus: Path) -> 
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(2, owner)
-        abandoned = pool.stream(payload, 0, 1)
+        abandoned = pool.stream(payload, 0, 1, 0)
         for position in (0, 60, 120):
             abandoned.ask(position, 5, 2)
         abandoned.take()  # the first; the other two are left in flight
-        stream = pool.stream(payload, 0, 1)
+        stream = pool.stream(payload, 0, 1, 0)
         for position, workers in ((36, 1), (96, 2)):  # one worker's chunk, then one shared by both
             stream.ask(position, 5, workers)
         for position in (36, 96):

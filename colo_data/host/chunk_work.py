@@ -68,9 +68,10 @@ class ChunkPool(Protocol):
         a pool pays only with CPU that nothing else uses."""
         ...
 
-    def stream(self, payload: bytes, host: int, hosts: int) -> PoolStream:
+    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> PoolStream:
         """A stream of host `host` of `hosts` of the pickled pipeline `payload`, set up in the
-        background. A pool serves one stream at a time: a new one ends the last."""
+        background (and warmed at stream `position`, near where its first chunks will be
+        asked). A pool serves one stream at a time: a new one ends the last."""
         ...
 
 

@@ -172,7 +172,7 @@ class HostPipeline:
                 # once asked for, the pool is wanted until its first worker is ready (starting, it leaves no CPU unused)
                 wanted = wanted or (now >= retry_at and idle is not None and idle >= _IDLE_CPUS)
                 if wanted and stream is None:
-                    stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts)
+                    stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
                     started = 1
             if wanted and stream is not None and stream.ready(1):  # from here the first worker works beside this thread
                 frontier, batches, level, wanted, settled = position + chunk * size, chunk, 1, False, False

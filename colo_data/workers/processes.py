@@ -50,9 +50,21 @@ _EXIT_S = 0.5  # a worker still running this long after its socket closed is kil
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
+def _warmed(work: ChunkWork, position: int) -> ChunkWork:
+    """`work` with one global batch at `position` computed and dropped: a worker's first
+    chunk paid for its lazy imports, file opens and first decodes (the light pipeline of
+    benchmarks/workers.py: 110 ms, then 2 ms a chunk), and the host waited for it. Paid
+    here, before the worker says it is ready, it costs only CPU that went unused. An error
+    here is left to the chunk that meets it."""
+    with contextlib.suppress(Exception):
+        work.compute(position, 1, StageTimes(), read_ahead=False)
+    return work
+
+
 def _serve(conn: socket.socket) -> None:
-    """A worker: take a job (a pickled pipeline and the host), say it is ready, then compute
-    the share of each chunk asked of it, until the socket closes."""
+    """A worker: take a job (a pickled pipeline, the host and the stream position it starts
+    near), set it up and warm it, say it is ready, then compute the share of each chunk
+    asked of it, until the socket closes."""
     jobs: dict[int, ChunkWork] = {}
     while True:
         try:
@@ -61,10 +73,10 @@ def _serve(conn: socket.socket) -> None:
             return
         reply: Any
         if message[0] == "job":
-            _, job, payload, host, hosts = message
+            _, job, payload, host, hosts, position = message
             jobs.clear()  # one stream at a time: a new job ends the last one
             try:
-                jobs[job] = ChunkWork(cloudpickle.loads(payload), host, hosts)
+                jobs[job] = _warmed(ChunkWork(cloudpickle.loads(payload), host, hosts), position)
                 reply = READY
             except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
                 reply = to_wire(e)
@@ -188,13 +200,13 @@ class WorkerPool:
         """CPUs of the budget left unused since the last call (None at the first)."""
         return self._idle.read()
 
-    def stream(self, payload: bytes, host: int, hosts: int) -> ProcessStream:
+    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> ProcessStream:
         """A stream of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
-        which the workers set up in the background (`ProcessStream.ready`). Workers start
+        near stream `position`, which the workers set up in the background (`ProcessStream.ready`). Workers start
         when a stream first needs them, one by one: each costs a start (imports, the
         pipeline's set-up) that a pipeline working at full speed beside it feels. A pool
         serves one stream at a time: a new one ends the last."""
-        job = ("job", next(self._jobs), payload, host, hosts)
+        job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
             self._send(worker, job)
         return ProcessStream(self, job)
