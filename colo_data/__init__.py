@@ -21,6 +21,7 @@ from colo_data.errors import (
     GrainError,
     LoaderBusyError,
     LoaderClosedError,
+    RayClusterError,
     RecordIndexError,
     ResourceError,
     SchemaError,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.spec.transforms import drop, pad_or_truncate, per_record, random_map, select
     from colo_data.telemetry.export import TelemetryExport
     from colo_data.telemetry.report import Telemetry
+    from colo_data.workers.ray_workers import RayWorkers
 
 # public name -> the module that defines it, imported on first use
 _NAMES = {
@@ -69,6 +71,7 @@ _NAMES = {
     "Order": "colo_data.spec.order",
     "Pack": "colo_data.spec.pack",
     "Pipeline": "colo_data.spec.pipeline",
+    "RayWorkers": "colo_data.workers.ray_workers",
     "RecordSource": "colo_data.io.sources",
     "Sidecar": "colo_data.backends.options",
     "Source": "colo_data.io.sources",
@@ -117,6 +120,8 @@ __all__ = [
     "Order",
     "Pack",
     "Pipeline",
+    "RayClusterError",
+    "RayWorkers",
     "RecordIndexError",
     "RecordSource",
     "ResourceError",

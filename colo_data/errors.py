@@ -55,6 +55,11 @@ class SidecarError(ColoDataError):
     """A sidecar is unreachable or died; the message says where and what to check."""
 
 
+class RayClusterError(ColoDataError):
+    """`cd.RayWorkers`' Ray cluster is unreachable, lost, or runs another Ray or Python
+    version; the message names the address and what to check."""
+
+
 class LoaderClosedError(ColoDataError, RuntimeError):
     """`next()` or `set_state()` on a closed `Loader`: make a new one from its state."""
 

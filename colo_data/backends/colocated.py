@@ -43,7 +43,7 @@ from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
-from colo_data.workers.processes import WorkerPool
+from colo_data.workers.pools import start_pool
 
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
@@ -83,7 +83,7 @@ class _HostSide:
 
     def __init__(self, pipeline: AnyPipeline, workers: Workers, controller: str) -> None:
         self.pipeline = pipeline
-        self.workers = choose_workers(workers, cpu_budget(), "the sidecar's own thread").count
+        self.choice = choose_workers(workers, cpu_budget(), "the sidecar's own thread")
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostShare] = {}
         self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
@@ -104,7 +104,7 @@ class _HostSide:
             if current is not None:
                 _close(current)
             if host not in self._pipelines:  # its worker processes are kept across streams
-                pool = WorkerPool(self.workers, self._owner) if self.workers else None
+                pool = start_pool(self.choice, self._owner)
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
             chunks = self._pipelines[host].chunks(position, run, batches=None if variable else count)

@@ -14,7 +14,7 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
 from colo_data.telemetry.report import HostCounters, HostInfo
-from colo_data.workers.processes import WorkerPool
+from colo_data.workers.pools import start_pool
 
 
 class InProcessBackend:
@@ -36,10 +36,9 @@ class InProcessBackend:
         self.local_hosts = placement.local_hosts
         self._budget = cpu_budget()
         self.choice = choose_workers(workers, self._budget, "the trainer and the host's own thread")
-        count = self.choice.count
         # worker processes start now, while the trainer compiles, and are kept across runs
         self._hosts = [
-            host_pipeline(pipeline, h, placement.hosts, WorkerPool(count, owner, self._budget) if count else None, ahead)
+            host_pipeline(pipeline, h, placement.hosts, start_pool(self.choice, owner, self._budget), ahead)
             for h in self.local_hosts
         ]
         self.on_trainer_thread = not ahead

@@ -26,17 +26,19 @@ def builtin_config() -> Any:
 
 def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> Any:
     """The backend option object for --backend: a sidecar takes the config's [sidecar]
-    settings; --workers (a number or "auto") overrides the backend's worker count."""
-    from colo_data.backends.options import Sidecar, check_workers, resolve
+    settings; --workers (a number, "auto" or Ray workers) overrides the backend's workers."""
+    from colo_data.backends.options import Sidecar, resolve
+    from colo_data.errors import ConfigError
+    from colo_data.host.resources import workers_from
 
     chosen: Any = resolve(name)  # a frozen dataclass of options
     if isinstance(chosen, Sidecar) and not chosen.addresses():  # sidecars started here
         chosen = dataclasses.replace(chosen, **config_sidecar)
     if workers is not None:
-        count = workers if workers == "auto" else int(workers) if workers.isdigit() else None
-        if count is None:
-            raise click.BadParameter(f"{workers!r}: a number >= 0 or 'auto'", param_hint="--workers")
-        chosen = dataclasses.replace(chosen, workers=check_workers(type(chosen).__name__, count))
+        try:
+            chosen = dataclasses.replace(chosen, workers=workers_from(workers, "--workers"))
+        except ConfigError as e:
+            raise click.BadParameter(str(e), param_hint="--workers") from e
     return chosen
 
 
@@ -62,7 +64,8 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
 )
 @click.option(
     "--workers", default=None,
-    help="Worker processes per host: a number or 'auto' [sidecar: the config's [sidecar] workers; inprocess: 0].",
+    help="Worker processes per host: a number, 'auto' or Ray actors ('ray', 'ray:{\"actors\": 4}') "
+    "[sidecar: the config's [sidecar] workers; inprocess: 0].",
 )
 @click.option(
     "--compare", type=click.Choice(["grain"]), default=None,

@@ -50,7 +50,11 @@ def sidecar() -> None:
     help="Memory-backed directory for the batch ring [config, else /dev/shm].",
 )
 @click.option(
-    "--workers", default=None, envvar="COLO_DATA_WORKERS", help="Worker processes: a number or 'auto' (from the CPU budget)."
+    "--workers",
+    default=None,
+    envvar="COLO_DATA_WORKERS",
+    help="Worker processes: a number, 'auto' (from the CPU budget), or Ray actors: 'ray' or 'ray:{\"actors\": 4}' "
+    "(docs/ray.md).",
 )
 @click.option(
     "--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Batches in the shared-memory ring [4]."
@@ -85,6 +89,7 @@ def serve(
     from colo_data.backends.sidecar.protocol import socket_path as path_of
     from colo_data.backends.sidecar.server import SidecarServer
     from colo_data.errors import ColoDataError
+    from colo_data.host.resources import workers_from
     from colo_data.ops.config import load_config
 
     signal.signal(signal.SIGTERM, _stop)
@@ -93,14 +98,12 @@ def serve(
     try:
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}
-        chosen = workers if workers is not None else str(options.get("workers", "auto"))
-        if chosen != "auto" and not chosen.isdigit():
-            raise click.BadParameter(f"{chosen!r}: a number or 'auto'", param_hint="--workers")
+        chosen = workers_from(workers, "--workers") if workers is not None else options.get("workers", "auto")
         server = SidecarServer(
             path_of(socket_path),
             pipeline=settings.build() if settings else None,
             shm_dir=shm_dir or options.get("shm_dir", defaults.SHM_DIR),
-            workers="auto" if chosen == "auto" else int(chosen),
+            workers=chosen,
             slots=slots or int(options.get("slots", defaults.SLOTS)),
             exit_with=exit_with,
             socket_mode=socket_mode,

@@ -6,6 +6,7 @@ worker process imports this module, not `HostPipeline`'s streaming machinery."""
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable, Mapping
 from time import perf_counter
@@ -62,6 +63,7 @@ class ChunkPool(Protocol):
     processes): every chunk shared out among `count` workers or fewer and handed back whole."""
 
     count: int
+    remote: bool  # its workers use CPUs that are not the host's (a cluster's): it is asked for from the start
 
     def idle_cpus(self) -> float | None:
         """CPUs of the host's budget left unused since the last call (None at the first):
@@ -72,6 +74,10 @@ class ChunkPool(Protocol):
         """A stream of host `host` of `hosts` of the pickled pipeline `payload`, set up in the
         background (and warmed at stream `position`, near where its first chunks will be
         asked). A pool serves one stream at a time: a new one ends the last."""
+        ...
+
+    def close(self) -> None:
+        """Stop the workers (safe to call twice)."""
         ...
 
 
@@ -190,6 +196,16 @@ class ChunkWork:
         wait, requests, fetched, decode, decoded, decoded_bytes = (a - b for a, b in zip(now, seen, strict=True))
         stages.add(IO_WAIT, wait, int(requests), int(fetched))
         stages.add(DECODE, decode, int(decoded), int(decoded_bytes))
+
+    def warmed(self, position: int) -> ChunkWork:
+        """This work, with one global batch at `position` computed and dropped: a worker's
+        first chunk paid for its lazy imports, file opens and first decodes (the light
+        pipeline of benchmarks/workers.py: 110 ms, then 2 ms a chunk) while the host waited
+        for it. A worker warms before it says it is ready, with CPU that went unused. An
+        error here is left to the chunk that meets it."""
+        with contextlib.suppress(Exception):
+            self.compute(position, 1, StageTimes(), read_ahead=False)
+        return self
 
     def compute(
         self,

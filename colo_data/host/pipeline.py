@@ -135,8 +135,11 @@ class HostPipeline:
         one gained from both."""
         size, chunk = self.pipeline.global_batch_size, self.chunk
         end = None if total is None else start_position + total * size
-        stream: PoolStream | None = None  # asked for (its workers start, the first time) once CPU goes unused
-        wanted = False  # the pool is to be used from the moment its first worker is ready
+        # asked for (its workers start, the first time) once CPU goes unused; at once if its CPUs are not the host's
+        stream: PoolStream | None = None
+        if pool.remote:
+            stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, start_position)
+        wanted = pool.remote  # the pool is to be used from the moment its first worker is ready
         position = start_position
         frontier: int | None = None  # while the pool is in use: the first position not yet claimed
         # chunks claimed, in stream order: (position, the chunk if made here, else None for the pool's)
@@ -146,7 +149,7 @@ class HostPipeline:
         batches = chunk  # of the next request: 1, 2, 4 chunks, quick at first
         level = 0  # the workers each new request is shared out to (0: the pool is not asked)
         rates = [0.0]  # host records/s delivered with 0, 1, ... workers (with 0: while no worker starts)
-        started = 0  # the workers asked for so far (they start when first asked)
+        started = int(pool.remote)  # the workers asked for so far (they start when first asked)
         was_ready = False  # they were all ready at the last measurement
         pool.idle_cpus()  # the idle CPUs are measured from here
         window, made = time.monotonic(), 0  # this measurement's start and the host records delivered since

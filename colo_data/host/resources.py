@@ -8,15 +8,17 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from colo_data.errors import ConfigError
 from colo_data.spec.integers import as_int
+from colo_data.workers.ray_workers import SPEC_PREFIX, RayWorkers
 
 CPUS_ENV = "COLO_DATA_CPUS"
-Workers = int | Literal["auto"]  # worker processes per host, or "auto": `choose_workers` picks
+# worker processes per host, "auto" (`choose_workers` picks), or Ray actors per host
+Workers = int | Literal["auto"] | RayWorkers
 # cgroup v1 reports "no memory limit" as a page-rounded LONG_MAX; anything this large is none.
 _UNLIMITED_BYTES = 2**60
 
@@ -85,13 +87,36 @@ def check_workers(owner: str, workers: Any) -> Workers:
     else is a ConfigError naming `owner`'s setting."""
     if isinstance(workers, str) and workers == "auto":
         return "auto"
+    if isinstance(workers, RayWorkers):
+        return workers
     count = as_int(workers)
     if count is None or count < 0:
         raise ConfigError(
-            f"{owner}(workers={workers!r}): give an int >= 0 (0: the host's own thread computes its batches) or "
-            "'auto' (from the CPU budget)"
+            f"{owner}(workers={workers!r}): give an int >= 0 (0: the host's own thread computes its batches), "
+            "'auto' (from the CPU budget) or cd.RayWorkers(...) (actors on a Ray cluster)"
         )
     return count
+
+
+def workers_from(value: Any, where: str) -> Workers:
+    """`workers` as written in a config or on a command line: a count (an int or its digits),
+    "auto", or Ray workers ("ray", `RayWorkers.to_spec()`'s "ray:{...}", or a table
+    `{ ray = "auto", actors = 4 }`); anything else is a ConfigError naming `where`."""
+    if isinstance(value, Mapping) or isinstance(value, str) and (value == "ray" or value.startswith(SPEC_PREFIX)):
+        return RayWorkers.from_spec(value, where)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if value == "auto" or as_int(value) is not None and value >= 0:
+        return check_workers(where, value)
+    raise ConfigError(
+        f"{where} = {value!r}: give a number >= 0, \"auto\", or Ray workers: \"ray\", "
+        '\'ray:{"address": "auto", "actors": 4}\' (a config: workers = { ray = "auto", actors = 4 })'
+    )
+
+
+def workers_text(workers: Workers) -> str:
+    """`workers` as `workers_from` reads it back (a sidecar's `--workers`)."""
+    return workers.to_spec() if isinstance(workers, RayWorkers) else str(workers)
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,7 @@ class WorkerChoice:
 
     count: int
     reason: str
+    ray: RayWorkers | None = None  # the count is of these actors, not of local processes
 
 
 def auto_workers(cpus: float) -> int:
@@ -136,6 +162,8 @@ def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> Worker
             the reason.
     """
     used = f"used while CPU goes unused (beside {beside}) and while each one more pays"
+    if isinstance(requested, RayWorkers):
+        return WorkerChoice(requested.actors, f"{requested.describe()}; each one more used while it pays", requested)
     if requested != "auto":
         return WorkerChoice(int(requested), f"as configured; {used}")
     count = auto_workers(budget.cpus)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
+from colo_data.host.resources import workers_from
 from colo_data.spec.integers import as_int
 
 if TYPE_CHECKING:
@@ -120,8 +121,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)} in [sidecar]; allowed: {sorted(_SIDECAR_KEYS)}")
     workers, slots = sidecar.get("workers", "auto"), sidecar.get("slots", defaults.SLOTS)
-    if workers != "auto" and (as_int(workers) is None or workers < 0):
-        raise ConfigError(f'{path}: [sidecar] workers = {workers!r}: give "auto" or an int >= 0')
+    sidecar["workers"] = workers_from(workers, f"{path}: [sidecar] workers")
     if as_int(slots) is None or slots < 2:
         raise ConfigError(f"{path}: [sidecar] slots = {slots!r}: give an int >= 2")
     if not isinstance(sidecar.get("shm_dir", ""), str):

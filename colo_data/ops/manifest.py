@@ -21,12 +21,13 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
+from colo_data.host.resources import Workers
 from colo_data.ops import versions
 from colo_data.ops.config import Config
 
@@ -185,12 +186,12 @@ def cpu_quantity(cpus: float) -> str:
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
-def sidecar_cpus(deploy: Deploy, workers: int | Literal["auto"]) -> float:
+def sidecar_cpus(deploy: Deploy, workers: Workers) -> float:
     """The sidecar's CPU limit: `[deploy] sidecar_cpus`, else enough for `[sidecar] workers`
-    plus the main loop, else `DEFAULT_SIDECAR_CPUS`. A limit too small for the worker
-    processes that `[sidecar] workers` asks for, beside the sidecar's own thread, is an
-    error."""
-    if workers == "auto":
+    plus the main loop, else `DEFAULT_SIDECAR_CPUS` (also for Ray workers, whose CPUs are the
+    cluster's). A limit too small for the worker processes that `[sidecar] workers` asks
+    for, beside the sidecar's own thread, is an error."""
+    if not isinstance(workers, int):
         return deploy.sidecar_cpus if deploy.sidecar_cpus is not None else DEFAULT_SIDECAR_CPUS
     if deploy.sidecar_cpus is None:
         return workers + 1

@@ -50,17 +50,6 @@ _EXIT_S = 0.5  # a worker still running this long after its socket closed is kil
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
-def _warmed(work: ChunkWork, position: int) -> ChunkWork:
-    """`work` with one global batch at `position` computed and dropped: a worker's first
-    chunk paid for its lazy imports, file opens and first decodes (the light pipeline of
-    benchmarks/workers.py: 110 ms, then 2 ms a chunk), and the host waited for it. Paid
-    here, before the worker says it is ready, it costs only CPU that went unused. An error
-    here is left to the chunk that meets it."""
-    with contextlib.suppress(Exception):
-        work.compute(position, 1, StageTimes(), read_ahead=False)
-    return work
-
-
 def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled pipeline, the host and the stream position it starts
     near), set it up and warm it, say it is ready, then compute the share of each chunk
@@ -76,7 +65,7 @@ def _serve(conn: socket.socket) -> None:
             _, job, payload, host, hosts, position = message
             jobs.clear()  # one stream at a time: a new job ends the last one
             try:
-                jobs[job] = _warmed(ChunkWork(cloudpickle.loads(payload), host, hosts), position)
+                jobs[job] = ChunkWork(cloudpickle.loads(payload), host, hosts).warmed(position)
                 reply = READY
             except BaseException as e:  # e.g. a module of the pipeline that this process cannot import
                 reply = to_wire(e)
@@ -169,6 +158,8 @@ class WorkerPool:
         also: pids of other processes that spend the same budget (a trainer beside its own
             sidecar), for `idle_cpus`.
     """
+
+    remote = False  # its processes share the host's CPUs
 
     def __init__(self, count: int, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = ()) -> None:
         self.count = count

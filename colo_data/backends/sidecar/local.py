@@ -12,7 +12,7 @@ import tempfile
 
 from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory, sweep_stale
-from colo_data.host.resources import Workers
+from colo_data.host.resources import Workers, workers_text
 from colo_data.runtime.child_env import child_env
 
 _STOP_S = 10.0
@@ -30,7 +30,7 @@ class LocalSidecar:
         self.address = os.path.join(self._dir, "sidecar.sock")
         command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
-        command += ["--workers", str(workers)]
+        command += ["--workers", workers_text(workers)]
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=child_env())
 
     def stop(self, timeout: float = _STOP_S) -> None:

@@ -30,13 +30,14 @@ from colo_data.backends.sidecar.ring_plan import RingPlan
 from colo_data.backends.sidecar.shm import ShmRing, check_directory
 from colo_data.errors import ConfigError, SidecarError, to_wire
 from colo_data.host.chunk import HostChunk, split_rows
+from colo_data.host.chunk_work import ChunkPool
 from colo_data.host.kinds import host_pipeline
 from colo_data.host.resources import CpuBudget, Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
-from colo_data.workers.processes import WorkerPool
+from colo_data.workers.pools import start_pool
 
 _WATCH_S = 0.5
 _LEAVE_S = 5.0  # a thread inside the session's batches is waited for this long when it closes
@@ -66,7 +67,7 @@ class _Session:
         shm_dir: str,
         slots: int,
         copy_threads: int,
-        pool: WorkerPool | None,
+        pool: ChunkPool | None,
         server: Lifecycle,
     ) -> None:
         host_share = host_pipeline(pipeline, host, hosts, pool)
@@ -215,7 +216,7 @@ class SidecarServer:
         # One pool for every session (its processes start with the first session that hands
         # them work); the producer thread works beside them.
         also = () if exit_with is None else (exit_with,)  # a trainer's own sidecar shares the trainer's CPUs
-        self._pool = WorkerPool(self.workers, self._owner, self.budget, also) if self.workers else None
+        self._pool = start_pool(self.choice, self._owner, self.budget, also)
         if exit_with is not None:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
 

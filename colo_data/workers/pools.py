@@ -1,0 +1,26 @@
+"""`start_pool`: the worker pool a host pipeline's `WorkerChoice` asks for, local worker
+processes or Ray actors; the one place that tells the kinds apart, so that a backend starts
+either the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from colo_data.host.chunk_work import ChunkPool
+from colo_data.host.resources import CpuBudget, WorkerChoice
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.workers.processes import WorkerPool
+
+
+def start_pool(
+    choice: WorkerChoice, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = ()
+) -> ChunkPool | None:
+    """The pool of `choice` (None for no workers), owned by `owner`: `WorkerPool` processes
+    on `budget` (shared with the processes `also`), or `cd.RayWorkers`' actors."""
+    if not choice.count:
+        return None
+    if choice.ray is not None:
+        from colo_data.workers.ray_pool import RayPool  # imports Ray: only for Ray workers
+
+        return RayPool(choice.ray, owner)
+    return WorkerPool(choice.count, owner, budget, also)

@@ -1,0 +1,278 @@
+"""`RayPool`: a host pipeline's chunk work computed by Ray actors (`cd.RayWorkers`), as a
+`ChunkPool`: each actor computes its share of every chunk (the records of its own row
+groups, as a worker process does), the shares come back through Ray's object store, and
+the host puts them together in stream order, so the batches are those of local workers.
+Actors cost the cluster's CPUs, not the host's. A share whose actor (or node) died is
+computed again here, and the actor, restarted by Ray, sets its job up again from the
+pipeline it is sent with every share: no record is lost or repeated."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+import cloudpickle
+import ray
+import ray.exceptions
+
+from colo_data.errors import RayClusterError, TransformError, from_wire, to_wire
+from colo_data.host.chunk import HostChunk, merge_shares
+from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.telemetry.counters import StageTimes
+from colo_data.workers.ray_workers import RayWorkers
+
+READY = "ready"
+_LOG = logging.getLogger(__name__)
+# what a share meets when its actor or its node dies, or its result is lost with them
+_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError)
+_connections = 0  # pools of this process that connected Ray themselves (the last to close disconnects)
+_connecting = threading.Lock()
+
+
+class ChunkActor:
+    """One Ray actor: the job of one stream at a time (a pipeline, a host), set up from the
+    pickled pipeline it is sent (at `set_up`, or again with any share after a restart)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None
+        self._work: ChunkWork | None = None
+
+    def set_up(self, key: tuple[int, int], payload: list[ray.ObjectRef], host: int, hosts: int, position: int) -> Any:
+        """Set the job up and warm it at stream `position` (`ChunkWork.warmed`): READY, or
+        the error as text (a module of the pipeline that this actor cannot import, say)."""
+        try:
+            self._work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts).warmed(position)
+            self._key = key
+            return READY
+        except BaseException as e:
+            self._key = None
+            return to_wire(e)
+
+    def compute(
+        self, key: tuple[int, int], payload: list[ray.ObjectRef], host: int, hosts: int, position: int, count: int, share: Share
+    ) -> Any:
+        """Share `share` of the chunk of `count` global batches at `position`, with its stage
+        times, or the error as text."""
+        try:
+            if self._key != key or self._work is None:  # restarted, or its set-up did not run
+                self._work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts)
+                self._key = key
+            stages = StageTimes()
+            chunk = self._work.compute(position, count, stages, Share(*share))
+            chunk.stages = stages.values
+            return chunk
+        except BaseException as e:
+            return to_wire(e)
+
+    def versions(self) -> tuple[str, str]:
+        """This actor's Ray and Python versions."""
+        return ray.__version__, sys.version.split()[0]
+
+
+_Actor = ray.remote(ChunkActor)
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """Raise RayClusterError unless a TCP connection to `address` ("HOST:PORT" or
+    "ray://HOST:PORT") opens within `timeout` seconds: Ray itself retries an unreachable
+    cluster for minutes."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    host, port = parts.hostname, parts.port
+    if not host or not port:
+        return  # not host:port: Ray reads it (e.g. a cluster's file of addresses)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RayClusterError(
+                    f"RayWorkers(address={address!r}): cannot reach the Ray cluster ({e.strerror or e}) in {timeout:g} s: "
+                    "check that its head node runs and that this machine can reach that port "
+                    "(`ray status` on the head; `colo-data doctor` here)"
+                ) from e
+            time.sleep(0.2)
+
+
+def connect(address: str, timeout: float) -> bool:
+    """Connect this process to the Ray cluster at `address` (a Ray already initialised is
+    used as it is); whether this call connected it.
+
+    Raises:
+        RayClusterError: the cluster cannot be reached in `timeout` seconds, or runs another
+            Ray or Python version than this process (named).
+    """
+    if ray.is_initialized():
+        return False
+    _reachable(address, timeout)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+    except Exception as e:
+        text = str(e)
+        if "version mismatch" in text.lower():
+            raise RayClusterError(
+                f"RayWorkers(address={address!r}): the cluster runs another Ray or Python version than this process "
+                f"(Ray {ray.__version__}, Python {sys.version.split()[0]} here): {text.strip()}. Install the cluster's "
+                "versions here (or run the cluster with these)"
+            ) from e
+        raise RayClusterError(
+            f"RayWorkers(address={address!r}): cannot connect to the Ray cluster: {type(e).__name__}: {text.strip()}. "
+            'Start one (`ray start --head`), or give its address ("HOST:6379" or "ray://HOST:10001")'
+        ) from e
+    return True
+
+
+class RayPool:
+    """The actors of `options` (`cd.RayWorkers`) that compute one host pipeline's chunks;
+    owned by `owner`, which kills them (and disconnects Ray, if this pool connected it)
+    when it closes."""
+
+    remote = True  # the actors use the cluster's CPUs: asked for from the start
+
+    def __init__(self, options: RayWorkers, owner: Lifecycle) -> None:
+        global _connections
+        with _connecting:
+            connected = connect(options.address, options.connect_timeout)
+            _connections += connected
+        self._connected = connected
+        self.count = options.actors
+        self._keys = itertools.count()
+        # restarted by Ray where it died (a node gone); its shares meanwhile are computed here
+        settings: dict[str, Any] = {"num_cpus": options.num_cpus, "max_restarts": -1, "max_task_retries": 0}
+        settings["scheduling_strategy"] = "SPREAD"  # over the nodes, not packed onto the first
+        if options.resources:
+            settings["resources"] = dict(options.resources)
+        if options.runtime_env:
+            settings["runtime_env"] = dict(options.runtime_env)
+        self.actors: list[Any] = [_Actor.options(**settings).remote() for _ in range(self.count)]
+        self._pid = os.getpid()
+        self._closed = False
+        owner.add(options.describe(), self.close)
+
+    def idle_cpus(self) -> float:
+        """The pool's CPUs are the cluster's: it never takes the host's, so it is always
+        worth asking again."""
+        return float("inf")
+
+    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> RayStream:
+        """A stream of host `host` of `hosts` of the pickled pipeline `payload`, which the
+        actors set up (and warm at `position`) in the background."""
+        return RayStream(self, (self._pid, next(self._keys)), payload, host, hosts, position)
+
+    def close(self, timeout: float = 0.0) -> None:
+        """Kill the actors (at once: `timeout` is not needed); disconnect Ray if this pool
+        connected it and no other pool of this process still uses it. Safe to call twice."""
+        global _connections
+        if self._closed:
+            return
+        self._closed = True
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # the cluster is gone already: so are its actors
+                pass
+        with _connecting:
+            _connections -= self._connected
+            if self._connected and not _connections and ray.is_initialized():
+                ray.shutdown()
+
+
+class _Asked(NamedTuple):
+    """One chunk asked for: where, how many global batches, and its shares' results."""
+
+    position: int
+    batches: int
+    shares: list[ray.ObjectRef]
+
+
+class RayStream:
+    """One stream's chunks asked of a `RayPool`'s actors, handed back whole in the order
+    asked for."""
+
+    def __init__(self, pool: RayPool, key: tuple[int, int], payload: bytes, host: int, hosts: int, position: int) -> None:
+        self._pool, self._key, self._host, self._hosts = pool, key, host, hosts
+        self._payload = payload
+        self._boxed = [ray.put(payload)]  # in a list: sent to the actors as a reference, fetched only to set up
+        self._set_up = [a.set_up.remote(key, self._boxed, host, hosts, position) for a in pool.actors]
+        self._ready = [False] * pool.count
+        self._asked: deque[_Asked] = deque()
+        self._here: ChunkWork | None = None  # computes the shares of actors that died
+
+    def ready(self, workers: int) -> bool:
+        """Whether the first `workers` actors have set the job up. An actor that could not
+        raises its error here; one that died counts as ready (restarted, it sets the job up
+        with its first share)."""
+        for i in range(workers):
+            if self._ready[i]:
+                continue
+            done, _ = ray.wait([self._set_up[i]], timeout=0)
+            if not done:
+                continue
+            try:
+                reply = ray.get(done[0])
+            except _GONE:
+                reply = READY
+            if reply != READY:
+                raise self._raised(reply, i)
+            self._ready[i] = True
+        return all(self._ready[:workers])
+
+    def has_next(self) -> bool:
+        """Whether every share of the oldest chunk asked for has come."""
+        if not self._asked:
+            return False
+        shares = self._asked[0].shares
+        done, _ = ray.wait(shares, num_returns=len(shares), timeout=0, fetch_local=False)
+        return len(done) == len(shares)
+
+    def ask(self, position: int, count: int, workers: int) -> None:
+        """Ask for the chunk of `count` global batches at `position`, shared out to the
+        first `workers` actors."""
+        shares = [
+            actor.compute.remote(self._key, self._boxed, self._host, self._hosts, position, count, (i, workers))
+            for i, actor in enumerate(self._pool.actors[:workers])
+        ]
+        self._asked.append(_Asked(position, count, shares))
+
+    def take(self) -> HostChunk:
+        """The chunk asked for first of those not taken yet (waiting for it), put together
+        from the actors' shares; a share whose actor died is computed here."""
+        asked = self._asked.popleft()
+        shares = []
+        for i, ref in enumerate(asked.shares):
+            try:
+                reply = ray.get(ref)
+            except _GONE as e:
+                _LOG.warning("Ray actor %d of host %d died (%s): its share is computed here", i, self._host, type(e).__name__)
+                reply = self._computed_here(asked, Share(i, len(asked.shares)))
+            if not isinstance(reply, HostChunk):
+                raise self._raised(reply, i)
+            shares.append(reply)
+        return merge_shares(shares)
+
+    def _raised(self, wire: dict[str, str], actor: int) -> Exception:
+        """The error that actor `actor` sent, as the same colo-data type (others: a
+        TransformError); one of an import says how to make the module reach the actors."""
+        if wire.get("type") == "ModuleNotFoundError":
+            wire = {**wire, "error": f"{wire['error']}: the Ray actors cannot import a module of the pipeline; install it on "
+                    "the cluster or ship it: cd.RayWorkers(runtime_env={'py_modules': [module]})"}
+        return from_wire(wire, f"Ray actor {actor} of host {self._host}", TransformError)
+
+    def _computed_here(self, asked: _Asked, share: Share) -> HostChunk:
+        """`share` of the chunk `asked`, computed in this process."""
+        if self._here is None:
+            self._here = ChunkWork(cloudpickle.loads(self._payload), self._host, self._hosts)
+        stages = StageTimes()
+        chunk = self._here.compute(asked.position, asked.batches, stages, share, read_ahead=False)
+        chunk.stages = stages.values
+        return chunk
