@@ -93,9 +93,11 @@ class InWorkers:
         return batch
 
 
-def backend_of(name: str, workers: int = 0, shm_dir: Path | str | None = None) -> cd.InProcess | cd.Sidecar | cd.Colocated:
-    """The backend called `name` with `workers` worker processes (a sidecar's ring in
-    `shm_dir`, if given)."""
+def backend_of(
+    name: str, workers: int | cd.RayWorkers = 0, shm_dir: Path | str | None = None
+) -> cd.InProcess | cd.Sidecar | cd.Colocated:
+    """The backend called `name` with `workers` (worker processes, or Ray workers; a sidecar's
+    ring in `shm_dir`, if given)."""
     if name == "sidecar":
         return cd.Sidecar(workers=workers, **({"shm_dir": str(shm_dir)} if shm_dir is not None else {}))
     return cd.InProcess(workers=workers) if name == "inprocess" else cd.Colocated(workers=workers)

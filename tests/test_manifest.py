@@ -1,10 +1,11 @@
 """`colo-data manifest`: the rendered Pathways JobSet and multi-controller Job are valid
 Kubernetes objects (checked field by field against the kubernetes client's models, the
-JobSet's own fields by hand), share memory and sockets between trainer and sidecar as
-the code expects, give the sidecar the CPU budget for the expected workers, size shared
-memory from the batch, and use the images of colo_data/versions.py; bad [deploy] values
-are errors naming the key; and the version coupling agrees with the Dockerfile, pyproject
-and the deployment docs."""
+JobSet's and the KubeRay RayCluster's own fields by hand), share memory and sockets
+between trainer and sidecar as the code expects, give the sidecar the CPU budget for the
+expected workers, size shared memory from the batch, and use the images of
+colo_data/versions.py; `[deploy] ray_nodes` adds a RayCluster whose head the host
+pipelines' Ray workers point at; bad [deploy] values are errors naming the key; and the
+version coupling agrees with the Dockerfile, pyproject and the deployment docs."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from packaging.requirements import Requirement
 from colo_data.ops import versions
 from colo_data.ops.config import Config, load_config
 from colo_data.errors import ConfigError
-from colo_data.ops.manifest import SOCKET, parse_override, render
-from colo_data.host.resources import choose_workers, cpu_budget
+from colo_data.ops.manifest import RAY_CONNECT_TIMEOUT, SOCKET, parse_override, render
+from colo_data.host.resources import choose_workers, cpu_budget, workers_from
+from colo_data.workers.ray_workers import RayWorkers
 
 ROOT = Path(__file__).resolve().parents[1]
 COLO = Path(sys.executable).parent / "colo-data"
@@ -45,6 +47,16 @@ JOBSET_SPEC = {
     "coordinator", "managedBy", "ttlSecondsAfterFinished",
 }
 REPLICATED_JOB = {"name", "groupName", "template", "replicas", "dependsOn"}
+# ray.io/v1 fields (RayClusterSpec, HeadGroupSpec, WorkerGroupSpec)
+RAY_CLUSTER_SPEC = {
+    "headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling", "autoscalerOptions",
+    "headServiceAnnotations", "suspend", "managedBy", "gcsFaultToleranceOptions", "upgradeStrategy",
+}
+HEAD_GROUP = {"template", "rayStartParams", "serviceType", "headService", "enableIngress"}
+WORKER_GROUP = {
+    "groupName", "replicas", "minReplicas", "maxReplicas", "idleTimeoutSeconds", "rayStartParams", "template",
+    "scaleStrategy", "suspend", "numOfHosts",
+}
 
 
 def write_config(tmp_path: Path, corpus: Path, text: str, **args: Any) -> Config:
@@ -102,6 +114,44 @@ def check_jobset(jobset: dict[str, Any]) -> None:
     assert spec["coordinator"]["replicatedJob"] in names
     assert spec["successPolicy"]["operator"] in ("All", "Any")
     assert set(spec["successPolicy"]["targetReplicatedJobs"]) <= set(names)
+
+
+def check_ray_cluster(cluster: dict[str, Any]) -> None:
+    """A KubeRay RayCluster (a custom resource: no model in the client) checked by hand
+    down to its groups' pod templates, which are checked as V1PodTemplateSpec."""
+    assert set(cluster) == {"apiVersion", "kind", "metadata", "spec"}
+    assert (cluster["apiVersion"], cluster["kind"]) == ("ray.io/v1", "RayCluster")
+    strict(cluster["metadata"], "V1ObjectMeta")
+    spec = cluster["spec"]
+    assert set(spec) <= RAY_CLUSTER_SPEC, set(spec) - RAY_CLUSTER_SPEC
+    head, workers = spec["headGroupSpec"], spec["workerGroupSpecs"]
+    assert set(head) <= HEAD_GROUP and "template" in head, head.keys()
+    for group in workers:
+        assert set(group) <= WORKER_GROUP and {"groupName", "template"} <= set(group), group.keys()
+        assert DNS_LABEL.fullmatch(group["groupName"])
+        counts = [group[k] for k in ("minReplicas", "replicas", "maxReplicas")]
+        assert all(isinstance(n, int) and not isinstance(n, bool) for n in counts), counts
+        assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    assert len({group["groupName"] for group in workers}) == len(workers)
+    for group in [head, *workers]:
+        params = group.get("rayStartParams", {})
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()), params  # map[string]string
+        strict(group["template"], "V1PodTemplateSpec")
+
+
+def ray_cluster(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one RayCluster among rendered objects, checked."""
+    (cluster,) = [o for o in objects if o["kind"] == "RayCluster"]
+    check_ray_cluster(cluster)
+    return cluster
+
+
+def ray_pods(cluster: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The RayCluster's head container and its one worker group's container."""
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    (head,) = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    (worker,) = group["template"]["spec"]["containers"]
+    return head, worker
 
 
 def pod(job: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +213,10 @@ def test_demo_pathways_renders_a_valid_jobset() -> None:
         ("job", lambda job: job["spec"].__setitem__("completions", "two")),  # wrong type
         ("jobset", lambda js: js["spec"].__setitem__("replicatedjobs", [])),  # misspelled JobSet field
         ("jobset", lambda js: pod(js["spec"]["replicatedJobs"][1]["template"]).__setitem__("initContainer", [])),
+        ("ray", lambda rc: rc["spec"].__setitem__("workerGroupSpec", [])),  # misspelled RayCluster field
+        ("ray", lambda rc: rc["spec"]["workerGroupSpecs"][0]["rayStartParams"].__setitem__("num-cpus", 4)),  # not a string
+        ("ray", lambda rc: rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].__setitem__("resource", {})),
+        ("ray", lambda rc: rc["spec"]["workerGroupSpecs"][0].__setitem__("minReplicas", 9)),  # above replicas
     ],
 )
 def test_the_schema_checks_catch_a_bad_field(where: str, change: Any) -> None:
@@ -171,6 +225,12 @@ def test_the_schema_checks_catch_a_bad_field(where: str, change: Any) -> None:
         change(document)
         with pytest.raises(Exception):
             strict(document, "V1Job")
+    elif where == "ray":
+        document = copy.deepcopy(render(load_config(DEMO), "multi-controller", {"ray_nodes": 2})[2])
+        check_ray_cluster(copy.deepcopy(document))
+        change(document)
+        with pytest.raises(AssertionError):
+            check_ray_cluster(document)
     else:
         document = copy.deepcopy(render(load_config(DEMO), "pathways", SLICE)[0])
         change(document)
@@ -323,6 +383,122 @@ def test_pathways_defaults(tiny_without_hosts: Config) -> None:
     assert container(head, "trainer")["image"] == versions.SIDECAR_IMAGE
 
 
+def test_multi_controller_with_ray_nodes_adds_a_ray_cluster_for_the_sidecars(tmp_path: Path, token_corpus: Path) -> None:
+    """`ray_nodes` adds a RayCluster (the objects of before unchanged but for the sidecar's
+    workers) whose head service the sidecars' Ray workers point at; their CPU limit no
+    longer grows with `[sidecar] workers`."""
+    table = (
+        '[sidecar]\nworkers = 6\n[deploy]\nname = "tiny"\nhosts = 2\nshm_size = "64Mi"\n'
+        'image = "registry.example/colo-data-sidecar:1"\ncommand = ["python", "train.py"]\n'
+    )
+    config = write_config(tmp_path, token_corpus, table, seq_len=8, global_batch_size=12)
+    service, job = render(config, "multi-controller")
+    assert container(pod(job), "colo-data-sidecar")["resources"]["limits"]["cpu"] == "7"  # 6 workers + its own thread
+    objects = render(config, "multi-controller", {"ray_nodes": 3, "ray_cpus": 2, "ray_memory": "6Gi"})
+    assert [o["kind"] for o in objects] == ["Service", "Job", "RayCluster"]
+    assert objects[0] == service
+    strict(objects[1], "V1Job")
+    cluster = ray_cluster(objects)
+    assert cluster["metadata"]["name"] == "tiny-ray"
+    head_group, (group,) = cluster["spec"]["headGroupSpec"], cluster["spec"]["workerGroupSpecs"]
+    assert head_group["rayStartParams"]["num-cpus"] == "0"  # no actors on the head
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+    assert group["rayStartParams"] == {"num-cpus": "2"}
+    head, worker = ray_pods(cluster)
+    assert worker["resources"] == {"requests": {"cpu": "2", "memory": "6Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}}
+    assert head["resources"]["requests"] == head["resources"]["limits"]
+    assert {"name": "client", "containerPort": 10001} in head["ports"]
+    assert head["image"] == worker["image"] == "registry.example/colo-data-sidecar:1"  # the sidecar's Ray and Python
+    assert "command" not in worker and "command" not in head  # KubeRay's `ray start`
+    sidecar = container(pod(objects[1]), "colo-data-sidecar")
+    workers = workers_from(env(sidecar)["COLO_DATA_WORKERS"], "COLO_DATA_WORKERS")
+    assert workers == RayWorkers(address="ray://tiny-ray-head-svc:10001", actors=2, connect_timeout=RAY_CONNECT_TIMEOUT)
+    assert sidecar["resources"]["limits"]["cpu"] == "4"  # the actors' CPUs are the cluster's
+    assert container(pod(objects[1]), "trainer")["command"] == ["python", "train.py"]
+    # the Job is the same else: only the sidecar's workers and limits differ
+    for c in (sidecar, container(pod(job), "colo-data-sidecar")):
+        del c["resources"]
+        c["env"] = [e for e in c["env"] if e["name"] != "COLO_DATA_WORKERS"]
+    assert objects[1] == job
+
+
+def test_pathways_with_ray_nodes_adds_a_ray_cluster_and_gives_the_trainer_its_workers(tiny_without_hosts: Config) -> None:
+    """Under Pathways the colocated sidecars take their workers from the trainer
+    (cd.Colocated(workers=...)): the Ray workers are the trainer's COLO_DATA_WORKERS and
+    the default command's --workers."""
+    deploy = {**SLICE, "ray_nodes": 3, "ray_actors": 3, "ray_image": "registry.example/ray:1"}  # 4 hosts x 3 actors = 12 CPUs
+    objects = render(tiny_without_hosts, "pathways", deploy)
+    assert [o["kind"] for o in objects] == ["JobSet", "RayCluster"]
+    check_jobset(objects[0])
+    cluster = ray_cluster(objects)
+    assert cluster["metadata"]["name"] == "colo-data-ray"
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == 3 and group["rayStartParams"] == {"num-cpus": "4"}
+    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    head, worker = ray_pods(cluster)
+    assert worker["resources"]["limits"] == worker["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}
+    assert head["image"] == worker["image"] == "registry.example/ray:1"
+    trainer = head_containers(objects[:1])["trainer"]
+    spec = env(trainer)["COLO_DATA_WORKERS"]
+    workers = workers_from(spec, "COLO_DATA_WORKERS")
+    assert isinstance(workers, RayWorkers)
+    assert (workers.address, workers.actors) == ("ray://colo-data-ray-head-svc:10001", 3)
+    assert trainer["command"] == ["colo-data", "bench", str(tiny_without_hosts.path), "--workers", spec]
+    sidecar = container(pod(pathways_worker(objects[:1])["template"]), "colocated-python-sidecar")
+    assert sidecar["resources"]["limits"]["cpu"] == "4"
+    # the default image: the colocated sidecar's; a command of one's own is left as it is
+    objects = render(tiny_without_hosts, "pathways", {**SLICE, "ray_nodes": 2, "command": ["python", "train.py"]})
+    head, worker = ray_pods(ray_cluster(objects))
+    assert head["image"] == worker["image"] == versions.SIDECAR_COLOCATED_IMAGE
+    trainer = head_containers(objects[:1])["trainer"]
+    assert trainer["command"] == ["python", "train.py"]
+    assert workers_from(env(trainer)["COLO_DATA_WORKERS"], "COLO_DATA_WORKERS").address == "ray://colo-data-ray-head-svc:10001"
+
+
+@pytest.mark.parametrize(
+    ("target", "deploy"),
+    [
+        ("multi-controller", {}),
+        ("multi-controller", {"ray_nodes": 0, "ray_cpus": 8, "ray_actors": 4}),  # 0: no cluster, the other keys kept
+        ("pathways", SLICE),
+        ("pathways", {**SLICE, "ray_nodes": 0}),
+    ],
+)
+def test_without_ray_nodes_there_is_no_ray_cluster(target: str, deploy: dict[str, Any]) -> None:
+    objects = render(load_config(DEMO), target, {**deploy, "shm_size": "64Mi"})
+    assert [o["kind"] for o in objects] == (["Service", "Job"] if target == "multi-controller" else ["JobSet"])
+    if target == "multi-controller":
+        assert env(container(pod(objects[1]), "colo-data-sidecar"))["COLO_DATA_WORKERS"] == "auto"
+    else:
+        trainer = head_containers(objects)["trainer"]
+        assert "COLO_DATA_WORKERS" not in env(trainer) and trainer["command"] == ["colo-data", "bench", str(DEMO)]
+
+
+def test_the_longest_name_keeps_the_head_service_name_that_kuberay_makes() -> None:
+    """KubeRay makes the head Service `<cluster>-head-svc` and cuts names over 50 characters;
+    a name of 38 (an error above) would make it cut the one the sidecars are given."""
+    name = "n" * 37
+    _, job, cluster = render(load_config(DEMO), "multi-controller", {"name": name, "ray_nodes": 1, "shm_size": "64Mi"})
+    service = f"{cluster['metadata']['name']}-head-svc"
+    assert len(service) == 50
+    address = workers_from(env(container(pod(job), "colo-data-sidecar"))["COLO_DATA_WORKERS"], "COLO_DATA_WORKERS").address
+    assert address == f"ray://{service}:10001"
+
+
+def test_ray_workers_of_the_config_reach_the_sidecar_as_their_spec(tmp_path: Path, token_corpus: Path) -> None:
+    """`[sidecar] workers = { ray = ... }` is written as `--workers` reads it; a cluster of
+    the manifest's own takes its place."""
+    table = '[sidecar]\nworkers = { ray = "ray://ray-head:10001", actors = 4 }\n[deploy]\nshm_size = "64Mi"\n'
+    config = write_config(tmp_path, token_corpus, table, seq_len=8, global_batch_size=12)
+    _, job = render(config, "multi-controller")
+    sidecar = container(pod(job), "colo-data-sidecar")
+    assert workers_from(env(sidecar)["COLO_DATA_WORKERS"], "COLO_DATA_WORKERS") == RayWorkers("ray://ray-head:10001", actors=4)
+    assert sidecar["resources"]["limits"]["cpu"] == "4"
+    _, job, _ = render(config, "multi-controller", {"ray_nodes": 2})
+    workers = workers_from(env(container(pod(job), "colo-data-sidecar"))["COLO_DATA_WORKERS"], "COLO_DATA_WORKERS")
+    assert isinstance(workers, RayWorkers) and workers.address == "ray://colo-data-ray-head-svc:10001"
+
+
 def test_large_batches_take_a_slot_each(tmp_path: Path, token_corpus: Path) -> None:
     """64 rows of 2**14 int32 tokens (4 MiB) plus `id` and `_index` (int64, 512 bytes each):
     one batch a slot of 4,195,328 bytes; 2 slots, doubled, is 16,781,312 bytes: 17 MiB."""
@@ -414,12 +590,33 @@ def test_sidecar_cpu_limit_gives_the_expected_workers(
         ("pathways", {**SLICE, "xla_flags": ["--xla_a=1 --xla_b=2"]}, r"xla_flags = \['--xla_a=1 --xla_b=2'\]: .*is not one"),
         ("pathways", {**SLICE, "xla_flags": 3}, r"\[deploy\] xla_flags = 3: give flags \"--name=value\" or \"--name\""),
         ("multi-controller", {"xla_flags": "-xla_a"}, r"\[deploy\] xla_flags = '-xla_a': give flags .*\('-xla_a' is not one\)"),
+        (
+            "multi-controller", {"name": "n" * 38, "ray_nodes": 1},
+            r"\[deploy\] name = 'n+': give at most 37 characters with ray_nodes: KubeRay shortens",
+        ),
+        ("multi-controller", {"ray_nodes": -1}, r"\[deploy\] ray_nodes = -1: give an int >= 0: the Ray worker pods"),
+        ("multi-controller", {"ray_nodes": "2"}, r"\[deploy\] ray_nodes = '2': give an int >= 0"),
+        ("multi-controller", {"ray_nodes": True}, r"\[deploy\] ray_nodes = True: give an int >= 0"),
+        ("multi-controller", {"ray_nodes": 1, "ray_cpus": 0}, r"\[deploy\] ray_cpus = 0: give an int >= 1 \(Ray's num-cpus"),
+        ("multi-controller", {"ray_nodes": 1, "ray_cpus": 2.5}, r"\[deploy\] ray_cpus = 2.5: give an int >= 1"),
+        ("multi-controller", {"ray_nodes": 1, "ray_memory": "8GB"}, r"\[deploy\] ray_memory = '8GB': give a memory size"),
+        ("multi-controller", {"ray_nodes": 1, "ray_image": "a b"}, r"\[deploy\] ray_image = 'a b': give an image reference"),
+        ("multi-controller", {"ray_nodes": 1, "ray_actors": 0}, r"\[deploy\] ray_actors = 0: give an int >= 1 \(Ray actors"),
+        (
+            "multi-controller", {"ray_cpus": 8, "ray_image": "r/ray:1"},
+            r"\[deploy\] ray_cpus, ray_image without ray_nodes: set ray_nodes",
+        ),
+        (
+            "pathways", {**SLICE, "ray_nodes": 1},
+            r"\[deploy\] ray_nodes = 1 of ray_cpus = 4 give 4 CPU\(s\), but 4 host pipeline\(s\) x ray_actors = 2 actor\(s\) "
+            r"of 1 CPU need 8: set ray_nodes = 2, raise ray_cpus or lower ray_actors",
+        ),
     ],
 )
 def test_bad_deploy_values_are_errors_naming_the_key(target: str, deploy: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as error:
         render(load_config(DEMO), target, {**deploy, "shm_size": deploy.get("shm_size", "64Mi")})
-    assert str(error.value).startswith(f"{DEMO}: ")
+    assert str(error.value).startswith(f"{DEMO}: ") and "\n" not in str(error.value)
 
 
 def test_workers_that_the_cpu_limit_cannot_give_are_an_error(tiny: Config) -> None:
@@ -469,6 +666,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ("target", "sets"),
     [
         ("multi-controller", ["--set", "hosts=2"]),
+        ("multi-controller", ["--set", "hosts=2", "--set", "ray_nodes=1", "--set", "ray_memory=4Gi"]),
         ("pathways", ["--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/p"]),
         (
             "pathways",

@@ -5,8 +5,10 @@ unreachable cluster named in seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from pipelines import backend_of, make_pipeline, until_workers_made
+from pipelines import BATCH, backend_of, make_pipeline, until_workers_made
 
 import colo_data as cd
 from colo_data.host.resources import workers_from
@@ -30,6 +32,21 @@ def slow(batch: dict) -> dict:
     """A chunk takes 0.1 s more wherever it is computed: actors beside the host's thread pay."""
     time.sleep(0.1)
     return batch
+
+
+class Elsewhere:
+    """A transform (doing nothing to the batch) that leaves a file named by its pid in
+    `directory` in any process but `here`'s, for more rows than one global batch (not an
+    actor's warm-up): a colocated host runs in the test's process, so a mark is a share of
+    a chunk that a Ray actor made."""
+
+    def __init__(self, directory: Path, here: int) -> None:
+        self.directory, self.here = directory, here
+
+    def __call__(self, batch: dict) -> dict:
+        if os.getpid() != self.here and len(batch["_index"]) > BATCH:
+            (self.directory / str(os.getpid())).touch()
+        return batch
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +71,24 @@ def actor_processes() -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize(("backend", "hosts"), [("inprocess", 1), ("inprocess", 3), ("sidecar", 2)])
+@pytest.mark.parametrize(("backend", "hosts"), [("inprocess", 1), ("inprocess", 3), ("sidecar", 2), ("colocated", None)])
 def test_ray_workers_make_the_batches_of_local_ones(
-    cluster: ray_cluster_utils.Cluster, token_corpus: Path, tmp_path: Path, backend: str, hosts: int
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path, tmp_path: Path, backend: str, hosts: int | None
 ) -> None:
+    """The same batches as no workers, on every backend (colocated: its hosts in this process,
+    as on a CPU-only JAX) and host count."""
     ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25)
-    options = {"shm_dir": str(tmp_path)} if backend == "sidecar" else {}
-    chosen = cd.Sidecar(workers=ray, **options) if backend == "sidecar" else cd.InProcess(workers=ray)
-    with cd.Loader(pipeline_of(token_corpus, slow), hosts=hosts, backend=chosen) as loader:
-        got = until_workers_made(loader)
+    marks = tmp_path / "elsewhere"
+    marks.mkdir()
+    pipeline = pipeline_of(token_corpus, slow, Elsewhere(marks, os.getpid()))
+    with cd.Loader(pipeline, hosts=hosts, backend=backend_of(backend, ray, tmp_path)) as loader:
+        if backend == "colocated":  # its hosts' stages stay in their sidecars: the actors' marks tell
+            got, stop = [], time.monotonic() + 60
+            while not any(marks.iterdir()):
+                assert time.monotonic() < stop, "the Ray actors made nothing in 60 s"
+                got.append(to_numpy(next(loader)))
+        else:
+            got = until_workers_made(loader)
         got += [to_numpy(next(loader)) for _ in range(100)]
         hosts_seen = loader.telemetry().hosts
     assert all("Ray actor" in h.workers_chosen for h in hosts_seen), [h.workers_chosen for h in hosts_seen]
@@ -79,6 +105,37 @@ def test_ray_workers_resume_from_a_state(cluster: ray_cluster_utils.Cluster, tok
     resumed = read_all(cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=ray), state=state), 60)
     want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2, state=state), 60)
     assert_batches_equal(want, resumed, "resumed with Ray workers")
+
+
+def test_a_placement_group_per_host_holds_its_actors(cluster: ray_cluster_utils.Cluster, token_corpus: Path) -> None:
+    """`placement="STRICT_PACK"`: each host pipeline's actors in a group of their own, on one
+    node; the batches are those of no workers; the groups go with the loader. A group the
+    cluster cannot hold is a RayClusterError naming what was asked for."""
+    import ray as ray_module
+    from ray.util import placement_group_table
+
+    def groups(state: str) -> list[dict]:
+        return [g for g in placement_group_table().values() if g["state"] == state and g["strategy"] == "STRICT_PACK"]
+
+    ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25, placement="STRICT_PACK")
+    with cd.Loader(pipeline_of(token_corpus, slow), hosts=2, backend=cd.InProcess(workers=ray)) as loader:
+        got = until_workers_made(loader)
+        created = groups("CREATED")
+        assert len(created) == 2, created  # one per host
+        assert all(len(set(g["bundles_to_node_id"].values())) == 1 for g in created), created  # each on one node
+        names = {g["placement_group_id"] for g in created}
+    assert not ray_module.is_initialized(), "the loader's pools disconnected Ray when they closed"
+    ray_module.init(address=cluster.address, log_to_driver=False)
+    try:
+        assert not names & {g["placement_group_id"] for g in groups("CREATED")}, "a placement group outlived its loader"
+    finally:
+        ray_module.shutdown()
+    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2), len(got))
+    assert_batches_equal(want, got, "a placement group per host")
+    too_big = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=3, placement="STRICT_PACK", connect_timeout=3)
+    with pytest.raises(cd.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
+        cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=too_big))
+    assert not ray_module.is_initialized(), "a pool that failed to start left Ray connected"
 
 
 def test_actors_killed_mid_stream_lose_and_repeat_no_record(
@@ -141,6 +198,30 @@ def test_an_unreachable_cluster_is_named_within_30_s(token_corpus: Path) -> None
     with pytest.raises(cd.RayClusterError, match=r"127\.0\.0\.1:9.*cannot reach the Ray cluster"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
     assert time.monotonic() - started < 30, "the unreachable cluster took longer than 30 s to name"
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    colo = Path(sys.executable).parent / "colo-data"
+    return subprocess.run([str(colo), "doctor", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_doctor_checks_the_ray_cluster(cluster: ray_cluster_utils.Cluster, tmp_path: Path) -> None:
+    """`colo-data doctor --ray` (or a config's Ray workers) reaches the cluster, reports its
+    versions, nodes and CPUs and what the actors reserve; an unreachable one fails it."""
+    found = doctor("--ray", cluster.address, "--hosts", "3", "--json")
+    assert found.returncode == 0, found.stderr[-3000:]
+    ray = json.loads(found.stdout)["ray"]
+    assert ray["reachable"] and ray["error"] is None, ray
+    import ray as ray_module
+
+    # 2 nodes of 2 CPUs; 3 hosts' actors: 2 each (the default) of 1 CPU
+    assert (ray["ray"], ray["nodes"], ray["cpus"], ray["actors_need_cpus"]) == (ray_module.__version__, 2, 4.0, 6.0)
+    config = tmp_path / "ray.toml"
+    unreachable = '{ ray = "127.0.0.1:9", actors = 3, connect_timeout = 3 }'  # the discard port: nothing listens
+    config.write_text(f'pipeline = "colo_data.ops.demo:pipeline"\n[sidecar]\nworkers = {unreachable}\n')
+    gone = doctor(str(config))
+    assert gone.returncode != 0
+    assert "UNREACHABLE" in gone.stdout and "cannot reach the Ray cluster" in gone.stderr, gone.stdout + gone.stderr
 
 
 def test_ray_workers_options_are_checked_and_read_back() -> None:

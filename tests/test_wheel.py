@@ -22,7 +22,9 @@ import yaml
 import colo_data as cd
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = {"colo_data/ops/templates/multi-controller.yaml", "colo_data/ops/templates/pathways-jobset.yaml"}
+TEMPLATES = {
+    f"colo_data/ops/templates/{name}.yaml" for name in ("multi-controller", "pathways-jobset", "ray-cluster")
+}
 SLICE = ("--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/pathways")
 
 

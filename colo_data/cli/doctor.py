@@ -25,6 +25,7 @@ from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
 from colo_data.ops.config import Config, load_config
+from colo_data.workers.ray_workers import RayWorkers
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
@@ -46,10 +47,20 @@ SCRATCH_ENV = "COLO_DATA_PATHWAYS_SCRATCH"
     "--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS",
     help="The trainer's host count [1: the largest ring].",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    help="Check the Ray cluster of cd.RayWorkers at this address (\"auto\", HOST:PORT, ray://HOST:PORT) [the config's "
+    "[sidecar] workers, if Ray workers].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of aligned text.")
-def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: int, as_json: bool) -> None:
+def doctor(
+    config: str | None, shm_dir: str | None, slots: int | None, hosts: int, ray_address: str | None, as_json: bool
+) -> None:
     """Report the CPU budget, memory, shared memory, JAX backend and package versions; with
-    CONFIG, also the ring its sidecar needs, failing when it does not fit."""
+    CONFIG, also the ring its sidecar needs, failing when it does not fit; with Ray workers,
+    whether their cluster is reachable and runs this Ray and Python, failing when not."""
     try:
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}
@@ -57,12 +68,17 @@ def doctor(config: str | None, shm_dir: str | None, slots: int | None, hosts: in
         report = _report(directory, settings.deploy if settings else {})
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
+        workers = options.get("workers")
+        if ray_address is not None:
+            workers = RayWorkers(address=ray_address)
+        if isinstance(workers, RayWorkers):
+            report["ray"] = _ray(workers, hosts)
     except ColoDataError as error:
         if as_json:  # stdout stays one JSON object, a fatal finding included
             click.echo(json.dumps({"error": str(error), "type": type(error).__name__}, indent=2))
         raise click.ClickException(str(error)) from error
     click.echo(json.dumps(report, indent=2) if as_json else _text(report))
-    for finding in (report["shm"], report.get("ring", {})):
+    for finding in (report["shm"], report.get("ring", {}), report.get("ray", {})):
         if finding.get("error"):
             raise click.ClickException(finding["error"])
 
@@ -90,6 +106,30 @@ def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, A
         "fits": error is None,
         "error": error,
     }
+
+
+def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
+    """Whether `workers`' Ray cluster is reachable from here and runs this Ray and Python
+    (Ray refuses a driver of another version), its live nodes and CPUs, and the CPUs that
+    `hosts` host pipelines' actors reserve; an `error` when it cannot be used."""
+    import ray  # noqa: PLC0415 - only for Ray workers
+
+    from colo_data.workers.ray_pool import connect
+
+    needed = workers.actors * workers.num_cpus * hosts
+    finding: dict[str, Any] = {"address": workers.address, "hosts": hosts, "actors_need_cpus": needed, "error": None}
+    try:
+        connected = connect(workers.address, workers.connect_timeout)
+    except ColoDataError as error:
+        return {**finding, "reachable": False, "error": str(error)}
+    try:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+    finally:
+        if connected:
+            ray.shutdown()
+    return {**finding, "reachable": True, "ray": ray.__version__, "python": platform.python_version(), "nodes": len(nodes),
+            "cpus": cpus}
 
 
 def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -219,6 +259,14 @@ def _text(report: dict[str, Any]) -> str:
             ),
             ("ring fits", "yes" if ring["fits"] else "NO (see the error below)"),
         ]
+    if "ray" in report:
+        found = report["ray"]
+        if found["reachable"]:
+            seen = f"reachable: Ray {found['ray']}, Python {found['python']} (the same here); {found['nodes']} node(s), "
+            seen += f"{found['cpus']:g} CPUs; the actors of {found['hosts']} host(s) reserve "
+            rows.append(("ray cluster " + found["address"], seen + f"{found['actors_need_cpus']:g}"))
+        else:
+            rows.append(("ray cluster " + found["address"], "UNREACHABLE (see the error below)"))
     rows += [("warning", warning) for warning in report["warnings"]]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

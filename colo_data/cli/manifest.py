@@ -1,5 +1,6 @@
 """`colo-data manifest CONFIG --target pathways|multi-controller`: print the Kubernetes
-manifest that deploys CONFIG's pipeline (see `colo_data.ops.manifest`)."""
+manifest that deploys CONFIG's pipeline, with `[deploy] ray_nodes` also a KubeRay
+RayCluster for its Ray workers (see `colo_data.ops.manifest`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import click
 @click.option(
     "--target", required=True, type=click.Choice(["pathways", "multi-controller"]),
     help="pathways: a JobSet, colo-data in the TPU hosts' colocated-Python sidecars; "
-    "multi-controller: a Service and an Indexed Job, a trainer and a colo-data sidecar per pod.",
+    "multi-controller: a Service and an Indexed Job, a trainer and a colo-data sidecar per pod. "
+    "With [deploy] ray_nodes (--set ray_nodes=N), either also gets a KubeRay RayCluster whose actors do the "
+    "host pipelines' work (docs/ray.md).",
 )
 @click.option(
     "--set", "overrides", multiple=True, metavar="KEY=VALUE",

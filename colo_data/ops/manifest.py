@@ -2,7 +2,8 @@
 `colo_data/ops/templates/` (package data) and a config's `[sidecar]` and `[deploy]`
 tables: a Pathways JobSet whose TPU hosts run colo-data in the colocated-Python sidecar,
 or an Indexed Job of multi-controller JAX pods with a colo-data sidecar next to each
-trainer.
+trainer; with `[deploy] ray_nodes`, beside either, a KubeRay RayCluster whose actors
+compute the host pipelines' chunks (`cd.RayWorkers`, docs/ray.md).
 
 A template is plain YAML. A string that is exactly `${key}` becomes the key's value, of
 any type (a key whose value is None is left out; a list item whose value is a list is
@@ -27,19 +28,22 @@ import yaml
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
-from colo_data.host.resources import Workers
+from colo_data.host.resources import Workers, workers_text
 from colo_data.ops import versions
 from colo_data.ops.config import Config
+from colo_data.workers.ray_workers import RayWorkers
 
 if TYPE_CHECKING:
     pass
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data
 TEMPLATE_FILES = {"pathways": "pathways-jobset.yaml", "multi-controller": "multi-controller.yaml"}
+RAY_TEMPLATE = "ray-cluster.yaml"  # rendered beside the target's objects when [deploy] ray_nodes > 0
 SOCKET_DIR = "/run/colo"  # the socket's emptyDir mount
 # A trainer refuses a socket whose directory others may write, and an emptyDir is 0777: the
 # socket lives in a subdirectory that the image's entrypoint creates (0755, the sidecar's).
 SOCKET = f"{SOCKET_DIR}/sidecar/sidecar.sock"
+WORKERS_ENV = "COLO_DATA_WORKERS"  # `colo-data sidecar serve --workers`
 # The shared-memory mount when [sidecar] shm_dir is unset: /dev/shm for colo-data's ring,
 # pathwaysutils' default for the Pathways sidecar's transfer directory.
 SHM_DIRS = {"pathways": "/tmp/shared-memory", "multi-controller": "/dev/shm"}
@@ -55,6 +59,25 @@ _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10,
 _WHOLE = re.compile(r"\$\{(\w+)\}")
 _FLAG = re.compile(r"--[A-Za-z_]\w*(=\S*)?")  # what XLA's flag parsers take: --name or --name=value
 _CHIPS_PER_HOST = 4
+# The RayCluster of [deploy] ray_nodes: KubeRay names its head's Service `<cluster>-head-svc`,
+# where the head's Ray Client server listens on 10001.
+RAY_SUFFIX = "-ray"
+RAY_CLIENT_PORT = 10001
+# KubeRay cuts a head Service name longer than 50 characters (from the front): the name
+# the sidecars are given must be the one it makes.
+_RAY_SERVICE_MAX = 50
+RAY_ACTORS = 2  # actors per host pipeline, RayWorkers' default
+RAY_CPUS = 4  # Ray's num-cpus of a worker pod
+RAY_MEMORY_PER_CPU = 2 * 2**30  # a worker pod's memory: its actors' processes and Ray's object store (30% of it)
+# The head runs no actors (num-cpus 0) but Ray's GCS and, per connected host pipeline, a
+# Ray Client server process through which that host's chunks pass.
+RAY_HEAD_CPUS = 2
+RAY_HEAD_MEMORY = 4 * 2**30
+RAY_HEAD_MEMORY_PER_HOST = 512 * _MIB
+# The cluster is created with the job: its head may still be starting (pulling the image)
+# when a sidecar first connects, so a sidecar waits this long for it (RayWorkers' default: 20 s).
+RAY_CONNECT_TIMEOUT = 300.0
+RAY_KEYS = ("ray_cpus", "ray_memory", "ray_image", "ray_actors")  # meaningful with ray_nodes only
 
 
 @dataclass(frozen=True)
@@ -83,7 +106,10 @@ class Deploy:
     `sidecar_cpus`/`sidecar_memory` the sidecar's limits; `shm_size` the shared-memory
     volume (default: measured); `xla_flags` the compiler's flags ("--a=1 --b" or a list of
     flags): under Pathways the args of the `pathways-proxy` container, which compiles, else
-    the trainer's `LIBTPU_INIT_ARGS` (TPU hosts) or `XLA_FLAGS`."""
+    the trainer's `LIBTPU_INIT_ARGS` (TPU hosts) or `XLA_FLAGS`. `ray_nodes` > 0 adds a
+    KubeRay RayCluster of that many Ray worker pods (`ray_cpus` CPUs and `ray_memory`
+    each, image `ray_image`, default: the sidecar's) whose `ray_actors` actors per host
+    pipeline take the place of `[sidecar] workers`; 0: no cluster."""
 
     name: str = "colo-data"
     image: str | None = None
@@ -98,11 +124,16 @@ class Deploy:
     sidecar_memory: str | None = None
     shm_size: str | None = None
     xla_flags: str | tuple[str, ...] | None = None
+    ray_nodes: int | None = None
+    ray_cpus: int | None = None
+    ray_memory: str | None = None
+    ray_image: str | None = None
+    ray_actors: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) or len(self.name) > _NAME_MAX:
             _bad("name", self.name, f"lower-case letters, digits and '-', starting with a letter, at most {_NAME_MAX} characters")
-        for key in ("image", "trainer_image"):
+        for key in ("image", "trainer_image", "ray_image"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value or any(c.isspace() for c in value)):
                 _bad(key, value, "an image reference such as registry/name:tag")
@@ -141,6 +172,52 @@ class Deploy:
         for flag in self.xla_flag_list:
             if not _FLAG.fullmatch(flag):
                 _bad("xla_flags", written, f"{allowed} ({flag!r} is not one), e.g. {example}")
+        self._check_ray()
+
+    def _check_ray(self) -> None:
+        """The Ray keys: counts >= their minimum, a memory quantity, and none of `RAY_KEYS`
+        without `ray_nodes` (a setting that would be silently ignored)."""
+        nodes = self.ray_nodes
+        if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
+            _bad("ray_nodes", nodes, "an int >= 0: the Ray worker pods of a RayCluster beside the job (0: no cluster)")
+        for key, what in (("ray_cpus", "Ray's num-cpus of each Ray worker pod"), ("ray_actors", "Ray actors per host pipeline")):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _bad(key, value, f"an int >= 1 ({what})")
+        if self.ray_memory is not None:
+            quantity_bytes("ray_memory", self.ray_memory)
+        longest = _RAY_SERVICE_MAX - len(self.ray_service) + len(self.name)
+        if nodes and len(self.name) > longest:
+            why = f"KubeRay shortens a head Service name longer than {_RAY_SERVICE_MAX} ({self.ray_service!r})"
+            _bad("name", self.name, f"at most {longest} characters with ray_nodes: {why}, and the sidecars must find it")
+        given = [key for key in RAY_KEYS if getattr(self, key) is not None]
+        if given and nodes is None:
+            raise ConfigError(
+                f"[deploy] {', '.join(given)} without ray_nodes: set ray_nodes, the Ray worker pods of the RayCluster "
+                "that the manifest adds (0: no cluster), or leave these out"
+            )
+
+    @property
+    def ray_cluster(self) -> str:
+        """The RayCluster's name."""
+        return self.name + RAY_SUFFIX
+
+    @property
+    def ray_service(self) -> str:
+        """The Service that KubeRay makes for the RayCluster's head."""
+        return f"{self.ray_cluster}-head-svc"
+
+    @property
+    def ray_workers(self) -> RayWorkers | None:
+        """The sidecars' workers on the RayCluster (through its head's Ray Client port), or
+        None without one."""
+        if not self.ray_nodes:
+            return None
+        return RayWorkers(
+            address=f"ray://{self.ray_service}:{RAY_CLIENT_PORT}",
+            actors=self.ray_actors or RAY_ACTORS,
+            connect_timeout=RAY_CONNECT_TIMEOUT,
+        )
 
     @property
     def xla_flag_list(self) -> list[str]:
@@ -240,7 +317,8 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
 
 def render(config: Config, target: str, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The Kubernetes objects for `target` ("pathways" or "multi-controller"), from
-    `config` with `overrides` taking the place of its `[deploy]` keys."""
+    `config` with `overrides` taking the place of its `[deploy]` keys; with `ray_nodes`,
+    the RayCluster last."""
     if target not in TEMPLATE_FILES:
         raise ConfigError(f"target {target!r}: allowed: {', '.join(TEMPLATE_FILES)}")
     try:
@@ -248,14 +326,21 @@ def render(config: Config, target: str, overrides: Mapping[str, Any] | None = No
         values = _pathways(config, deploy) if target == "pathways" else _multi_controller(config, deploy)
     except ConfigError as e:
         raise ConfigError(f"{config.path}: {e}") from None
-    path = TEMPLATES / TEMPLATE_FILES[target]
+    objects = _documents(TEMPLATE_FILES[target], values)
+    if deploy.ray_nodes:
+        objects += _documents(RAY_TEMPLATE, values)
+    return objects
+
+
+def _documents(name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The objects of the template file `name`, filled with `values`."""
+    path = TEMPLATES / name
     if not path.is_file():
         raise ConfigError(
             f"no manifest template at {path}: the templates ship inside the colo-data package (colo_data/ops/templates/, "
             "package data); this installation lacks them, so reinstall colo-data (pip install --force-reinstall colo-data)"
         )
-    template = path.read_text()
-    return [_fill(document, values) for document in yaml.safe_load_all(template)]
+    return [_fill(document, values) for document in yaml.safe_load_all(path.read_text())]
 
 
 def to_yaml(objects: list[dict[str, Any]], header: str) -> str:
@@ -266,8 +351,12 @@ def to_yaml(objects: list[dict[str, Any]], header: str) -> str:
 
 
 def _sidecar_values(config: Config, deploy: Deploy, target: str, hosts: int) -> dict[str, Any]:
-    """Placeholders both templates share: images, command, sidecar limits, shared memory."""
-    workers = config.sidecar.get("workers", "auto")
+    """Placeholders both templates share: images, command, sidecar limits, shared memory;
+    with `ray_nodes`, the RayCluster's, whose Ray workers replace `[sidecar] workers`."""
+    workers: Workers = deploy.ray_workers or config.sidecar.get("workers", "auto")
+    default_image = versions.SIDECAR_COLOCATED_IMAGE if target == "pathways" else versions.SIDECAR_IMAGE
+    image = deploy.image or default_image
+    ray = _ray_values(deploy, hosts, image) if deploy.ray_nodes else {}  # its checks before measuring a batch
     slots = config.sidecar.get("slots", defaults.SLOTS)
     cpus = sidecar_cpus(deploy, workers)
     shm = quantity_bytes("shm_size", deploy.shm_size) if deploy.shm_size else shm_bytes(config, hosts, slots)
@@ -280,18 +369,42 @@ def _sidecar_values(config: Config, deploy: Deploy, target: str, hosts: int) -> 
                 f"[deploy] sidecar_memory = {deploy.sidecar_memory!r} must exceed the shared memory "
                 f"({mebibytes(shm)}): the ring's pages count against the sidecar's memory limit"
             )
-    default_image = versions.SIDECAR_COLOCATED_IMAGE if target == "pathways" else versions.SIDECAR_IMAGE
-    return {
+    return ray | {
         "name": deploy.name,
-        "image": deploy.image or default_image,
+        "image": image,
         "trainer_image": deploy.trainer_image or deploy.image or versions.SIDECAR_IMAGE,
         "command": list(deploy.command or ("colo-data", "bench", config.path)),
         "sidecar_cpu": cpu_quantity(cpus),
         "sidecar_memory": deploy.sidecar_memory or mebibytes(memory),
         "shm_dir": config.sidecar.get("shm_dir") or SHM_DIRS[target],
         "shm_size": deploy.shm_size or mebibytes(shm),
-        "workers": str(workers),
+        "workers": workers_text(workers),  # a count, "auto", or Ray workers' spec: what --workers reads
         "slots": str(slots),
+    }
+
+
+def _ray_values(deploy: Deploy, hosts: int, image: str) -> dict[str, Any]:
+    """The RayCluster's placeholders: its name, image, worker pods and their resources, and
+    the head's resources. A cluster without a CPU for every actor of `hosts` host pipelines
+    is an error: the actors it cannot place would never start."""
+    assert deploy.ray_workers is not None and deploy.ray_nodes  # called with ray_nodes only
+    cpus = deploy.ray_cpus or RAY_CPUS
+    actors = deploy.ray_workers.actors
+    needed = math.ceil(hosts * actors * deploy.ray_workers.num_cpus)
+    if deploy.ray_nodes * cpus < needed:
+        raise ConfigError(
+            f"[deploy] ray_nodes = {deploy.ray_nodes} of ray_cpus = {cpus} give {deploy.ray_nodes * cpus} CPU(s), but "
+            f"{hosts} host pipeline(s) x ray_actors = {actors} actor(s) of {deploy.ray_workers.num_cpus:g} CPU need {needed}: "
+            f"set ray_nodes = {math.ceil(needed / cpus)}, raise ray_cpus or lower ray_actors"
+        )
+    return {
+        "ray_cluster": deploy.ray_cluster,
+        "ray_image": deploy.ray_image or image,  # the sidecar's: a Ray Client needs the cluster's Ray and Python
+        "ray_nodes": deploy.ray_nodes,
+        "ray_cpus": str(cpus),  # rayStartParams are strings; also the pods' CPU quantity
+        "ray_memory": deploy.ray_memory or f"{cpus * RAY_MEMORY_PER_CPU // 2**30}Gi",
+        "ray_head_cpu": str(RAY_HEAD_CPUS),
+        "ray_head_memory": mebibytes(RAY_HEAD_MEMORY + hosts * RAY_HEAD_MEMORY_PER_HOST),
     }
 
 
@@ -312,7 +425,13 @@ def _pathways(config: Config, deploy: Deploy) -> dict[str, Any]:
     per_slice, chips = _slice_shape(deploy.topology)
     values = _sidecar_values(config, deploy, "pathways", per_slice * deploy.slices)
     tpu = TPUS[deploy.tpu_type]
+    # The colocated sidecars take their workers from the trainer (cd.Colocated(workers=...)),
+    # not from their environment: Ray workers go to the trainer, and to the default command.
+    ray_env = [{"name": WORKERS_ENV, "value": values["workers"]}] if deploy.ray_nodes else []
+    if deploy.ray_nodes and deploy.command is None:
+        values["command"] += ["--workers", values["workers"]]
     return values | {
+        "ray_workers_env": ray_env,
         "slices": deploy.slices,
         "hosts_per_slice": per_slice,
         "gcs_scratch": deploy.gcs_scratch,

@@ -8,6 +8,7 @@ pipeline it is sent with every share: no record is lost or repeated."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -22,6 +23,8 @@ from urllib.parse import urlsplit
 import cloudpickle
 import ray
 import ray.exceptions
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from colo_data.errors import RayClusterError, TransformError, from_wire, to_wire
 from colo_data.host.chunk import HostChunk, merge_shares
@@ -132,6 +135,28 @@ def connect(address: str, timeout: float) -> bool:
     return True
 
 
+def _reserved(options: RayWorkers) -> PlacementGroup:
+    """A placement group of one bundle per actor of `options`, with its strategy, once the
+    cluster has reserved it.
+
+    Raises:
+        RayClusterError: the cluster could not reserve it within `connect_timeout` seconds.
+    """
+    bundle = {"CPU": options.num_cpus, **options.resources}
+    group = placement_group([dict(bundle) for _ in range(options.actors)], strategy=options.placement)
+    done, _ = ray.wait([group.ready()], timeout=options.connect_timeout)
+    if not done:
+        remove_placement_group(group)
+        free = ray.available_resources()
+        raise RayClusterError(
+            f"RayWorkers(placement={options.placement!r}): the cluster did not reserve {options.actors} bundle(s) of "
+            f"{bundle} in {options.connect_timeout:g} s (it has {free.get('CPU', 0):g} CPUs free, on "
+            f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s)): ask for fewer or smaller actors, another "
+            "strategy, or a larger cluster"
+        )
+    return group
+
+
 class RayPool:
     """The actors of `options` (`cd.RayWorkers`) that compute one host pipeline's chunks;
     owned by `owner`, which kills them (and disconnects Ray, if this pool connected it)
@@ -142,22 +167,29 @@ class RayPool:
     def __init__(self, options: RayWorkers, owner: Lifecycle) -> None:
         global _connections
         with _connecting:
-            connected = connect(options.address, options.connect_timeout)
-            _connections += connected
-        self._connected = connected
+            self._connected = connect(options.address, options.connect_timeout)
+            _connections += self._connected
         self.count = options.actors
         self._keys = itertools.count()
+        self._pid = os.getpid()
+        self._closed = False
+        self.actors: list[Any] = []
+        self._group: PlacementGroup | None = None
+        owner.add(options.describe(), self.close)  # from here, whatever fails below
         # restarted by Ray where it died (a node gone); its shares meanwhile are computed here
         settings: dict[str, Any] = {"num_cpus": options.num_cpus, "max_restarts": -1, "max_task_retries": 0}
-        settings["scheduling_strategy"] = "SPREAD"  # over the nodes, not packed onto the first
         if options.resources:
             settings["resources"] = dict(options.resources)
         if options.runtime_env:
             settings["runtime_env"] = dict(options.runtime_env)
-        self.actors: list[Any] = [_Actor.options(**settings).remote() for _ in range(self.count)]
-        self._pid = os.getpid()
-        self._closed = False
-        owner.add(options.describe(), self.close)
+        try:
+            self._group = _reserved(options) if options.placement else None
+            for i in range(self.count):
+                where = "SPREAD" if self._group is None else PlacementGroupSchedulingStrategy(self._group, i)
+                self.actors.append(_Actor.options(**settings, scheduling_strategy=where).remote())
+        except BaseException:
+            self.close()
+            raise
 
     def idle_cpus(self) -> float:
         """The pool's CPUs are the cluster's: it never takes the host's, so it is always
@@ -181,6 +213,9 @@ class RayPool:
                 ray.kill(actor)
             except Exception:  # the cluster is gone already: so are its actors
                 pass
+        if self._group is not None:
+            with contextlib.suppress(Exception):  # the cluster is gone already: so is the group
+                remove_placement_group(self._group)
         with _connecting:
             _connections -= self._connected
             if self._connected and not _connections and ray.is_initialized():

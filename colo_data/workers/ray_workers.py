@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from colo_data.errors import ConfigError
 from colo_data.spec.integers import as_int
 
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement group strategies
 SPEC_PREFIX = "ray:"  # `--workers 'ray:{"actors": 4}'`: RayWorkers on a command line or in a sidecar's config
 
 
@@ -32,6 +33,10 @@ class RayWorkers:
         num_cpus: CPUs each actor reserves on the cluster.
         resources: custom Ray resources each actor reserves, e.g. {"preprocess": 1}, to
             place the actors on the nodes that have them.
+        placement: where a host pipeline's actors go: None spreads them over the cluster's
+            nodes; "PACK", "SPREAD", "STRICT_PACK" or "STRICT_SPREAD" reserves a placement
+            group per host pipeline (one bundle of `num_cpus` and `resources` per actor),
+            with Ray's strategy of that name: reserved together, or not at all.
         runtime_env: the actors' Ray runtime environment, e.g. {"py_modules": [my_pkg]} or
             {"env_vars": {"PYTHONPATH": ...}}, so that they can import what the pipeline's
             functions use (a script's own functions travel by value without it).
@@ -42,6 +47,7 @@ class RayWorkers:
     actors: int = 2
     num_cpus: float = 1.0
     resources: Mapping[str, float] = field(default_factory=dict)
+    placement: str | None = None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     connect_timeout: float = 20.0
 
@@ -62,6 +68,11 @@ class RayWorkers:
         ):
             raise ConfigError(f"RayWorkers(resources={resources!r}): give a dict of resource names to amounts > 0")
         object.__setattr__(self, "resources", dict(resources))
+        if self.placement is not None and self.placement not in PLACEMENTS:
+            raise ConfigError(
+                f"RayWorkers(placement={self.placement!r}): give None (actors spread over the nodes) or one of Ray's "
+                f"placement group strategies {', '.join(map(repr, PLACEMENTS))} (a group per host pipeline)"
+            )
         if not isinstance(self.runtime_env, Mapping):
             raise ConfigError(f"RayWorkers(runtime_env={self.runtime_env!r}): give a dict (Ray's runtime_env)")
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
@@ -74,6 +85,7 @@ class RayWorkers:
     def describe(self) -> str:
         """The options in words, for reports."""
         extra = f", resources {dict(self.resources)}" if self.resources else ""
+        extra += f", a {self.placement} placement group per host" if self.placement else ""
         return f"{self.actors} Ray actor(s) of {self.num_cpus:g} CPU at {self.address}{extra}"
 
     def to_spec(self) -> str:
@@ -99,7 +111,7 @@ class RayWorkers:
                 raise ConfigError(f"{where} = {spec!r}: after 'ray:' give a JSON object of RayWorkers' options ({e})") from e
             if not isinstance(settings, dict):
                 raise ConfigError(f"{where} = {spec!r}: after 'ray:' give a JSON object of RayWorkers' options")
-        unknown = set(settings) - {"address", "actors", "num_cpus", "resources", "runtime_env", "connect_timeout"}
+        unknown = set(settings) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"{where} = {spec!r}: unknown RayWorkers option(s) {sorted(unknown)}")
         return cls(**settings)
