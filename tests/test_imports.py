@@ -1,6 +1,6 @@
 """What importing colo-data costs: `import colo_data` loads none of the heavy optional
 machinery (orbax, matplotlib, prometheus-client, kubernetes, pathwaysutils' FastAPI
-server), `colo-data --help` and `colo-data manifest` start without JAX, every public name
+server, Ray), `colo-data --help` and `colo-data manifest` start without JAX, every public name
 of the lazy façade still resolves, the package's imports form no cycle (not even behind
 `TYPE_CHECKING` or inside functions), and importing it installs no import machinery."""
 
@@ -19,7 +19,7 @@ import colo_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "colo_data"
-HEAVY = {"orbax", "matplotlib", "prometheus_client", "kubernetes", "fastapi"}
+HEAVY = {"orbax", "matplotlib", "prometheus_client", "kubernetes", "fastapi", "ray"}
 
 
 def imported_modules(*args: str, cwd: Path) -> set[str]:

@@ -71,7 +71,7 @@ def actor_processes() -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize(("backend", "hosts"), [("inprocess", 1), ("inprocess", 3), ("sidecar", 2), ("colocated", None)])
+@pytest.mark.parametrize(("backend", "hosts"), [("inprocess", 3), ("sidecar", 2), ("colocated", None)])
 def test_ray_workers_make_the_batches_of_local_ones(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, tmp_path: Path, backend: str, hosts: int | None
 ) -> None:

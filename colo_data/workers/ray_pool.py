@@ -36,7 +36,12 @@ from colo_data.workers.ray_workers import RayWorkers
 READY = "ready"
 _LOG = logging.getLogger(__name__)
 # what a share meets when its actor or its node dies, or its result is lost with them
-_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError)
+_GONE = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+)
 _connections = 0  # pools of this process that connected Ray themselves (the last to close disconnects)
 _connecting = threading.Lock()
 
