@@ -247,6 +247,7 @@ class RayStream:
         self._ready = [False] * pool.count
         self._asked: deque[_Asked] = deque()
         self._here: ChunkWork | None = None  # computes the shares of actors that died
+        self._gone: set[int] = set()  # actors whose last share failed (warned about once, until one comes)
 
     def ready(self, workers: int) -> bool:
         """Whether the first `workers` actors have set the job up. An actor that could not
@@ -292,8 +293,12 @@ class RayStream:
         for i, ref in enumerate(asked.shares):
             try:
                 reply = ray.get(ref)
+                self._gone.discard(i)
             except _GONE as e:
-                _LOG.warning("Ray actor %d of host %d died (%s): its share is computed here", i, self._host, type(e).__name__)
+                if i not in self._gone:
+                    self._gone.add(i)
+                    said = "Ray actor %d of host %d died (%s): its shares are computed here until it is back"
+                    _LOG.warning(said, i, self._host, type(e).__name__)
                 reply = self._computed_here(asked, Share(i, len(asked.shares)))
             if not isinstance(reply, HostChunk):
                 raise self._raised(reply, i)
