@@ -168,7 +168,8 @@ class HostPipeline:
             now = time.monotonic()
             if frontier is None and now - window >= _DECIDE_S:
                 idle = pool.idle_cpus()
-                if stream is None or was_ready:  # (while workers start, they take CPU from this thread)
+                # (while local workers start, they take CPU from this thread; a remote pool's do not)
+                if stream is None or was_ready or pool.remote:
                     rates[0] = made / (now - window)
                 window, made = now, 0
                 was_ready = stream is not None and stream.ready(started)  # a dead worker raises here
