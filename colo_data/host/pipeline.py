@@ -27,7 +27,10 @@ from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metere
 
 _FOREVER = 2**62
 _POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
-_DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up
+_DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up...
+# ...and at least this many chunks of it: a rate over fewer is a count of whole chunks (a CPU-bound
+# pipeline on one CPU made a 512-record chunk in 0.3 s, and one Ray actor was given up on 0.5 s windows)
+_DECIDE_CHUNKS = 4
 _IDLE_CPUS = 0.5  # CPUs of the budget that must go unused, while the host's thread produces, for the pool to start
 _SLOWER = 0.9  # one worker that delivers less than this times the host thread's rate alone is given up...
 _RETRY_S = 10.0  # ...and tried again after this long (doubling each time)
@@ -123,7 +126,7 @@ class HostPipeline:
         the pool's hands (the first ones smaller), and whenever the next of them has not
         come, this thread makes chunks after them (as many batches as the pool has in
         hand), so it is never idle while there is work. Each count of workers is on trial
-        for `_DECIDE_S` from its first chunk: one more is started while the last made the
+        for `_DECIDE_S` (and `_DECIDE_CHUNKS`) from its first chunk: one more is started while the last made the
         stream faster by `_GAIN`, and shares the chunks from the moment it is ready (asked
         for a share before, a starting worker held the stream up for the second of its
         start: 2 workers ran the light pipeline in process at half of one's rate); a count
@@ -158,6 +161,7 @@ class HostPipeline:
         settled = False  # the count of workers that pays is found
         growing = False  # one more worker is starting, to be tried once it is ready
         retry, retry_at = _RETRY_S, 0.0
+        enough = _DECIDE_CHUNKS * chunk * len(self.rows)  # host records a measurement needs
 
         def here_until(stop: int | None) -> HostChunk:
             """A chunk made here at `position`, ending at `stop` at the latest."""
@@ -166,7 +170,7 @@ class HostPipeline:
 
         while end is None or position < end:
             now = time.monotonic()
-            if frontier is None and now - window >= _DECIDE_S:
+            if frontier is None and now - window >= _DECIDE_S and made >= enough:
                 idle = pool.idle_cpus()
                 # (while local workers start, they take CPU from this thread; a remote pool's do not)
                 if stream is None or was_ready or pool.remote:
@@ -184,7 +188,7 @@ class HostPipeline:
                 del rates[1:]
             elif growing and frontier is not None and stream is not None and stream.ready(level + 1):  # asked from here
                 level, trial, trial_from, growing = level + 1, 0.0, frontier, False
-            elif trial and now - trial >= _DECIDE_S:
+            elif trial and now - trial >= _DECIDE_S and made >= enough:
                 rates.append(made / (now - trial))
                 trial = None
                 if level == 1 and rates[1] < _SLOWER * rates[0]:  # the pool costs more than it gives
