@@ -31,9 +31,9 @@ from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Share
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import StageTimes
+from colo_data.workers.processes import READY
 from colo_data.workers.ray_workers import RayWorkers
 
-READY = "ready"
 _LOG = logging.getLogger(__name__)
 # what a share meets when its actor or its node dies, or its result is lost with them
 _GONE = (

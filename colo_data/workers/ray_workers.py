@@ -77,11 +77,6 @@ class RayWorkers:
             raise ConfigError(f"RayWorkers(runtime_env={self.runtime_env!r}): give a dict (Ray's runtime_env)")
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
 
-    @property
-    def count(self) -> int:
-        """The pool's size, as a count of worker processes is."""
-        return self.actors
-
     def describe(self) -> str:
         """The options in words, for reports."""
         extra = f", resources {dict(self.resources)}" if self.resources else ""
