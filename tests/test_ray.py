@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pipelines import BATCH, backend_of, make_pipeline, until_workers_made
 
 import colo_data as cd
 from colo_data.host.resources import workers_from
+from colo_data.ops.bench import worker_line
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is not installed (pip install 'colo-data[ray]')")
@@ -90,20 +92,37 @@ def test_ray_workers_make_the_batches_of_local_ones(
         else:
             got = until_workers_made(loader)
         got += [to_numpy(next(loader)) for _ in range(100)]
-        hosts_seen = loader.telemetry().hosts
-    assert all("Ray actor" in h.workers_chosen for h in hosts_seen), [h.workers_chosen for h in hosts_seen]
+        telemetry = loader.telemetry()
+    if backend != "colocated":  # colocated hosts report no host sides here (their marks said it above)
+        assert len(telemetry.hosts) == hosts, telemetry.hosts
+        assert all("Ray actor" in h.workers_chosen for h in telemetry.hosts), [h.workers_chosen for h in telemetry.hosts]
+        made, transfer = (next(s for s in telemetry.stages if s.name == name) for name in ("pool_wait", "transfer"))
+        # every record the actors made was fetched from the object store, with its bytes (8 int32 tokens and more)
+        assert transfer.items == made.items > 0 and transfer.bytes >= 32 * transfer.items and transfer.seconds > 0, transfer
+        for host in telemetry.hosts:  # each actor's own stages: its transforms and the fetch of its shares
+            by_actor = [{s.name: s for s in stages} for stages in host.worker_stages]
+            assert 1 <= len(by_actor) <= 2, by_actor
+            assert all(a["transfer"].items == a["transform"].items for a in by_actor), by_actor
+        fetched = sum(a["transfer"].items for h in telemetry.hosts for a in ({s.name: s for s in w} for w in h.worker_stages))
+        assert fetched == transfer.items, (fetched, transfer)
+        line = worker_line(telemetry.hosts[0].worker_stages[0])  # as `colo-data bench` reports it
+        assert re.fullmatch(r"[\d,]+ records; .*transform \d+\.\d\d s.*; fetched in \d+\.\d\d s \([\d.]+ MB\)", line), line
     want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=hosts, backend=backend_of(backend, 0, tmp_path)), len(got))
     assert_batches_equal(want, got, f"Ray workers vs none, {backend}, {hosts} hosts")
 
 
 def test_ray_workers_resume_from_a_state(cluster: ray_cluster_utils.Cluster, token_corpus: Path) -> None:
+    """A state saved while actors made the stream resumes, again with actors (read until
+    the new loader's actors have made records), to the stream of no workers."""
     ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25)
     pipeline = pipeline_of(token_corpus, slow)
     with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=ray)) as loader:
         until_workers_made(loader)
         state = loader.get_state()
-    resumed = read_all(cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=ray), state=state), 60)
-    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2, state=state), 60)
+    with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=ray), state=state) as loader:
+        resumed = until_workers_made(loader)
+        resumed += [to_numpy(next(loader)) for _ in range(40)]
+    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2, state=state), len(resumed))
     assert_batches_equal(want, resumed, "resumed with Ray workers")
 
 

@@ -6,6 +6,7 @@ assertion is about speed."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -304,3 +305,26 @@ def test_an_exporter_that_cannot_start_stops_the_others(token_corpus: Path, tmp_
     finally:
         busy.close()
     assert not [t for t in threading.enumerate() if t.name == "colo-data-telemetry-jsonl"]  # the JSON lines writer stopped
+
+
+def test_bench_suggests_ray_workers_where_the_host_cpus_are_the_limit(token_corpus: Path, one_batch_chunks: None) -> None:
+    """A slow transform on a host whose CPU budget its own thread fills (this process held to
+    one CPU): `colo-data bench` suggests Ray workers. With a CPU to spare (a local worker
+    could be added), it does not."""
+    from colo_data.ops.bench import ray_advice
+
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.010 / BATCH)])
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip(f"this machine gives the tests {len(cpus)} CPU: the case with a CPU to spare needs 2")
+    os.sched_setaffinity(0, {min(cpus)})  # this thread (the test's, which reads the budget) on one CPU
+    try:
+        held, _ = timed_run(cd.Loader(pipeline, warmup=3), steps=20, step_s=0.002)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert held.limit_stage == "transform" and held.hosts[0].cpu_budget == 1, held.limit
+    advice = ray_advice(held)
+    assert advice and "transform stage is CPU work" in advice and "budget of 1.0" in advice and "--workers 'ray:" in advice, advice
+    spare, _ = timed_run(cd.Loader(pipeline, warmup=3), steps=20, step_s=0.002)
+    assert spare.limit_stage == "transform" and spare.hosts[0].cpu_budget == len(cpus), spare.limit
+    assert ray_advice(spare) is None

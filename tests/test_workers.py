@@ -59,7 +59,12 @@ def test_a_sidecars_workers_make_the_same_batches(token_corpus: Path, tmp_path: 
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     with cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=2, shm_dir=str(tmp_path))) as loader:
         got = until_workers_made(loader)
+        host = loader.telemetry().hosts[0]
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "a sidecar's workers vs none")
+    # the sidecar reports each worker's stages: together, the records the host took from them
+    made = next(s for s in host.stages if s.name == "pool_wait").items
+    by_worker = [next(s for s in w if s.name == "transform").items for w in host.worker_stages]
+    assert 1 <= len(by_worker) <= 2 and sum(by_worker) == made > 0, (by_worker, made)
 
 
 def slow_in_workers(batch: dict) -> dict:

@@ -64,7 +64,8 @@ class InProcessBackend:
                 seconds, used = host.cpu.sample
                 run = (seconds, used) if run is None else (max(seconds, run[0]), run[1] + used)
             cpu = self._base_cpu[i] if run is None else plus(self._base_cpu[i], run)
-            out.append(HostCounters(tuple(host.stages.values), cpu, None))
+            workers = tuple(tuple(w.values) for w in host.worker_stages)
+            out.append(HostCounters(tuple(host.stages.values), cpu, None, workers))
         return list(self.handoff.values), out
 
     def run_ended(self) -> None:

@@ -26,6 +26,8 @@ class HostChunk:
         end: the stream position after the chunk's last batch, where the batches do not
             each take a global batch of records (packed pipelines); None otherwise.
         stages: stage counters (`StageTimes.values`) a worker process measured for it.
+        worker_stages: for a chunk put together from workers' shares, each worker's own
+            `stages` (by worker); None otherwise.
         places: for a worker's share of a chunk, the row of the chunk that each of its rows
             is (it has no columns when the share is empty); None for a whole chunk.
         states: a Grain pipeline's host state after each of the chunk's batches (JSON
@@ -35,6 +37,7 @@ class HostChunk:
     columns: HostBatch
     end: int | None = None
     stages: list[float] | None = None
+    worker_stages: list[list[float] | None] | None = None
     places: np.ndarray | None = None
     states: list[Any] | None = None
 
@@ -62,16 +65,17 @@ def schema_change(first: dict[str, str], other: dict[str, str]) -> tuple[list[st
 
 def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """One chunk from the shares of it that worker processes computed: each share's rows go
-    to their `places`, the stage counters add up.
+    to their `places`, the stage counters add up (and are kept by worker).
 
     Raises:
         TransformError: the shares disagree on a column's name, dtype or row shape (a
             transform whose output depends on which records it is given).
     """
     stages = [sum(values) for values in zip(*(s.stages for s in shares if s.stages is not None), strict=True)]
+    by_worker = [s.stages for s in shares]
     filled = [s for s in shares if s.columns]
     if len(filled) == 1:  # one share holds every row, in order (places are ascending)
-        return HostChunk(filled[0].columns, stages=stages or None)
+        return HostChunk(filled[0].columns, stages=stages or None, worker_stages=by_worker)
     height = sum(len(s.places) for s in shares if s.places is not None)
     first = filled[0].columns
     columns: HostBatch = {}
@@ -94,7 +98,7 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
             f"columns {sorted(extra)} came out of the transforms for some records and not for others: "
             "transforms must give every record the same columns"
         )
-    return HostChunk(columns, stages=stages or None)
+    return HostChunk(columns, stages=stages or None, worker_stages=by_worker)
 
 
 def split_rows(

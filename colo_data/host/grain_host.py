@@ -45,6 +45,7 @@ class GrainHost:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = range(host * size // hosts, (host + 1) * size // hosts)
         self.stages = StageTimes()
+        self.worker_stages: list[StageTimes] = []  # Grain's own workers are not counted apart
         self.pool = pool
         self.ahead = ahead
         self.cpu: CpuMeter | None = None

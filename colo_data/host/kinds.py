@@ -25,6 +25,7 @@ class HostShare(Protocol):
     hosts: int
     rows: range
     stages: StageTimes
+    worker_stages: list[StageTimes]  # by worker: the stages of the shares it made (none without workers)
     cpu: CpuMeter | None
 
     @property

@@ -55,7 +55,7 @@ class HostPipeline:
             pipeline); `cpu` samples that thread's CPU time.
 
     `stages` adds up the time, records and bytes of each stage, per chunk, also of the
-    chunks that worker processes made.
+    chunks that worker processes made; `worker_stages` those of each worker's shares alone.
     """
 
     def __init__(
@@ -65,6 +65,7 @@ class HostPipeline:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = self.work.rows
         self.stages: StageTimes = self.work.stages
+        self.worker_stages: list[StageTimes] = []  # by worker (process or Ray actor): the stages of its shares
         self.pool = pool
         self.ahead = ahead
         self.cpu: CpuMeter | None = None
@@ -228,6 +229,12 @@ class HostPipeline:
                 if part.stages is not None:
                     self.stages.merge(part.stages)
                     part.stages = None
+                for i, values in enumerate(part.worker_stages or ()):
+                    if i == len(self.worker_stages):
+                        self.worker_stages.append(StageTimes())
+                    if values is not None:
+                        self.worker_stages[i].merge(values)
+                part.worker_stages = None
                 if trial == 0.0 and at >= trial_from:  # a trial is timed from the first chunk of its count
                     trial, made = time.monotonic(), -part.rows
             position += part.rows // len(self.rows) * size

@@ -26,7 +26,7 @@ from colo_data.loader.loader import Loader
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import STAGE_LABELS, STAGES, UNCOUNTED, StepClock
-from colo_data.telemetry.report import StepTrace, Telemetry, cpus_text, summarize
+from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
 
@@ -267,6 +267,45 @@ def capacity(telemetry: Telemetry) -> list[str]:
     ]
 
 
+def worker_line(stages: Sequence[Stage]) -> str:
+    """One worker's (or Ray actor's) shares in words: records, seconds of each stage it ran,
+    and for a Ray actor the fetch of its shares with their bytes."""
+    records = max((s.items for s in stages if s.name != "transfer"), default=0)
+    spent = ", ".join(f"{STAGE_LABELS[s.name]} {s.seconds:.2f} s" for s in stages if s.seconds and s.name != "transfer")
+    transfer = next((s for s in stages if s.name == "transfer" and s.items), None)
+    fetched = f"; fetched in {transfer.seconds:.2f} s ({_mb(transfer.bytes)} MB)" if transfer else ""
+    return f"{records:,} records; {spent or 'nothing yet'}{fetched}"
+
+
+CPU_STAGES = ("order", "read", "transform", "batch")  # the host stages that are CPU work (read: unless it waits for I/O)
+
+
+def ray_advice(telemetry: Telemetry) -> str | None:
+    """A line suggesting Ray workers where the host's CPUs are what limits the pipeline: its
+    slowest stage is CPU work (a read that mostly waits for I/O is not), and its worker
+    processes and its own thread already fill every host's CPU budget, so that no local
+    worker can be added; None otherwise, and where the hosts' workers are Ray actors already."""
+    hosts, stage = telemetry.hosts, telemetry.limit_stage
+    if not hosts or stage not in CPU_STAGES:
+        return None
+    if stage == "read":
+        read, io_wait = (sum(h.stages[STAGES.index(name)].seconds for h in hosts) for name in ("read", "io_wait"))
+        if io_wait >= read / 2:
+            return None
+    for host in hosts:  # `workers` counts the host's own thread, unless they are worker processes
+        busy = host.workers + host.worker_processes
+        if host.cpu_budget is None or busy < host.cpu_budget or "Ray actor" in host.workers_chosen:
+            return None
+    host = hosts[0]
+    who = f"{host.workers} worker process(es) and the host's own thread" if host.worker_processes else "the host's own thread"
+    return (
+        f"the host's CPUs are the limit: its {STAGE_LABELS[stage]} stage is CPU work, and {who} fill its CPU budget "
+        f"of {cpus_text(host.cpu_budget or 0)}. Ray workers "
+        "add the CPUs of other machines: --workers 'ray:{\"address\": \"HEAD:6379\", \"actors\": 2}' (in a "
+        "config: [sidecar] workers = { ray = \"HEAD:6379\", actors = 2 }); see \"When host CPUs run short: Ray\" in the docs"
+    )
+
+
 def report(runs: Sequence[Run], step_ms: float) -> str:
     """The report table: throughput, input wait, percentiles and warm-up per contender (and
     their ratio), then colo-data's stage breakdown and hosts; then, with a simulated step of
@@ -345,11 +384,15 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
         lines.append(f"host {host.host}: {host.runs_in}; {host.workers} {kind}{cpu}; {budget}{ring}")
         if host.workers_chosen:
             lines.append(f"  workers: {host.workers_chosen}")
+        noun = "Ray actor" if "Ray actor" in host.workers_chosen else "worker"
+        lines += [f"  {noun} {i}: {worker_line(stages)}" for i, stages in enumerate(host.worker_stages)]
     if colo.queue_depth is not None:
         lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
     for run in runs[1:]:
         lines += [f"{run.name}: {note}" for note in run.notes]
     lines += ["", f"verdict: {colo.verdict}"] if step_ms else ["", *capacity(colo)]
+    advice = ray_advice(colo) if colo.input_bound or not step_ms else None
+    lines += [advice] if advice else []
     return "\n".join(lines)
 
 

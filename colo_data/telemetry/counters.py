@@ -21,13 +21,13 @@ from colo_data.runtime.prefetch import close_iterator
 
 T = TypeVar("T")
 
-STAGES = ("order", "read", "io_wait", "decode", "transform", "batch", "pool_wait", "shm_write", "handoff")
+STAGES = ("order", "read", "io_wait", "decode", "transform", "batch", "pool_wait", "transfer", "shm_write", "handoff")
 _LABELS = (
     "order", "read", "read: waiting for I/O", "read: decode", "transform", "batch", "waiting for worker processes",
-    "shared-memory write", "hand-off",
+    "transfer from Ray actors", "shared-memory write", "hand-off",
 )
 STAGE_LABELS = dict(zip(STAGES, _LABELS, strict=True))
-ORDER, READ, IO_WAIT, DECODE, TRANSFORM, BATCH, POOL_WAIT, SHM_WRITE, HANDOFF = range(len(STAGES))
+ORDER, READ, IO_WAIT, DECODE, TRANSFORM, BATCH, POOL_WAIT, TRANSFER, SHM_WRITE, HANDOFF = range(len(STAGES))
 WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker processes share out
 # Parts of the read stage, not stages of their own: `io_wait` is time the read waited for
 # row groups still being fetched (items: requests, bytes: bytes fetched from storage);
@@ -35,8 +35,10 @@ WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker proces
 READ_PARTS = (IO_WAIT, DECODE)
 # Time the host waited for chunks of its worker processes (items: records they made): how
 # much of the stream the workers made, and how long the host stood idle for them. The
-# workers' own stages are counted in the stages above.
-UNCOUNTED = (*READ_PARTS, POOL_WAIT)  # shown, but not added up as stages of the critical path
+# workers' own stages are counted in the stages above. `transfer` is the part of that wait
+# spent fetching the shares of Ray actors (`cd.RayWorkers`) from Ray's object store, once
+# computed (items: their records, bytes: their bytes).
+UNCOUNTED = (*READ_PARTS, POOL_WAIT, TRANSFER)  # shown, but not added up as stages of the critical path
 HISTORY = 2**20  # steps kept for percentiles and plots (24 bytes each); totals count every step
 CPU_EVERY_S = 0.5
 

@@ -72,6 +72,9 @@ class HostSide:
     ring_slots_in_use: float | None
     shm_bytes: int
     workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
+    # by worker process or Ray actor: the stages of the shares of chunks it made (a Ray
+    # actor's include `transfer`, the fetch of its shares); empty without workers
+    worker_stages: tuple[tuple[Stage, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class Telemetry:
     bottleneck: str | None
     verdict: str
     limit: str | None = None  # what limits the pipeline (`limit`), whether or not the trainer waits
+    limit_stage: str | None = None  # the stage of `limit` (a name in `STAGES`)
     components: dict[str, int] | None = None  # a cd.Mix's records of each component since the loader started
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,12 +123,23 @@ TelemetrySource = Callable[[], Telemetry]  # what exporters read: `Loader.teleme
 @dataclass(frozen=True)
 class HostCounters:
     """A host's cumulative counters at one moment (subtracted to get the steady state):
-    stage values, the CPU sample `(time, seconds)`, and the ring's `(slots-in-use sum,
-    announcements)`."""
+    stage values, the CPU sample `(time, seconds)`, the ring's `(slots-in-use sum,
+    announcements)`, and each worker's stage values."""
 
     stages: tuple[float, ...]
     cpu: tuple[float, float] | None
     ring: tuple[float, float] | None
+    workers: tuple[tuple[float, ...], ...] = ()
+
+
+def added_by_worker(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """Two sets of workers' stage values added worker by worker (one may have more workers)."""
+    out = [list(values) for values in a]
+    for i, values in enumerate(b):
+        if i == len(out):
+            out.append([0.0] * len(values))
+        out[i] = [x + y for x, y in zip(out[i], values, strict=True)]
+    return tuple(tuple(values) for values in out)
 
 
 @dataclass(frozen=True)
@@ -299,6 +314,8 @@ def summarize(
     hosts = []
     for info, current, before in zip(infos, now, before_hosts, strict=True):
         values = np.asarray(current.stages) - (np.asarray(before.stages) if before is not None else 0.0)
+        earlier = [[-v for v in w] for w in before.workers] if before is not None else []
+        workers = tuple(_stages(w)[:HANDOFF] for w in added_by_worker(current.workers, earlier))
         cpu = None
         if current.cpu is not None:
             t0, c0 = before.cpu if before is not None and before.cpu is not None else (0.0, 0.0)
@@ -323,6 +340,7 @@ def summarize(
                 ring_slots_in_use=in_use,
                 shm_bytes=info.shm_bytes,
                 workers_chosen=info.workers_chosen,
+                worker_stages=workers,
             )
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)
@@ -345,6 +363,7 @@ def summarize(
         bottleneck=bottleneck,
         verdict=line,
         limit=limited[1],
+        limit_stage=limited[0],
     )
 
 

@@ -30,7 +30,7 @@ from colo_data.errors import RayClusterError, TransformError, from_wire, to_wire
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Share
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.telemetry.counters import StageTimes
+from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers.processes import READY
 from colo_data.workers.ray_workers import RayWorkers
 
@@ -287,12 +287,20 @@ class RayStream:
 
     def take(self) -> HostChunk:
         """The chunk asked for first of those not taken yet (waiting for it), put together
-        from the actors' shares; a share whose actor died is computed here."""
+        from the actors' shares; a share whose actor died is computed here. Its stages count
+        the time fetching the shares once computed (`transfer`), their records and bytes."""
         asked = self._asked.popleft()
+        ray.wait(asked.shares, num_returns=len(asked.shares), fetch_local=False)  # computed (or failed) where they ran
         shares = []
         for i, ref in enumerate(asked.shares):
             try:
+                fetch = time.perf_counter()
                 reply = ray.get(ref)
+                if isinstance(reply, HostChunk):  # (an empty share has no columns)
+                    nbytes = sum(column.nbytes for column in reply.columns.values())
+                    stages = StageTimes(reply.stages)
+                    stages.add(TRANSFER, time.perf_counter() - fetch, reply.rows if reply.columns else 0, nbytes)
+                    reply.stages = stages.values
                 self._gone.discard(i)
             except _GONE as e:
                 if i not in self._gone:

@@ -16,7 +16,7 @@ from colo_data.host.resources import Workers
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import StageTimes
-from colo_data.telemetry.report import HostCounters, HostInfo
+from colo_data.telemetry.report import HostCounters, HostInfo, added_by_worker
 
 
 class SidecarBackend:
@@ -79,7 +79,7 @@ class SidecarBackend:
         out = []
         for i, base in enumerate(self._base):
             stages = StageTimes(base.stages)
-            cpu, ring = base.cpu, base.ring
+            cpu, ring, workers = base.cpu, base.ring, base.workers
             client = self._clients[i] if i < len(self._clients) else None
             if client is not None:
                 handoff.merge(client.handoff.values)
@@ -87,7 +87,8 @@ class SidecarBackend:
                     stages.merge(client.stats["stages"])
                     (t, c), (s, k) = client.stats["cpu"], client.stats["ring"]
                     cpu, ring = plus(cpu, (t, c)), plus(ring, (s, k))
-            out.append(HostCounters(tuple(stages.values), cpu, ring))
+                    workers = added_by_worker(workers, client.stats.get("workers", ()))
+            out.append(HostCounters(tuple(stages.values), cpu, ring, workers))
         return list(handoff.values), out
 
     def run_ended(self) -> None:
