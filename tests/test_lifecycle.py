@@ -26,7 +26,7 @@ from colo_data.ops import demo
 from pipelines import IdleHost, backend_of, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = 4
+RUNS = 2  # runs of each case, side by side (a loaded machine is where exits race): 8 scripts in all
 
 # The loop users write most, with the loader never closed and the script just ending. Before
 # the loader had one owner for its threads, this aborted (SIGABRT, `terminate called ...`) in

@@ -75,7 +75,8 @@ def test_a_source_of_1500_files_reads_whole_under_ulimit_1024_and_running_out_is
 
 def test_256_components_cost_what_4_do(tmp_path: Path) -> None:
     """The same 5,120 records as 256 components or as 4: threads, file descriptors and
-    resident memory within 10%, and a state of at most 16 KiB."""
+    resident memory within 10% (file descriptors: or 2, as a read-ahead thread may hold a
+    file open at the moment they are counted), and a state of at most 16 KiB."""
     measured = {}
     for count in (4, 256):
         root = tmp_path / str(count)
@@ -87,5 +88,6 @@ def test_256_components_cost_what_4_do(tmp_path: Path) -> None:
         measured[count] = child(MIXTURE, str(root), str(count))
     few, many = measured[4], measured[256]
     for what in ("threads", "fds", "rss"):
-        assert many[what] <= 1.1 * few[what], f"{what}: 256 components {many[what]}, 4 components {few[what]}"
+        allowed = max(1.1 * few[what], few[what] + 2) if what == "fds" else 1.1 * few[what]
+        assert many[what] <= allowed, f"{what}: 256 components {many[what]}, 4 components {few[what]}"
     assert many["state_bytes"] <= 16 * 1024, many

@@ -1,0 +1,171 @@
+"""Many hosts, one Ray cluster: does any host starve? 64 host pipelines in one process, each
+with its own Ray actor (`cd.RayWorkers(actors=1)`), against one local Ray cluster.
+
+Each host pipeline runs on a thread of its own, as a sidecar's producer does, so that each
+makes its decisions on its own stream, as 64 sidecars would. The per-record work is a sleep
+(`PAUSE_S` a record, in workers.py's light pipeline): it stands for work on CPUs of the
+cluster's own, which this 2-CPU machine does not have, so that the actors pay; what is
+measured is how one cluster serves 64 hosts at once. Once every host's actor has made
+records, the run goes on for `--seconds` and reports, per host, from its stage counters:
+
+- its actor's share of its records (`pool_wait` items / the host's records);
+- its records per second, and its wait for its actor (`pool_wait` seconds per second);
+- the bytes per second it fetched from the object store (`transfer`).
+
+Goal ("no host starves"): the host whose actor made the least made at least half the median
+host's share, and the slowest host's records per second are at least half the median's.
+The bytes per second per host size a cluster for 1,000 hosts (docs/ray.md, "Many hosts").
+
+Run: `.venv/bin/python benchmarks/ray_hosts.py [--hosts 64] [--seconds 60] [--quick] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import harness
+import workers_pipeline
+
+HERE = Path(__file__).resolve().parent
+ROWS = 8  # rows of each host in a global batch
+PAUSE_S = 200e-6  # per record: a host's 512-record chunk takes 0.1 s, wherever it is made
+ACTOR_CPUS = 0.25  # logical CPUs an actor reserves: 64 actors on a cluster of 16
+READY_S = 900  # the most the actors may take to start and make their first records
+
+
+def pause(batch: dict) -> dict:
+    """Per-record work on CPUs of the cluster's own: a sleep, which costs this machine none."""
+    time.sleep(PAUSE_S * len(batch["tokens"]))
+    return batch
+
+
+def main() -> None:
+    """Start the cluster and the hosts; once every actor made records, measure `--seconds`; write the tables."""
+    options = harness.parser(__doc__, rounds=1)
+    options.add_argument("--hosts", type=int, default=64, help="host pipelines, an actor each (default 64)")
+    options.add_argument("--seconds", type=float, default=60.0, help="seconds measured once every actor made records")
+    args = harness.parse(options)
+    if args.quick:
+        args.hosts, args.seconds = 4, 2.0
+    sys.path.remove(str(HERE))  # this folder's ray.py (a benchmark) must not stand for the ray package
+    import ray
+
+    import colo_data as cd
+    from colo_data.host.kinds import host_pipeline
+    from colo_data.host.resources import choose_workers, cpu_budget
+    from colo_data.runtime.lifecycle import Lifecycle
+    from colo_data.runtime.prefetch import close_iterator
+    from colo_data.telemetry.counters import POOL_WAIT, TRANSFER
+    from colo_data.workers.pools import start_pool
+
+    corpus = Path(os.environ.get("COLO_DATA_CACHE", Path.home() / ".cache" / "colo-data")) / "workers-bench"
+    base = workers_pipeline.pipeline("light", workers_pipeline.corpus(corpus))
+    pipeline = cd.Pipeline(
+        source=base.source, order=base.order, transforms=[pause, *base.transforms], global_batch_size=args.hosts * ROWS,
+        epochs=None,
+    )
+    cluster_cpus = max(1, int(args.hosts * ACTOR_CPUS))
+    ray.init(num_cpus=cluster_cpus, include_dashboard=False, log_to_driver=False)
+    owner = Lifecycle("ray_hosts benchmark")
+    stop = threading.Event()
+    records = [0] * args.hosts
+    failed: list[BaseException] = []
+    try:
+        budget = cpu_budget()
+        choice = choose_workers(cd.RayWorkers(actors=1, num_cpus=ACTOR_CPUS), budget, "the host's own thread")
+        hosts = [host_pipeline(pipeline, h, args.hosts, start_pool(choice, owner, budget)) for h in range(args.hosts)]
+
+        def produce(h: int) -> None:
+            """Host `h`'s chunks, counted, until `stop`."""
+            chunks = hosts[h].chunks(0, owner.child(f"host {h}"))
+            try:
+                for chunk in chunks:
+                    records[h] += chunk.rows
+                    if stop.is_set():
+                        break
+            except BaseException as e:
+                failed.append(e)
+            finally:
+                close_iterator(chunks)
+
+        threads = [threading.Thread(target=produce, args=(h,), name=f"host-{h}", daemon=True) for h in range(args.hosts)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        while not all(host.stages.values[3 * POOL_WAIT + 1] for host in hosts):
+            if failed:
+                raise failed[0]
+            if time.monotonic() - started > READY_S:
+                raise RuntimeError(f"not every host's actor made records in {READY_S} s")
+            time.sleep(0.5)
+        all_ready_s = time.monotonic() - started
+        before = [(list(host.stages.values), records[h]) for h, host in enumerate(hosts)]
+        t0 = time.monotonic()
+        time.sleep(args.seconds)
+        seconds = time.monotonic() - t0
+        after = [(list(host.stages.values), records[h]) for h, host in enumerate(hosts)]
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        if failed:
+            raise failed[0]
+    finally:
+        stop.set()
+        owner.close()
+        ray.shutdown()
+
+    def delta(h: int, stage: int, what: int) -> float:
+        return after[h][0][3 * stage + what] - before[h][0][3 * stage + what]
+
+    per_host = []
+    for h in range(args.hosts):
+        made = after[h][1] - before[h][1]
+        per_host.append(
+            {
+                "host": h,
+                "records_per_s": made / seconds,
+                "actor_share": delta(h, POOL_WAIT, 1) / made if made else 0.0,
+                "wait_s_per_s": delta(h, POOL_WAIT, 0) / seconds,
+                "transfer_mb_per_s": delta(h, TRANSFER, 2) / seconds / 1e6,
+            }
+        )
+
+    def row(label: str, key: str, fmt: str) -> str:
+        xs = [h[key] for h in per_host]
+        return f"| {label} | {min(xs):{fmt}} | {statistics.median(xs):{fmt}} | {max(xs):{fmt}} |"
+
+    least = min(per_host, key=lambda h: h["actor_share"])
+    slowest = min(per_host, key=lambda h: h["records_per_s"])
+    share_ratio = least["actor_share"] / (statistics.median(h["actor_share"] for h in per_host) or 1.0)
+    rate_ratio = slowest["records_per_s"] / (statistics.median(h["records_per_s"] for h in per_host) or 1.0)
+    met = share_ratio >= 0.5 and rate_ratio >= 0.5
+    lines = [
+        f"{args.hosts} host pipelines in one process, each on a thread of its own with one Ray actor "
+        f"({ACTOR_CPUS:g} logical CPU) on a local cluster of {cluster_cpus} logical CPUs; workers.py's light pipeline "
+        f"with a {PAUSE_S * 1e6:.0f} µs sleep a record, {ROWS} rows a host a global batch; {os.cpu_count()} CPUs. "
+        f"Every actor had made records {all_ready_s:.0f} s after the start; then {seconds:.0f} s measured.",
+        "",
+        "| per host | min | median | max |",
+        "| --- | ---: | ---: | ---: |",
+        row("records/s", "records_per_s", ",.0f"),
+        row("share of its records its actor made", "actor_share", ".0%"),
+        row("wait for its actor (s per s)", "wait_s_per_s", ".3f"),
+        row("fetched from the object store (MB/s)", "transfer_mb_per_s", ".3f"),
+        "",
+        "| goal (no host starves) | value | met |",
+        "| --- | ---: | --- |",
+        f"| least actor share / median (>= 0.5) | {share_ratio:.2f} (host {least['host']}) | {'yes' if share_ratio >= 0.5 else 'NO'} |",
+        f"| slowest host's records/s / median (>= 0.5) | {rate_ratio:.2f} (host {slowest['host']}) | "
+        f"{'yes' if rate_ratio >= 0.5 else 'NO'} |",
+    ]
+    details = {"hosts": per_host, "all_ready_s": all_ready_s, "seconds": seconds, "met": met}
+    harness.write_results("ray_hosts", args, lines, {}, [], details=details)
+
+
+if __name__ == "__main__":
+    main()
