@@ -299,8 +299,8 @@ def ray_advice(telemetry: Telemetry) -> str | None:
     host = hosts[0]
     who = f"{host.workers} worker process(es) and the host's own thread" if host.worker_processes else "the host's own thread"
     return (
-        f"the host's CPUs are the limit: its {STAGE_LABELS[stage]} stage is CPU work, and {who} fill its CPU budget "
-        f"of {cpus_text(host.cpu_budget or 0)}. Ray workers "
+        f"the host's CPUs are the limit: its {STAGE_LABELS[stage]} stage is CPU work, and its CPU budget of "
+        f"{cpus_text(host.cpu_budget or 0)} is taken by {who}. Ray workers "
         "add the CPUs of other machines: --workers 'ray:{\"address\": \"HEAD:6379\", \"actors\": 2}' (in a "
         "config: [sidecar] workers = { ray = \"HEAD:6379\", actors = 2 }); see \"When host CPUs run short: Ray\" in the docs"
     )

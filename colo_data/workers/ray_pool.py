@@ -42,6 +42,9 @@ _GONE = (
     ray.exceptions.WorkerCrashedError,
     ray.exceptions.NodeDiedError,
 )
+# what Ray Client (a "ray://" address) raises once the cluster is gone for good, after
+# retrying for its reconnect grace period (RAY_CLIENT_RECONNECT_GRACE_PERIOD, 30 s)
+_LOST = (ConnectionError,)
 _connections = 0  # pools of this process that connected Ray themselves (the last to close disconnects)
 _connecting = threading.Lock()
 
@@ -126,18 +129,24 @@ def connect(address: str, timeout: float) -> bool:
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
     except Exception as e:
-        text = str(e)
-        if "version mismatch" in text.lower():
-            raise RayClusterError(
-                f"RayWorkers(address={address!r}): the cluster runs another Ray or Python version than this process "
-                f"(Ray {ray.__version__}, Python {sys.version.split()[0]} here): {text.strip()}. Install the cluster's "
-                "versions here (or run the cluster with these)"
-            ) from e
-        raise RayClusterError(
-            f"RayWorkers(address={address!r}): cannot connect to the Ray cluster: {type(e).__name__}: {text.strip()}. "
-            'Start one (`ray start --head`), or give its address ("HOST:6379" or "ray://HOST:10001")'
-        ) from e
+        raise _not_connected(address, e) from e
     return True
+
+
+def _not_connected(address: str, error: Exception) -> RayClusterError:
+    """The RayClusterError for `ray.init`'s `error`: a version mismatch, with both versions,
+    or what Ray said."""
+    text = str(error).strip()
+    if "version mismatch" in text.lower():
+        return RayClusterError(
+            f"RayWorkers(address={address!r}): the cluster runs another Ray or Python version than this process "
+            f"(Ray {ray.__version__}, Python {sys.version.split()[0]} here): {text}. Install the cluster's "
+            "versions here (or run the cluster with these)"
+        )
+    return RayClusterError(
+        f"RayWorkers(address={address!r}): cannot connect to the Ray cluster: {type(error).__name__}: {text}. "
+        'Start one (`ray start --head`), or give its address ("HOST:6379" or "ray://HOST:10001")'
+    )
 
 
 def _reserved(options: RayWorkers) -> PlacementGroup:
@@ -178,6 +187,7 @@ class RayPool:
         self._keys = itertools.count()
         self._pid = os.getpid()
         self._closed = False
+        self.lost = False  # a stream found the cluster gone: nothing to kill or remove there
         self.actors: list[Any] = []
         self._group: PlacementGroup | None = None
         owner.add(options.describe(), self.close)  # from here, whatever fails below
@@ -213,12 +223,12 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
-        for actor in self.actors:
+        for actor in [] if self.lost else self.actors:
             try:
                 ray.kill(actor)
             except Exception:  # the cluster is gone already: so are its actors
                 pass
-        if self._group is not None:
+        if self._group is not None and not self.lost:
             with contextlib.suppress(Exception):  # the cluster is gone already: so is the group
                 remove_placement_group(self._group)
         with _connecting:
@@ -228,71 +238,100 @@ class RayPool:
 
 
 class _Asked(NamedTuple):
-    """One chunk asked for: where, how many global batches, and its shares' results."""
+    """One chunk asked for: where, how many global batches, and its shares' results (None:
+    not asked, the cluster being lost: computed here)."""
 
     position: int
     batches: int
-    shares: list[ray.ObjectRef]
+    shares: list[ray.ObjectRef | None]
 
 
 class RayStream:
     """One stream's chunks asked of a `RayPool`'s actors, handed back whole in the order
-    asked for."""
+    asked for. Once the cluster is lost (Ray Client's connection gone for good), every
+    chunk is computed here, with a warning: the stream goes on, at the host's own speed."""
 
     def __init__(self, pool: RayPool, key: tuple[int, int], payload: bytes, host: int, hosts: int, position: int) -> None:
         self._pool, self._key, self._host, self._hosts = pool, key, host, hosts
         self._payload = payload
-        self._boxed = [ray.put(payload)]  # in a list: sent to the actors as a reference, fetched only to set up
-        self._set_up = [a.set_up.remote(key, self._boxed, host, hosts, position) for a in pool.actors]
         self._ready = [False] * pool.count
         self._asked: deque[_Asked] = deque()
-        self._here: ChunkWork | None = None  # computes the shares of actors that died
+        self._here: ChunkWork | None = None  # computes the shares of actors that died, and all once the cluster is lost
         self._gone: set[int] = set()  # actors whose last share failed (warned about once, until one comes)
+        self._lost = False  # the cluster is gone: nothing is asked of it any more
+        self._set_up: list[ray.ObjectRef] = []
+        try:
+            self._boxed = [ray.put(payload)]  # in a list: sent to the actors as a reference, fetched only to set up
+            self._set_up = [a.set_up.remote(key, self._boxed, host, hosts, position) for a in pool.actors]
+        except _LOST as e:
+            self._lose(e)
 
     def ready(self, workers: int) -> bool:
         """Whether the first `workers` actors have set the job up. An actor that could not
         raises its error here; one that died counts as ready (restarted, it sets the job up
-        with its first share)."""
+        with its first share), and so do all once the cluster is lost."""
         for i in range(workers):
-            if self._ready[i]:
-                continue
-            done, _ = ray.wait([self._set_up[i]], timeout=0)
-            if not done:
+            if self._ready[i] or self._lost:
                 continue
             try:
+                done, _ = ray.wait([self._set_up[i]], timeout=0)
+                if not done:
+                    continue
                 reply = ray.get(done[0])
             except _GONE:
                 reply = READY
+            except _LOST as e:
+                self._lose(e)
+                continue
             if reply != READY:
                 raise self._raised(reply, i)
             self._ready[i] = True
-        return all(self._ready[:workers])
+        return self._lost or all(self._ready[:workers])
 
     def has_next(self) -> bool:
-        """Whether every share of the oldest chunk asked for has come."""
+        """Whether every share of the oldest chunk asked for has come (or, the cluster
+        lost, whether a chunk was asked for: it is computed here when taken)."""
         if not self._asked:
             return False
         shares = self._asked[0].shares
-        done, _ = ray.wait(shares, num_returns=len(shares), timeout=0, fetch_local=False)
+        if self._lost:
+            return True
+        try:
+            done, _ = ray.wait(shares, num_returns=len(shares), timeout=0, fetch_local=False)
+        except _LOST as e:
+            self._lose(e)
+            return True
         return len(done) == len(shares)
 
     def ask(self, position: int, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at `position`, shared out to the
         first `workers` actors."""
-        shares = [
-            actor.compute.remote(self._key, self._boxed, self._host, self._hosts, position, count, (i, workers))
-            for i, actor in enumerate(self._pool.actors[:workers])
-        ]
+        shares: list[ray.ObjectRef | None] = [None] * workers
+        if not self._lost:
+            try:
+                for i, actor in enumerate(self._pool.actors[:workers]):
+                    job = (self._key, self._boxed, self._host, self._hosts, position, count, (i, workers))
+                    shares[i] = actor.compute.remote(*job)
+            except _LOST as e:
+                self._lose(e)
         self._asked.append(_Asked(position, count, shares))
 
     def take(self) -> HostChunk:
         """The chunk asked for first of those not taken yet (waiting for it), put together
-        from the actors' shares; a share whose actor died is computed here. Its stages count
-        the time fetching the shares once computed (`transfer`), their records and bytes."""
+        from the actors' shares; a share whose actor died is computed here, and every share
+        once the cluster is lost. Its stages count the time fetching the shares once
+        computed (`transfer`), their records and bytes."""
         asked = self._asked.popleft()
-        ray.wait(asked.shares, num_returns=len(asked.shares), fetch_local=False)  # computed (or failed) where they ran
+        if not self._lost:
+            try:  # computed (or failed) where they ran
+                ray.wait(asked.shares, num_returns=len(asked.shares), fetch_local=False)
+            except _LOST as e:
+                self._lose(e)
         shares = []
         for i, ref in enumerate(asked.shares):
+            if self._lost or ref is None:
+                shares.append(self._computed_here(asked, Share(i, len(asked.shares))))
+                continue
             try:
                 fetch = time.perf_counter()
                 reply = ray.get(ref)
@@ -308,10 +347,23 @@ class RayStream:
                     said = "Ray actor %d of host %d died (%s): its shares are computed here until it is back"
                     _LOG.warning(said, i, self._host, type(e).__name__)
                 reply = self._computed_here(asked, Share(i, len(asked.shares)))
+            except _LOST as e:
+                self._lose(e)
+                reply = self._computed_here(asked, Share(i, len(asked.shares)))
             if not isinstance(reply, HostChunk):
                 raise self._raised(reply, i)
             shares.append(reply)
         return merge_shares(shares)
+
+    def _lose(self, error: BaseException) -> None:
+        """The cluster is gone: say so once; from here every chunk is computed here."""
+        if not self._lost:
+            self._lost = self._pool.lost = True
+            _LOG.warning(
+                "Ray workers of host %d: the Ray cluster is lost (%s: %s): this host computes every chunk itself from "
+                "here, at its own speed (the stream is the same); restart the job to use a cluster again",
+                self._host, type(error).__name__, error,
+            )
 
     def _raised(self, wire: dict[str, str], actor: int) -> Exception:
         """The error that actor `actor` sent, as the same colo-data type (others: a
