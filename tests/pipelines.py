@@ -117,3 +117,28 @@ def until_workers_made(loader: cd.Loader, deadline_s: float = 60.0) -> list[dict
         assert time.monotonic() < stop, f"the workers made nothing in {deadline_s:g} s"
         batches.append({name: np.asarray(a) for name, a in next(loader).items()})
     return batches
+
+
+def pool_records(loader: cd.Loader) -> int:
+    """Records the loader's worker pool has made so far (its telemetry's `pool_wait` items)."""
+    return next(s for s in loader.telemetry().stages if s.name == "pool_wait").items
+
+
+def read_while_given_up(loader: cd.Loader, settled_s: float, watched_s: float) -> list[dict]:
+    """The loader's batches (as numpy) until its pool has made records, then for `settled_s`
+    seconds (its trial over, its chunks in hand taken), then to `watched_s` seconds, over
+    which the pool must make no more records (it is given up, and asked again only after
+    its retry time, 10 s)."""
+    import time
+
+    from colo_data.testing import to_numpy
+
+    got = until_workers_made(loader)
+    tried = time.monotonic()
+    while time.monotonic() - tried < settled_s:
+        got.append(to_numpy(next(loader)))
+    made = pool_records(loader)
+    while time.monotonic() - tried < watched_s:
+        got.append(to_numpy(next(loader)))
+    assert pool_records(loader) == made, "the pool was asked again within its retry time"
+    return got

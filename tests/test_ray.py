@@ -19,7 +19,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from pipelines import BATCH, backend_of, make_pipeline, until_workers_made
+from pipelines import BATCH, backend_of, make_pipeline, read_while_given_up, until_workers_made
 
 import colo_data as cd
 from colo_data.host.resources import workers_from
@@ -214,20 +214,10 @@ def test_a_ray_pool_slower_than_the_host_alone_is_given_up(
     monkeypatch.setenv("COLO_DATA_TEST_TRAINER", str(os.getpid()))
     ray = cd.RayWorkers(address=cluster.address, actors=1, num_cpus=0.25)
 
-    def pool_records(loader: cd.Loader) -> int:
-        return next(s for s in loader.telemetry().stages if s.name == "pool_wait").items
-
     with cd.Loader(pipeline_of(token_corpus, slow_in_actors), hosts=1, backend=cd.InProcess(workers=ray)) as loader:
-        got = until_workers_made(loader)
-        tried = time.monotonic()
         # the trial (0.5 s and 4 chunks from the pool's first chunk) is over, and the chunks the
-        # actor still had in hand (3 at most, 1 s each) are taken
-        while time.monotonic() - tried < 5.0:
-            got.append(to_numpy(next(loader)))
-        made = pool_records(loader)
-        while time.monotonic() - tried < 7.0:  # it is tried again 10 s after it was given up
-            got.append(to_numpy(next(loader)))
-        assert pool_records(loader) == made, "the Ray pool was asked again within its retry time"
+        # actor still had in hand (3 at most, 1 s each) are taken, by 5 s
+        got = read_while_given_up(loader, 5.0, 7.0)
     assert_batches_equal(read_all(cd.Loader(pipeline_of(token_corpus), hosts=1), len(got)), got, "a slow Ray pool given up")
 
 

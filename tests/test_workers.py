@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from pipelines import BATCH, InWorkers, SlowToStart, idle_host, make_pipeline, until_workers_made
+from pipelines import BATCH, InWorkers, SlowToStart, idle_host, make_pipeline, read_while_given_up, until_workers_made
 
 import colo_data as cd
 from colo_data import defaults
@@ -87,20 +87,10 @@ def test_workers_that_cost_more_than_they_give_are_given_up(
     transforms = [idle_host, slow_in_workers, cd.pad_or_truncate("tokens", 8)]
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
 
-    def pool_records(loader: cd.Loader) -> int:
-        return next(s for s in loader.telemetry().stages if s.name == "pool_wait").items
-
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
-        got = until_workers_made(loader)
-        tried = time.monotonic()
         # the trial (0.5 s from the pool's first chunk) is over, and the two chunks it still had
-        # in hand (1 s each) are taken
-        while time.monotonic() - tried < 4.0:
-            got.append(to_numpy(next(loader)))
-        made = pool_records(loader)
-        while time.monotonic() - tried < 6.0:  # it is tried again 10 s after it was given up
-            got.append(to_numpy(next(loader)))
-        assert pool_records(loader) == made, "the pool was asked again within its retry time"
+        # in hand (1 s each) are taken, by 4 s
+        got = read_while_given_up(loader, 4.0, 6.0)
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
 
 

@@ -25,7 +25,7 @@ from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
-from colo_data.telemetry.counters import STAGE_LABELS, STAGES, UNCOUNTED, StepClock
+from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
@@ -289,7 +289,7 @@ def ray_advice(telemetry: Telemetry) -> str | None:
     if not hosts or stage not in CPU_STAGES:
         return None
     if stage == "read":
-        read, io_wait = (sum(h.stages[STAGES.index(name)].seconds for h in hosts) for name in ("read", "io_wait"))
+        read, io_wait = (sum(h.stages[i].seconds for h in hosts) for i in (READ, IO_WAIT))
         if io_wait >= read / 2:
             return None
     for host in hosts:  # `workers` counts the host's own thread, unless they are worker processes
