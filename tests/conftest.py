@@ -1,7 +1,12 @@
 """Shared fixtures. JAX gets 4 CPU devices (set before JAX starts) so that meshes with a
-real data axis exist on a CPU-only machine."""
+real data axis exist on a CPU-only machine. `make test` runs the tests in 2 processes
+(pytest-xdist, a module to a process); a test marked `serial` runs while no other test does."""
 
+import fcntl
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -38,6 +43,34 @@ def mix_corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's directory, shared by its test processes (pytest-xdist's workers inherit the
+    environment of the process that starts them): the locks of `serial` tests, the image
+    build, and each test process's Ray directory (`RAY_TMPDIR`: a `ray.init()` connects to
+    the cluster last started in its directory, so each process has its own)."""
+    config.addinivalue_line("markers", "serial: runs while no other test does (it reads the machine's state or its timing)")
+    if not hasattr(config, "workerinput"):
+        os.environ["COLO_DATA_TEST_RUN"] = tempfile.mkdtemp(prefix="colo-data-run-")
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    os.environ["RAY_TMPDIR"] = os.path.join(os.environ["COLO_DATA_TEST_RUN"], worker)  # short: Ray's sockets live below
+    os.makedirs(os.environ["RAY_TMPDIR"])
+
+
+@pytest.fixture(autouse=True)
+def serial_tests_run_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked `serial` holds the run's lock alone, the others share it: with the test
+    processes of `make test`, a serial test waits for the test now running elsewhere, and no
+    other starts until it ends. A serial test waiting for the lock holds the gate, so that
+    the others cannot keep it from ever getting it."""
+    serial = request.node.get_closest_marker("serial") is not None
+    run = os.environ["COLO_DATA_TEST_RUN"]
+    with open(os.path.join(run, "gate"), "a") as gate, open(os.path.join(run, "lock"), "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
 @pytest.fixture
 def own_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU budget given as COLO_DATA_CPUS, a hundredth of a CPU under the affinity mask:
@@ -50,7 +83,8 @@ def own_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The container tests run last, and their image is built by a detached process from
-    now on, so that its minutes of downloads and unpacking overlap the other tests."""
+    now on (by the first test process to get here), so that its minutes of downloads and
+    unpacking overlap the other tests."""
     containers = [item for item in items if item.path.name == "test_container.py"]
     if containers:
         items[:] = [item for item in items if item.path.name != "test_container.py"] + containers
@@ -60,6 +94,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Once every test process is done (in the one that started them): the image build and
+    the run's directory are removed."""
+    if hasattr(session.config, "workerinput"):
+        return
     import container
 
-    container.finish_build()
+    try:
+        container.finish_build()
+    finally:
+        shutil.rmtree(os.environ["COLO_DATA_TEST_RUN"], ignore_errors=True)

@@ -171,21 +171,34 @@ def build(work: Path) -> SidecarImage:
 
 
 class ImageBuild:
-    """The images, built by a detached process that starts with the test session
-    (conftest.py), so that the build's minutes of downloading and unpacking overlap the
-    other tests. Detached (`setsid -f`: not a child of the test process), so that tests
-    that count their process's children see none of the build's. `result()` waits for it,
-    `cleanup()` removes everything."""
+    """The images, built by a detached process that starts with the test run (conftest.py),
+    so that the build's minutes of downloading and unpacking overlap the other tests.
+    Detached (`setsid -f`: not a child of a test process), so that tests that count their
+    process's children see none of the build's. One build a run, in `work`: the first test
+    process to ask starts it (`start`), the others (pytest-xdist's workers) find it by the
+    run's link to it. `result()` waits for it, `cleanup()` removes everything."""
 
-    def __init__(self) -> None:
-        self.work = Path(tempfile.mkdtemp(prefix="colo-data-container-"))
-        self.podman = Podman(self.work / "podman")
-        self.outcome = self.work / "outcome.json"
-        with open(self.work / "build.log", "w") as log:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.podman = Podman(work / "podman")
+        self.outcome = work / "outcome.json"
+
+    @classmethod
+    def start(cls, link: Path) -> ImageBuild:
+        """The build that `link` points to, started now (in a new directory, short enough
+        for podman's paths) unless another test process started it."""
+        work = Path(tempfile.mkdtemp(prefix="colo-data-container-"))
+        try:
+            link.symlink_to(work)
+        except FileExistsError:
+            work.rmdir()
+            return cls(link.resolve())
+        with open(work / "build.log", "w") as log:
             subprocess.run(
-                ["setsid", "-f", sys.executable, __file__, "build", str(self.work)],
+                ["setsid", "-f", sys.executable, __file__, "build", str(work)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True,
             )  # fmt: skip
+        return cls(work)
 
     def _wait(self, timeout: float = 1200) -> dict:
         deadline = time.monotonic() + timeout
@@ -216,19 +229,22 @@ class ImageBuild:
 _build: ImageBuild | None = None
 
 
+def build_link() -> Path:
+    """The link to this test run's image build, in the run's shared directory (conftest.py)."""
+    return Path(os.environ["COLO_DATA_TEST_RUN"]) / "image-build"
+
+
 def start_build() -> None:
-    """Start building the images, once per session, where the machine can."""
+    """Start building the images, once per test run, where the machine can."""
     global _build
     if _build is None and unavailable() is None:
-        _build = ImageBuild()
+        _build = ImageBuild.start(build_link())
 
 
 def finish_build() -> None:
-    """Remove what the build made (at the end of the session)."""
-    global _build
-    if _build is not None:
-        _build.cleanup()
-        _build = None
+    """Remove what the build made (at the end of the test run, once every test process is done)."""
+    if build_link().is_symlink():
+        ImageBuild(build_link().resolve()).cleanup()
 
 
 def sidecar_image() -> SidecarImage:

@@ -433,6 +433,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_a_script_that_breaks_out_of_an_unclosed_grain_loader_exits_cleanly(
     paths: list[str], backend: str, tmp_path: Path

@@ -25,6 +25,10 @@ from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
 from pipelines import IdleHost, backend_of, make_pipeline
 
+# every test counts what is left in /dev/shm and in the temporary directory by name, as any
+# loader of another test running meanwhile would name it: they run alone
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 2  # runs of each case, side by side (a loaded machine is where exits race): 8 scripts in all
 

@@ -104,6 +104,7 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
     assert_batches_equal(reference[3:6], rest, "resumed from a 1-worker loader's state")
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     shm = Path("/dev/shm")

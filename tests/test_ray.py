@@ -5,12 +5,15 @@ unreachable cluster named in seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +22,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+from multihost import free_port
 from pipelines import BATCH, backend_of, make_pipeline, read_while_given_up, until_workers_made
 
 import colo_data as cd
@@ -26,6 +30,7 @@ from colo_data.host.resources import workers_from
 from colo_data.ops.bench import worker_line
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
+ROOT = Path(__file__).resolve().parents[1]
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is not installed (pip install 'colo-data[ray]')")
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray actors cannot import this test module
@@ -74,11 +79,13 @@ def pipeline_of(corpus: Path, *transforms) -> cd.Pipeline:
 
 
 def actor_processes() -> list[psutil.Process]:
-    """The processes of the Ray actors that compute chunks (their title names the class)."""
+    """The processes of this test's Ray actors that compute chunks (their title names the
+    class): descendants of this process, as the module's cluster is."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "ChunkActor" in " ".join(process.info["cmdline"] or ()):
-            found.append(process)
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "ChunkActor" in " ".join(process.cmdline()):
+                found.append(process)
     return found
 
 
@@ -205,6 +212,7 @@ def test_a_node_removed_mid_stream_loses_and_repeats_no_record(
     assert_batches_equal(want, got, "a node removed mid-stream")
 
 
+@pytest.mark.serial
 def test_a_ray_pool_slower_than_the_host_alone_is_given_up(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,6 +253,62 @@ def test_an_unreachable_cluster_is_named_within_30_s(token_corpus: Path) -> None
     with pytest.raises(cd.RayClusterError, match=r"127\.0\.0\.1:9.*cannot reach the Ray cluster"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
     assert time.monotonic() - started < 30, "the unreachable cluster took longer than 30 s to name"
+
+
+def other_ray(venv: Path) -> tuple[Path, str]:
+    """A venv (this Python) with the Ray release of the minor version before this one, and
+    that version, installed from the package index (uv as `make test` has it, else pip); skips,
+    saying why, where the index cannot be reached."""
+    import ray as ray_module
+
+    major, minor = (int(part) for part in ray_module.__version__.split(".")[:2])
+    version = f"{major}.{minor - 1}.0"
+    uv, python = ROOT / ".uv" / "bin" / "uv", str(venv / "bin" / "python")
+    if uv.exists():
+        steps = [[str(uv), "venv", "-q", str(venv), "--python", sys.executable],
+                 [str(uv), "pip", "install", "-q", "--python", python, f"ray=={version}"]]  # fmt: skip
+    else:
+        steps = [[sys.executable, "-m", "venv", str(venv)], [python, "-m", "pip", "install", "-q", f"ray=={version}"]]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            pytest.skip(f"could not install Ray {version} beside this one ({' '.join(step[:3])} ...): {done.stderr[-500:]}")
+    return venv, version
+
+
+@pytest.mark.serial  # a second cluster, of another Ray
+def test_a_cluster_of_another_ray_version_is_named(token_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real head node of the Ray release before this one: the loader's RayClusterError
+    names both versions and what to do, in seconds."""
+    import ray as ray_module
+
+    venv, version = other_ray(tmp_path / "venv")
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # its own: a `ray.init()` elsewhere must not find it
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # that release has no token authentication
+    head = subprocess.Popen(
+        [str(venv / "bin" / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1", f"--temp-dir={temp}",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        status = [str(venv / "bin" / "ray"), "status", f"--address=127.0.0.1:{port}"]
+        deadline = time.monotonic() + 120
+        while subprocess.run(status, capture_output=True, timeout=60).returncode:  # its own CLI: up, with its node
+            assert head.poll() is None and time.monotonic() < deadline, f"the Ray {version} head did not start"
+            time.sleep(1)
+        started = time.monotonic()
+        ray = cd.RayWorkers(address=f"127.0.0.1:{port}")
+        with pytest.raises(cd.RayClusterError) as raised:
+            cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
+        said = str(raised.value)
+        assert f"Ray: {version}" in said and f"Ray {ray_module.__version__}, Python" in said, said
+        assert "Install the cluster's versions here" in said, said
+        assert time.monotonic() - started < 30, "the mismatch took longer than 30 s to name"
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(30)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:

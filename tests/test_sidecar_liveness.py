@@ -84,6 +84,7 @@ def standalone(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]
         server.wait(10)
 
 
+@pytest.mark.serial
 def test_a_frozen_sidecar_is_an_error_within_its_timeout_and_a_batch_twice_as_long_is_not(
     token_corpus: Path, tmp_path: Path
 ) -> None:
@@ -129,6 +130,7 @@ def test_a_frozen_sidecar_is_an_error_within_its_timeout_and_a_batch_twice_as_lo
     assert slow_result["longest wait"] >= SLOW_S - 2, f"the slow batch never came: {slow_result}"
 
 
+@pytest.mark.serial
 def test_a_sidecar_frozen_before_the_trainer_connects_is_an_error(
     token_corpus: Path, tmp_path: Path, standalone: tuple[Path, subprocess.Popen[bytes]]
 ) -> None:

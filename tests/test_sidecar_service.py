@@ -194,6 +194,7 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
     return alive
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     tmp_path: Path, token_corpus: Path, shm_dir: Path
@@ -237,6 +238,7 @@ import time; time.sleep(600)
 """
 
 
+@pytest.mark.serial
 def test_a_killed_trainer_leaves_no_worker_processes(tmp_path: Path, token_corpus: Path) -> None:
     script = tmp_path / "trainer.py"
     script.write_text(textwrap.dedent(WORKER_TRAINER).format(tests=str(TESTS), corpus=str(token_corpus)))

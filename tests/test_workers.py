@@ -76,6 +76,7 @@ def slow_in_workers(batch: dict) -> dict:
     return batch
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_workers_that_cost_more_than_they_give_are_given_up(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
@@ -94,6 +95,7 @@ def test_workers_that_cost_more_than_they_give_are_given_up(
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_path: Path) -> None:
     """When one worker pays and one more is tried, the second is asked for shares only once
@@ -124,6 +126,7 @@ def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_pat
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
 
 
+@pytest.mark.serial
 def test_no_unused_cpu_no_work_for_the_workers(token_corpus: Path) -> None:
     """With every CPU of the affinity mask kept busy by other processes, the host's thread
     makes every chunk: its workers are not handed any (they would only take CPU from it)."""
