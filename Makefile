@@ -60,6 +60,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/workers.py
 	$(VENV)/bin/python benchmarks/ray.py
 	$(VENV)/bin/python benchmarks/ray_hosts.py
+	$(VENV)/bin/python benchmarks/ray_hosts.py --pool 16
 	$(VENV)/bin/python benchmarks/lm.py
 	$(VENV)/bin/python benchmarks/mixture.py
 	$(VENV)/bin/python benchmarks/remote.py

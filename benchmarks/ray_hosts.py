@@ -1,5 +1,6 @@
 """Many hosts, one Ray cluster: does any host starve? 64 host pipelines in one process, each
-with its own Ray actor (`cd.RayWorkers(actors=1)`), against one local Ray cluster.
+with its own Ray actor (`cd.RayWorkers(actors=1)`), or all sharing one pool of 16 actors
+(`--pool 16`: `cd.RayWorkers(actors=16, pool=...)`), against one local Ray cluster.
 
 Each host pipeline runs on a thread of its own, as a sidecar's producer does, so that each
 makes its decisions on its own stream, as 64 sidecars would. The per-record work is a sleep
@@ -16,7 +17,7 @@ Goal ("no host starves"): the host whose actor made the least made at least half
 host's share, and the slowest host's records per second are at least half the median's.
 The bytes per second per host size a cluster for 1,000 hosts (docs/ray.md, "Many hosts").
 
-Run: `.venv/bin/python benchmarks/ray_hosts.py [--hosts 64] [--seconds 60] [--quick] [--out DIR]`.
+Run: `.venv/bin/python benchmarks/ray_hosts.py [--hosts 64] [--pool ACTORS] [--seconds 60] [--quick] [--out DIR]`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def main() -> None:
     """Start the cluster and the hosts; once every actor made records, measure `--seconds`; write the tables."""
     options = harness.parser(__doc__, rounds=1)
     options.add_argument("--hosts", type=int, default=64, help="host pipelines, an actor each (default 64)")
+    options.add_argument("--pool", type=int, default=0, help="the hosts share a pool of this many actors (default: one each)")
     options.add_argument("--seconds", type=float, default=60.0, help="seconds measured once every actor made records")
     args = harness.parse(options)
     if args.quick:
-        args.hosts, args.seconds = 4, 2.0
+        args.hosts, args.seconds, args.pool = 4, 2.0, min(args.pool, 2)
     sys.path.remove(str(HERE))  # this folder's ray.py (a benchmark) must not stand for the ray package
     import ray
 
@@ -77,7 +79,11 @@ def main() -> None:
     failed: list[BaseException] = []
     try:
         budget = cpu_budget()
-        choice = choose_workers(cd.RayWorkers(actors=1, num_cpus=ACTOR_CPUS), budget, "the host's own thread")
+        if args.pool:  # the same logical CPUs in all, in fewer, larger actors
+            actors = cd.RayWorkers(actors=args.pool, num_cpus=cluster_cpus / args.pool, pool="ray-hosts-benchmark")
+        else:
+            actors = cd.RayWorkers(actors=1, num_cpus=ACTOR_CPUS)
+        choice = choose_workers(actors, budget, "the host's own thread")
         hosts = [host_pipeline(pipeline, h, args.hosts, start_pool(choice, owner, budget)) for h in range(args.hosts)]
 
         def produce(h: int) -> None:
@@ -144,17 +150,22 @@ def main() -> None:
     share_ratio = least["actor_share"] / (statistics.median(h["actor_share"] for h in per_host) or 1.0)
     rate_ratio = slowest["records_per_s"] / (statistics.median(h["records_per_s"] for h in per_host) or 1.0)
     met = share_ratio >= 0.5 and rate_ratio >= 0.5
+    who = (
+        f"sharing one pool of {args.pool} Ray actors ({cluster_cpus / args.pool:g} logical CPU each)"
+        if args.pool
+        else f"with one Ray actor ({ACTOR_CPUS:g} logical CPU)"
+    )
     lines = [
-        f"{args.hosts} host pipelines in one process, each on a thread of its own with one Ray actor "
-        f"({ACTOR_CPUS:g} logical CPU) on a local cluster of {cluster_cpus} logical CPUs; workers.py's light pipeline "
+        f"{args.hosts} host pipelines in one process, each on a thread of its own {who} "
+        f"on a local cluster of {cluster_cpus} logical CPUs; workers.py's light pipeline "
         f"with a {PAUSE_S * 1e6:.0f} µs sleep a record, {ROWS} rows a host a global batch; {os.cpu_count()} CPUs. "
         f"Every actor had made records {all_ready_s:.0f} s after the start; then {seconds:.0f} s measured.",
         "",
         "| per host | min | median | max |",
         "| --- | ---: | ---: | ---: |",
         row("records/s", "records_per_s", ",.0f"),
-        row("share of its records its actor made", "actor_share", ".0%"),
-        row("wait for its actor (s per s)", "wait_s_per_s", ".3f"),
+        row(f"share of its records {'the pool' if args.pool else 'its actor'} made", "actor_share", ".0%"),
+        row(f"wait for {'the pool' if args.pool else 'its actor'} (s per s)", "wait_s_per_s", ".3f"),
         row("fetched from the object store (MB/s)", "transfer_mb_per_s", ".3f"),
         "",
         "| goal (no host starves) | value | met |",
@@ -163,8 +174,8 @@ def main() -> None:
         f"| slowest host's records/s / median (>= 0.5) | {rate_ratio:.2f} (host {slowest['host']}) | "
         f"{'yes' if rate_ratio >= 0.5 else 'NO'} |",
     ]
-    details = {"hosts": per_host, "all_ready_s": all_ready_s, "seconds": seconds, "met": met}
-    harness.write_results("ray_hosts", args, lines, {}, [], details=details)
+    details = {"hosts": per_host, "pool": args.pool, "all_ready_s": all_ready_s, "seconds": seconds, "met": met}
+    harness.write_results("ray_hosts_pool" if args.pool else "ray_hosts", args, lines, {}, [], details=details)
 
 
 if __name__ == "__main__":

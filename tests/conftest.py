@@ -2,7 +2,6 @@
 real data axis exist on a CPU-only machine. `make test` runs the tests in 2 processes
 (pytest-xdist, a module to a process); a test marked `serial` runs while no other test does."""
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -58,16 +57,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def serial_tests_run_alone(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked `serial` holds the run's lock alone, the others share it: with the test
-    processes of `make test`, a serial test waits for the test now running elsewhere, and no
-    other starts until it ends. A serial test waiting for the lock holds the gate, so that
-    the others cannot keep it from ever getting it."""
-    serial = request.node.get_closest_marker("serial") is not None
-    run = os.environ["COLO_DATA_TEST_RUN"]
-    with open(os.path.join(run, "gate"), "a") as gate, open(os.path.join(run, "lock"), "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
+    """A test marked `serial` holds the run's lock alone, the others share it (`run_lock`):
+    with the test processes of `make test`, a serial test waits for the test now running
+    elsewhere, and no other starts until it ends."""
+    from run_lock import held
+
+    with held(alone=request.node.get_closest_marker("serial") is not None):
         yield
 
 

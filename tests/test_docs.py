@@ -25,6 +25,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from run_lock import held
 
 ROOT = Path(__file__).parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -70,7 +71,8 @@ def run_page(page: Path, directory: Path) -> subprocess.CompletedProcess[str]:
     path = directory / f"{page.name}.py"  # a traceback names the page, at the page's line
     path.write_text(script(page))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # a reader's JAX: one CPU device unless a page asks
-    return subprocess.run([sys.executable, str(path)], cwd=directory, env=env, capture_output=True, text=True, timeout=600)
+    with held(alone=False, queue=False):  # in the background (`page_runs`): not while a `serial` test runs elsewhere
+        return subprocess.run([sys.executable, str(path)], cwd=directory, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="session")

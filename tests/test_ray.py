@@ -1,7 +1,8 @@
 """`cd.RayWorkers` against a real local Ray cluster (`ray.cluster_utils.Cluster`: a head and
 worker nodes, each its own raylet): the batches of local workers on every backend and host
-count, resume, an actor killed and a node removed mid-stream (every record once), and an
-unreachable cluster named in seconds."""
+count, resume, an actor killed and a node removed mid-stream (every record once), a pool
+shared by hosts and its end, an unreachable cluster named in seconds, and a real cluster of
+another Ray release named."""
 
 from __future__ import annotations
 
@@ -176,6 +177,86 @@ def test_a_placement_group_per_host_holds_its_actors(cluster: ray_cluster_utils.
     assert not ray_module.is_initialized(), "a pool that failed to start left Ray connected"
 
 
+def pool_gone(cluster: ray_cluster_utils.Cluster, name: str, seconds: float) -> bool:
+    """Whether the shared pool `name`'s keeper is gone within `seconds` (Ray connected for
+    the look, and disconnected after)."""
+    import ray as ray_module
+
+    from colo_data.workers.ray_shared import NAMESPACE
+
+    ray_module.init(address=cluster.address, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                ray_module.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                return True
+            time.sleep(0.2)
+        return False
+    finally:
+        ray_module.shutdown()
+
+
+def test_hosts_that_name_a_pool_share_its_actors_until_the_last_leaves(
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path
+) -> None:
+    """`pool="NAME"`: three host pipelines join one pool of 2 actors (not 2 each), and the
+    batches are those of no workers; once the loader closes, the pool's keeper stops its
+    actors and itself. A pool whose placement group the cluster cannot hold is the
+    RayClusterError of a host's own group, and stops."""
+    import ray as ray_module
+
+    from colo_data.workers.ray_shared import NAMESPACE
+
+    before = {p.pid for p in actor_processes()}
+    ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25, pool="three-hosts")
+    with cd.Loader(pipeline_of(token_corpus, slow), hosts=3, backend=cd.InProcess(workers=ray)) as loader:
+        got = until_workers_made(loader)
+        got += [to_numpy(next(loader)) for _ in range(20)]
+        keeper = ray_module.get_actor("three-hosts", namespace=NAMESPACE)
+        assert ray_module.get(keeper.members.remote()) == 3, "each host pipeline joined the pool"
+        pooled = [p for p in actor_processes() if p.pid not in before]
+        assert len(pooled) == 2, f"the pool's 2 actors, not 2 a host: {[p.cmdline() for p in pooled]}"
+    assert pool_gone(cluster, "three-hosts", 15), "the pool outlived the last host that used it"
+    assert not psutil.wait_procs(pooled, timeout=15)[1], "the pool's actors outlived it"
+    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=3), len(got))
+    assert_batches_equal(want, got, "a pool shared by 3 hosts")
+    too_big = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=3, placement="STRICT_PACK", pool="too-big", connect_timeout=3)
+    with pytest.raises(cd.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
+        cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=too_big))
+    assert pool_gone(cluster, "too-big", 15), "a pool that could not start outlived the error"
+
+
+MEMBER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import colo_data as cd
+from pipelines import make_pipeline
+ray = cd.RayWorkers(address={address!r}, actors=1, num_cpus=0.25, pool="killed-member")
+loader = cd.Loader(make_pipeline({corpus!r}), hosts=1, backend=cd.InProcess(workers=ray))
+next(loader)
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_pool_whose_last_host_is_killed_stops(cluster: ray_cluster_utils.Cluster, token_corpus: Path, tmp_path: Path) -> None:
+    """A trainer killed (SIGKILL) while it is the only host of a pool never leaves it: the
+    keeper drops it once Ray marks its job dead, and stops the pool."""
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER.format(tests=str(ROOT / "tests"), address=cluster.address, corpus=str(token_corpus)))
+    member = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert member.stdout is not None and member.stdout.readline().strip() == "joined"
+        assert not pool_gone(cluster, "killed-member", 0.5), "the member's pool runs"
+        member.kill()
+        member.wait(30)
+        assert pool_gone(cluster, "killed-member", 30), "the pool outlived its killed host"
+    finally:
+        member.kill()
+
+
 def test_actors_killed_mid_stream_lose_and_repeat_no_record(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -340,6 +421,8 @@ def test_ray_workers_options_are_checked_and_read_back() -> None:
     ray = cd.RayWorkers(address="ray://head:10001", actors=4, num_cpus=0.5, resources={"pre": 1})
     assert workers_from(ray.to_spec(), "--workers") == ray
     assert workers_from({"ray": "auto", "actors": 3}, "[sidecar] workers") == cd.RayWorkers(actors=3)
+    pooled = workers_from({"ray": "head:6379", "actors": 16, "pool": "job-1234"}, "[sidecar] workers")
+    assert pooled == cd.RayWorkers(address="head:6379", actors=16, pool="job-1234") and "pool 'job-1234'" in pooled.describe()
     assert workers_from("ray", "--workers") == cd.RayWorkers()
     assert cd.InProcess(workers=ray).workers is ray
     for bad, match in [
@@ -347,6 +430,7 @@ def test_ray_workers_options_are_checked_and_read_back() -> None:
         (dict(num_cpus=-1), r"num_cpus=-1.*> 0"),
         (dict(resources={"pre": "one"}), r"resources=.*amounts > 0"),
         (dict(address=""), r"address=''"),
+        (dict(pool=" "), r"pool=' '.*the shared pool's name"),
     ]:
         with pytest.raises(cd.ConfigError, match=match):
             cd.RayWorkers(**bad)

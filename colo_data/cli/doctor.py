@@ -111,13 +111,15 @@ def _ring(settings: Config, shm_dir: str, slots: int, hosts: int) -> dict[str, A
 def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
     """Whether `workers`' Ray cluster is reachable from here and runs this Ray and Python
     (Ray refuses a driver of another version), its live nodes and CPUs, and the CPUs that
-    `hosts` host pipelines' actors reserve; an `error` when it cannot be used."""
+    `hosts` host pipelines' actors reserve (a shared pool's, once); an `error` when it cannot be used."""
     import ray  # noqa: PLC0415 - only for Ray workers
 
     from colo_data.workers.ray_pool import connect
 
-    needed = workers.actors * workers.num_cpus * hosts
-    finding: dict[str, Any] = {"address": workers.address, "hosts": hosts, "actors_need_cpus": needed, "error": None}
+    needed = workers.actors * workers.num_cpus * (1 if workers.pool else hosts)
+    finding: dict[str, Any] = {
+        "address": workers.address, "hosts": hosts, "pool": workers.pool, "actors_need_cpus": needed, "error": None
+    }
     try:
         connected = connect(workers.address, workers.connect_timeout)
     except ColoDataError as error:
@@ -263,7 +265,8 @@ def _text(report: dict[str, Any]) -> str:
         found = report["ray"]
         if found["reachable"]:
             seen = f"reachable: Ray {found['ray']}, Python {found['python']} (the same here); {found['nodes']} node(s), "
-            seen += f"{found['cpus']:g} CPUs; the actors of {found['hosts']} host(s) reserve "
+            whose = f"the pool {found['pool']!r} of {found['hosts']} host(s)" if found["pool"] else f"{found['hosts']} host(s)"
+            seen += f"{found['cpus']:g} CPUs; the actors of {whose} reserve "
             rows.append(("ray cluster " + found["address"], seen + f"{found['actors_need_cpus']:g}"))
         else:
             rows.append(("ray cluster " + found["address"], "UNREACHABLE (see the error below)"))

@@ -4,18 +4,19 @@ groups, as a worker process does), the shares come back through Ray's object sto
 the host puts them together in stream order, so the batches are those of local workers.
 Actors cost the cluster's CPUs, not the host's. A share whose actor (or node) died is
 computed again here, and the actor, restarted by Ray, sets its job up again from the
-pipeline it is sent with every share: no record is lost or repeated."""
+pipeline it is sent with every share: no record is lost or repeated. The actors are the
+host's own, or those of a pool shared by hosts (`ray_shared`)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import logging
-import os
 import socket
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -23,15 +24,16 @@ from urllib.parse import urlsplit
 import cloudpickle
 import ray
 import ray.exceptions
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from colo_data.errors import RayClusterError, TransformError, from_wire, to_wire
+from colo_data.errors import RayClusterError, TransformError, from_wire
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Share
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
+from colo_data.workers import ray_shared
 from colo_data.workers.processes import READY
+from colo_data.workers.ray_actor import StreamKey, reserved, spawn
 from colo_data.workers.ray_workers import RayWorkers
 
 _LOG = logging.getLogger(__name__)
@@ -47,49 +49,6 @@ _GONE = (
 _LOST = (ConnectionError,)
 _connections = 0  # pools of this process that connected Ray themselves (the last to close disconnects)
 _connecting = threading.Lock()
-
-
-class ChunkActor:
-    """One Ray actor: the job of one stream at a time (a pipeline, a host), set up from the
-    pickled pipeline it is sent (at `set_up`, or again with any share after a restart)."""
-
-    def __init__(self) -> None:
-        self._key: tuple[int, int] | None = None
-        self._work: ChunkWork | None = None
-
-    def set_up(self, key: tuple[int, int], payload: list[ray.ObjectRef], host: int, hosts: int, position: int) -> Any:
-        """Set the job up and warm it at stream `position` (`ChunkWork.warmed`): READY, or
-        the error as text (a module of the pipeline that this actor cannot import, say)."""
-        try:
-            self._work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts).warmed(position)
-            self._key = key
-            return READY
-        except BaseException as e:
-            self._key = None
-            return to_wire(e)
-
-    def compute(
-        self, key: tuple[int, int], payload: list[ray.ObjectRef], host: int, hosts: int, position: int, count: int, share: Share
-    ) -> Any:
-        """Share `share` of the chunk of `count` global batches at `position`, with its stage
-        times, or the error as text."""
-        try:
-            if self._key != key or self._work is None:  # restarted, or its set-up did not run
-                self._work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts)
-                self._key = key
-            stages = StageTimes()
-            chunk = self._work.compute(position, count, stages, Share(*share))
-            chunk.stages = stages.values
-            return chunk
-        except BaseException as e:
-            return to_wire(e)
-
-    def versions(self) -> tuple[str, str]:
-        """This actor's Ray and Python versions."""
-        return ray.__version__, sys.version.split()[0]
-
-
-_Actor = ray.remote(ChunkActor)
 
 
 def _reachable(address: str, timeout: float) -> None:
@@ -149,28 +108,6 @@ def _not_connected(address: str, error: Exception) -> RayClusterError:
     )
 
 
-def _reserved(options: RayWorkers) -> PlacementGroup:
-    """A placement group of one bundle per actor of `options`, with its strategy, once the
-    cluster has reserved it.
-
-    Raises:
-        RayClusterError: the cluster could not reserve it within `connect_timeout` seconds.
-    """
-    bundle = {"CPU": options.num_cpus, **options.resources}
-    group = placement_group([dict(bundle) for _ in range(options.actors)], strategy=options.placement)
-    done, _ = ray.wait([group.ready()], timeout=options.connect_timeout)
-    if not done:
-        remove_placement_group(group)
-        free = ray.available_resources()
-        raise RayClusterError(
-            f"RayWorkers(placement={options.placement!r}): the cluster did not reserve {options.actors} bundle(s) of "
-            f"{bundle} in {options.connect_timeout:g} s (it has {free.get('CPU', 0):g} CPUs free, on "
-            f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s)): ask for fewer or smaller actors, another "
-            "strategy, or a larger cluster"
-        )
-    return group
-
-
 class RayPool:
     """The actors of `options` (`cd.RayWorkers`) that compute one host pipeline's chunks;
     owned by `owner`, which kills them (and disconnects Ray, if this pool connected it)
@@ -184,24 +121,20 @@ class RayPool:
             self._connected = connect(options.address, options.connect_timeout)
             _connections += self._connected
         self.count = options.actors
+        self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
         self._keys = itertools.count()
-        self._pid = os.getpid()
         self._closed = False
         self.lost = False  # a stream found the cluster gone: nothing to kill or remove there
         self.actors: list[Any] = []
         self._group: PlacementGroup | None = None
+        self._keeper: Any = None  # a shared pool's keeper (`options.pool`), which owns the actors
         owner.add(options.describe(), self.close)  # from here, whatever fails below
-        # restarted by Ray where it died (a node gone); its shares meanwhile are computed here
-        settings: dict[str, Any] = {"num_cpus": options.num_cpus, "max_restarts": -1, "max_task_retries": 0}
-        if options.resources:
-            settings["resources"] = dict(options.resources)
-        if options.runtime_env:
-            settings["runtime_env"] = dict(options.runtime_env)
         try:
-            self._group = _reserved(options) if options.placement else None
-            for i in range(self.count):
-                where = "SPREAD" if self._group is None else PlacementGroupSchedulingStrategy(self._group, i)
-                self.actors.append(_Actor.options(**settings, scheduling_strategy=where).remote())
+            if options.pool:
+                self._keeper, self.actors = ray_shared.join(options, self._id)
+            else:
+                self._group = reserved(options) if options.placement else None
+                self.actors = spawn(options, self._group, jobs=1)
         except BaseException:
             self.close()
             raise
@@ -214,16 +147,20 @@ class RayPool:
     def stream(self, payload: bytes, host: int, hosts: int, position: int) -> RayStream:
         """A stream of host `host` of `hosts` of the pickled pipeline `payload`, which the
         actors set up (and warm at `position`) in the background."""
-        return RayStream(self, (self._pid, next(self._keys)), payload, host, hosts, position)
+        return RayStream(self, (self._id, next(self._keys)), payload, host, hosts, position)
 
     def close(self, timeout: float = 0.0) -> None:
-        """Kill the actors (at once: `timeout` is not needed); disconnect Ray if this pool
-        connected it and no other pool of this process still uses it. Safe to call twice."""
+        """Kill the actors (at once: `timeout` is not needed), or leave a shared pool (its
+        keeper stops it once no host uses it); disconnect Ray if this pool connected it and no
+        other pool of this process still uses it. Safe to call twice."""
         global _connections
         if self._closed:
             return
         self._closed = True
-        for actor in [] if self.lost else self.actors:
+        if self._keeper is not None and not self.lost:
+            with contextlib.suppress(Exception):  # the keeper is gone already: so is the pool
+                ray.get(self._keeper.leave.remote(self._id), timeout=10)
+        for actor in [] if self.lost or self._keeper is not None else self.actors:
             try:
                 ray.kill(actor)
             except Exception:  # the cluster is gone already: so are its actors
@@ -251,7 +188,7 @@ class RayStream:
     asked for. Once the cluster is lost (Ray Client's connection gone for good), every
     chunk is computed here, with a warning: the stream goes on, at the host's own speed."""
 
-    def __init__(self, pool: RayPool, key: tuple[int, int], payload: bytes, host: int, hosts: int, position: int) -> None:
+    def __init__(self, pool: RayPool, key: StreamKey, payload: bytes, host: int, hosts: int, position: int) -> None:
         self._pool, self._key, self._host, self._hosts = pool, key, host, hosts
         self._payload = payload
         self._ready = [False] * pool.count

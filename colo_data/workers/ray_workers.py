@@ -37,6 +37,10 @@ class RayWorkers:
             nodes; "PACK", "SPREAD", "STRICT_PACK" or "STRICT_SPREAD" reserves a placement
             group per host pipeline (one bundle of `num_cpus` and `resources` per actor),
             with Ray's strategy of that name: reserved together, or not at all.
+        pool: a name, for `actors` actors shared by every host pipeline (of any job on the
+            cluster) that gives it, instead of `actors` for each; the first host to come
+            starts them (with its options), and they stop once no host uses them
+            (`ray_shared`). A placement group is then reserved for the pool.
         runtime_env: the actors' Ray runtime environment, e.g. {"py_modules": [my_pkg]} or
             {"env_vars": {"PYTHONPATH": ...}}, so that they can import what the pipeline's
             functions use (a script's own functions travel by value without it).
@@ -48,6 +52,7 @@ class RayWorkers:
     num_cpus: float = 1.0
     resources: Mapping[str, float] = field(default_factory=dict)
     placement: str | None = None
+    pool: str | None = None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     connect_timeout: float = 20.0
 
@@ -73,6 +78,8 @@ class RayWorkers:
                 f"RayWorkers(placement={self.placement!r}): give None (actors spread over the nodes) or one of Ray's "
                 f"placement group strategies {', '.join(map(repr, PLACEMENTS))} (a group per host pipeline)"
             )
+        if self.pool is not None and (not isinstance(self.pool, str) or not self.pool.strip()):
+            raise ConfigError(f"RayWorkers(pool={self.pool!r}): give None (each host's own actors) or the shared pool's name")
         if not isinstance(self.runtime_env, Mapping):
             raise ConfigError(f"RayWorkers(runtime_env={self.runtime_env!r}): give a dict (Ray's runtime_env)")
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
@@ -80,7 +87,8 @@ class RayWorkers:
     def describe(self) -> str:
         """The options in words, for reports."""
         extra = f", resources {dict(self.resources)}" if self.resources else ""
-        extra += f", a {self.placement} placement group per host" if self.placement else ""
+        extra += f", a {self.placement} placement group {'for the pool' if self.pool else 'per host'}" if self.placement else ""
+        extra += f", in the pool {self.pool!r} shared by hosts" if self.pool else ""
         return f"{self.actors} Ray actor(s) of {self.num_cpus:g} CPU at {self.address}{extra}"
 
     def to_spec(self) -> str:

@@ -1,0 +1,135 @@
+"""A pool of Ray actors shared by host pipelines (`cd.RayWorkers(pool=NAME)`): those of any
+job on the cluster that give the same name use one set of actors, not a set each. Its
+keeper, a detached actor named NAME, owns the actors: the first host to come starts it (and
+it the actors), every host joins and leaves, and once no host is left the keeper stops the
+actors and itself. A host whose process dies without leaving is dropped as soon as Ray
+marks its job dead, so the pool never outlives the last job that uses it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+import ray._private.state
+import ray.exceptions
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from colo_data.errors import RayClusterError
+from colo_data.workers.ray_actor import reserved, spawn
+from colo_data.workers.ray_workers import RayWorkers
+
+_LOG = logging.getLogger(__name__)
+NAMESPACE = "colo-data"  # Ray's namespace of the pools' keepers
+JOBS_PER_ACTOR = 64  # the hosts' jobs a pooled actor keeps set up at once (more are set up again in turn)
+WATCH_S = 1.0  # how often the keeper looks for hosts whose job died
+ALONE_S = 60.0  # a keeper that no host joined stops after this long
+JOIN_S = 120.0  # a host waits this long for the pool's keeper: a Ray worker process to start, on a busy cluster
+
+
+class PoolKeeper:
+    """The detached actor that owns a shared pool's actors; a threaded actor, so that hosts
+    join and leave while it watches for dead jobs."""
+
+    def __init__(self, options: RayWorkers) -> None:
+        self._lock = threading.Lock()
+        self._members: dict[str, str] = {}  # a host's pool -> its Ray job
+        self._joined = False
+        self._joins = 0  # hosts that joined so far
+        self._stopping = False
+        self._group: PlacementGroup | None = None
+        self._actors: list[Any] = []
+        self._failed: str | None = None  # why the pool could not start (its placement group not reserved)
+        try:
+            self._group = reserved(options) if options.placement else None
+            self._actors = spawn(options, self._group, JOBS_PER_ACTOR)
+        except RayClusterError as e:
+            self._failed = str(e)
+        self._started = time.monotonic()
+        threading.Thread(target=self._watch, name="colo-data-pool-keeper", daemon=True).start()
+
+    def join(self, member: str, job: str) -> list[Any] | str | None:
+        """The pool's actors, for host pool `member` of Ray job `job`, in the order it should
+        use them: each host starts at the next actor of the last one's, so that hosts that
+        use few actors (a host uses one first, more while they pay) use different ones.
+        None if the keeper is stopping (the host starts the next one), or why the pool
+        could not start."""
+        with self._lock:
+            if self._stopping or self._failed:
+                return self._failed
+            self._members[member], self._joined = job, True
+            first = self._joins % len(self._actors)
+            self._joins += 1
+            return self._actors[first:] + self._actors[:first]
+
+    def leave(self, member: str) -> None:
+        """`member` is done with the pool (the keeper stops it within `WATCH_S` once none is left)."""
+        with self._lock:
+            self._members.pop(member, None)
+
+    def members(self) -> int:
+        """How many host pools use the pool now."""
+        with self._lock:
+            return len(self._members)
+
+    def _watch(self) -> None:
+        """Drop the hosts whose Ray job died; stop the pool once no host uses it (or none came)."""
+        while True:
+            time.sleep(WATCH_S)
+            try:
+                dead = {job["JobID"] for job in ray._private.state.jobs() if job["IsDead"]}
+            except Exception as e:  # the job table unreadable for once: look again
+                _LOG.warning("colo-data pool keeper: cannot read Ray's jobs (%s)", e)
+                continue
+            with self._lock:
+                for member, job in list(self._members.items()):
+                    if job in dead:
+                        del self._members[member]
+                alone = time.monotonic() - self._started > ALONE_S
+                self._stopping = not self._members and (self._joined or bool(self._failed) or alone)
+            if self._stopping:
+                break
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._group)
+        ray.kill(ray.get_runtime_context().current_actor)  # which frees its name for the next
+
+
+_Keeper = ray.remote(PoolKeeper)
+
+
+def join(options: RayWorkers, member: str) -> tuple[Any, list[Any]]:
+    """The keeper of the pool `options.pool` (started now if there is none) and its actors,
+    joined as `member`.
+
+    Raises:
+        RayClusterError: no keeper answered within `JOIN_S` seconds.
+    """
+    job = ray.get_runtime_context().get_job_id()
+    deadline = time.monotonic() + JOIN_S
+    why = "it kept stopping as this host joined"
+    while time.monotonic() < deadline:
+        keeper = _Keeper.options(
+            name=options.pool, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0, max_concurrency=4
+        ).remote(options)
+        try:
+            actors = ray.get(keeper.join.remote(member, job), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError as e:  # it stopped as this host came, or could not start
+            actors, why = None, f"its keeper died: {e}"
+        except ray.exceptions.GetTimeoutError:
+            actors, why = None, f"its keeper did not answer (is the cluster short of resources for {options.describe()}?)"
+        if isinstance(actors, str):
+            raise RayClusterError(actors)
+        if actors is not None:
+            return keeper, actors
+        time.sleep(0.1)
+    raise RayClusterError(
+        f"RayWorkers(pool={options.pool!r}): could not join the pool in {JOIN_S:g} s: {why}; `ray status` "
+        "shows the cluster's resources"
+    )
