@@ -79,7 +79,7 @@ class PoolKeeper:
         """Drop the hosts whose Ray job died; stop the pool once no host uses it (or none came)."""
         while True:
             time.sleep(WATCH_S)
-            try:
+            try:  # Ray's job table (its public state API needs the dashboard, which a cluster may not run)
                 dead = {job["JobID"] for job in ray._private.state.jobs() if job["IsDead"]}
             except Exception as e:  # the job table unreadable for once: look again
                 _LOG.warning("colo-data pool keeper: cannot read Ray's jobs (%s)", e)
@@ -109,7 +109,8 @@ def join(options: RayWorkers, member: str) -> tuple[Any, list[Any]]:
     joined as `member`.
 
     Raises:
-        RayClusterError: no keeper answered within `JOIN_S` seconds.
+        RayClusterError: the pool could not start (its placement group not reserved), or
+            no keeper answered within `JOIN_S` seconds.
     """
     job = ray.get_runtime_context().get_job_id()
     deadline = time.monotonic() + JOIN_S
