@@ -21,6 +21,7 @@ from colo_data.cli import main
 from colo_data.host.resources import WorkerChoice, auto_workers, choose_workers, shm_capacity
 
 from real_cgroup import cpu_cgroup
+from start_gate import tmpfs
 
 AFFINITY = 8
 ROOTFS = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"
@@ -280,8 +281,10 @@ def test_memory_unlimited(tmp_path: Path, cgroup: str, mount: str, files: dict[s
 
 
 def test_shm_capacity(tmp_path: Path) -> None:
-    stat = os.statvfs(tmp_path)
-    assert shm_capacity(str(tmp_path)) == stat.f_bavail * stat.f_frsize > 0
+    """The free bytes of a real 16 MiB tmpfs (its own: the free space of a disk that other
+    tests write to changes between two looks)."""
+    with tmpfs(tmp_path / "shm", "16m") as mount:
+        assert shm_capacity(str(mount)) == 16 * 2**20
     with pytest.raises(ConfigError, match="no-such-dir"):
         shm_capacity(str(tmp_path / "no-such-dir"))
 

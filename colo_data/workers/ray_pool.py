@@ -120,7 +120,6 @@ class RayPool:
         with _connecting:
             self._connected = connect(options.address, options.connect_timeout)
             _connections += self._connected
-        self.count = options.actors
         self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
         self._keys = itertools.count()
         self._closed = False
@@ -138,6 +137,7 @@ class RayPool:
         except BaseException:
             self.close()
             raise
+        self.count = len(self.actors)  # a shared pool's: those its first host asked for
 
     def idle_cpus(self) -> float:
         """The pool's CPUs are the cluster's: it never takes the host's, so it is always
