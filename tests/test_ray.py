@@ -366,7 +366,7 @@ def test_a_cluster_of_another_ray_version_is_named(token_corpus: Path, tmp_path:
     venv, version = other_ray(tmp_path / "venv")
     port = free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # its own: a `ray.init()` elsewhere must not find it
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # that release has no token authentication
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token authentication on either side (docs/ray.md)
     head = subprocess.Popen(
         [str(venv / "bin" / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1", f"--temp-dir={temp}",
          "--include-dashboard=false", "--disable-usage-stats"],
