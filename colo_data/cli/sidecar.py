@@ -4,6 +4,7 @@ come from a `COLO_DATA_*` environment variable (the sidecar image sets them once
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 from types import FrameType
@@ -15,13 +16,16 @@ from colo_data import defaults
 
 if TYPE_CHECKING:
     from colo_data.backends.sidecar.ring_plan import RingPlan
+    from colo_data.backends.sidecar.server import SidecarServer
     from colo_data.ops.config import Config
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
+def _stop(server: SidecarServer | None, signum: int, frame: FrameType | None) -> None:
     # Once: a second SIGTERM (a trainer's stop called again) would interrupt the unwinding
     # mid-way, leaving a session's thread in its generator; the trainer kills what hangs.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if server is not None:
+        server.stop()  # ends its loop even if the SystemExit below is swallowed mid-session
     sys.exit(0)  # unwinds the server: the open session's ring is removed
 
 
@@ -92,7 +96,7 @@ def serve(
     from colo_data.host.resources import workers_from
     from colo_data.ops.config import load_config
 
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, functools.partial(_stop, None))
     if exit_with is not None:  # a trainer's own sidecar: the trainer stops it (SIGTERM) after a Ctrl-C, not the terminal
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -108,6 +112,7 @@ def serve(
             exit_with=exit_with,
             socket_mode=socket_mode,
         )
+        signal.signal(signal.SIGTERM, functools.partial(_stop, server))
         if settings is not None:
             check_config_ring(settings, server.shm_dir, server.slots, hosts)
         server.listen()

@@ -211,7 +211,8 @@ class SidecarServer:
         self._session: _Session | None = None
         self._listener: Listener | None = None
         self._key = b""
-        self._admitted: queue.Queue[Connection] = queue.Queue()  # from the door thread to the serving one
+        self._admitted: queue.Queue[Connection | None] = queue.Queue()  # from the door thread to the serving one
+        self._stopping = threading.Event()  # `stop()`: the loop ends after the session in hand
         self._turn = threading.Condition()  # guards `_active`
         self._active: _Active | None = None  # the trainer admitted last, until its session has ended
         self._owner = Lifecycle("sidecar server")
@@ -386,8 +387,10 @@ class SidecarServer:
         door.start()
         try:
             with self._listener:
-                while True:
+                while not self._stopping.is_set():
                     conn = self._admitted.get()
+                    if conn is None:  # woken by `stop()`
+                        break
                     try:
                         with conn:
                             conn.send({"ready": True})
@@ -409,6 +412,13 @@ class SidecarServer:
             self._stop_workers()
             self._end_session()
             self._remove_key()
+
+    def stop(self) -> None:
+        """Ask `serve_forever` to end (a SIGTERM, whose handler also raises SystemExit): it
+        ends after the session in hand even where that exception, raised at any point of a
+        session, is swallowed on its way (it was once, and the sidecar served on)."""
+        self._stopping.set()
+        self._admitted.put(None)
 
     def _stop_workers(self) -> None:
         """End the worker processes at once (the server is stopping): a session's producer
