@@ -37,7 +37,6 @@ class PoolKeeper:
     def __init__(self, options: RayWorkers) -> None:
         self._lock = threading.Lock()
         self._members: dict[str, str] = {}  # a host's pool -> its Ray job
-        self._joined = False
         self._joins = 0  # hosts that joined so far
         self._stopping = False
         self._group: PlacementGroup | None = None
@@ -60,7 +59,7 @@ class PoolKeeper:
         with self._lock:
             if self._stopping or self._failed:
                 return self._failed
-            self._members[member], self._joined = job, True
+            self._members[member] = job
             first = self._joins % len(self._actors)
             self._joins += 1
             return self._actors[first:] + self._actors[:first]
@@ -89,7 +88,7 @@ class PoolKeeper:
                     if job in dead:
                         del self._members[member]
                 alone = time.monotonic() - self._started > ALONE_S
-                self._stopping = not self._members and (self._joined or bool(self._failed) or alone)
+                self._stopping = not self._members and (self._joins > 0 or bool(self._failed) or alone)
             if self._stopping:
                 break
         for actor in self._actors:
