@@ -11,7 +11,10 @@ records, the run goes on for `--seconds` and reports, per host, from its stage c
 
 - its actor's share of its records (`pool_wait` items / the host's records);
 - its records per second, and its wait for its actor (`pool_wait` seconds per second);
-- the bytes per second it fetched from the object store (`transfer`).
+- the bytes per second it fetched from the object store (`transfer`);
+
+and the actor processes' count and memory (resident, and their own: USS, without the pages
+they share).
 
 Goal ("no host starves"): the host whose actor made the least made at least half the median
 host's share, and the slowest host's records per second are at least half the median's.
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 import harness
+import psutil
 import workers_pipeline
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +47,20 @@ def pause(batch: dict) -> dict:
     """Per-record work on CPUs of the cluster's own: a sleep, which costs this machine none."""
     time.sleep(PAUSE_S * len(batch["tokens"]))
     return batch
+
+
+def actor_memory() -> tuple[int, float, float]:
+    """The chunk actors' processes (descendants of this process, which started the cluster),
+    and their resident and unique memory in GB."""
+    count, rss, uss = 0, 0, 0
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "ChunkActor" in " ".join(process.cmdline()):
+                memory = process.memory_full_info()
+                count, rss, uss = count + 1, rss + memory.rss, uss + memory.uss
+        except psutil.Error:  # gone meanwhile
+            continue
+    return count, rss / 1e9, uss / 1e9
 
 
 def main() -> None:
@@ -115,6 +133,7 @@ def main() -> None:
         time.sleep(args.seconds)
         seconds = time.monotonic() - t0
         after = [(list(host.stages.values), records[h]) for h, host in enumerate(hosts)]
+        processes, rss_gb, uss_gb = actor_memory()
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
@@ -159,7 +178,8 @@ def main() -> None:
         f"{args.hosts} host pipelines in one process, each on a thread of its own {who} "
         f"on a local cluster of {cluster_cpus} logical CPUs; workers.py's light pipeline "
         f"with a {PAUSE_S * 1e6:.0f} µs sleep a record, {ROWS} rows a host a global batch; {os.cpu_count()} CPUs. "
-        f"Every actor had made records {all_ready_s:.0f} s after the start; then {seconds:.0f} s measured.",
+        f"Every actor had made records {all_ready_s:.0f} s after the start; then {seconds:.0f} s measured. "
+        f"{processes} actor processes held {rss_gb:.1f} GB resident ({uss_gb:.1f} GB of their own).",
         "",
         "| per host | min | median | max |",
         "| --- | ---: | ---: | ---: |",
@@ -174,7 +194,10 @@ def main() -> None:
         f"| slowest host's records/s / median (>= 0.5) | {rate_ratio:.2f} (host {slowest['host']}) | "
         f"{'yes' if rate_ratio >= 0.5 else 'NO'} |",
     ]
-    details = {"hosts": per_host, "pool": args.pool, "all_ready_s": all_ready_s, "seconds": seconds, "met": met}
+    details = {
+        "hosts": per_host, "pool": args.pool, "all_ready_s": all_ready_s, "seconds": seconds, "met": met,
+        "actor_processes": processes, "actor_rss_gb": rss_gb, "actor_uss_gb": uss_gb,
+    }
     harness.write_results("ray_hosts_pool" if args.pool else "ray_hosts", args, lines, {}, [], details=details)
 
 

@@ -228,6 +228,38 @@ def test_hosts_that_name_a_pool_share_its_actors_until_the_last_leaves(
     assert pool_gone(cluster, "too-big", 15), "a pool that could not start outlived the error"
 
 
+def test_a_pool_splits_its_actors_evenly_among_the_hosts_in_it(cluster: ray_cluster_utils.Cluster) -> None:
+    """A pool of 4 actors gives each of 2 hosts 2 actors of its own, and each of 5 hosts one
+    (two share one); as hosts leave, those left get their actors back (a host asks the
+    keeper for its share every second), and go on using Ray after the host that connected
+    it has closed."""
+    from colo_data.runtime.lifecycle import Lifecycle
+    from colo_data.workers.ray_pool import RayPool
+
+    def shares(hosts: list[RayPool], want: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The actors of each of `hosts`, sorted, once they are `want` (or after 15 s)."""
+        deadline = time.monotonic() + 15
+        while True:
+            got = sorted(tuple(host.chosen(host.count)) for host in hosts)
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.1)
+
+    options = cd.RayWorkers(address=cluster.address, actors=4, num_cpus=0.1, pool="split")
+    owner = Lifecycle("the hosts of a split pool")
+    try:
+        hosts = [RayPool(options, owner) for _ in range(2)]
+        assert shares(hosts, [(0, 1), (2, 3)]) == [(0, 1), (2, 3)]
+        hosts += [RayPool(options, owner) for _ in range(3)]
+        assert shares(hosts, [(0,), (0,), (1,), (2,), (3,)]) == [(0,), (0,), (1,), (2,), (3,)]
+        for host in hosts[:3]:
+            host.close()
+        assert shares(hosts[3:], [(0, 1), (2, 3)]) == [(0, 1), (2, 3)], "the hosts left did not get the actors back"
+    finally:
+        owner.close()
+    assert pool_gone(cluster, "split", 15), "the pool outlived its hosts"
+
+
 MEMBER = """
 import sys, time
 sys.path.insert(0, {tests!r})

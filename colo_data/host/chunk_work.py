@@ -62,7 +62,11 @@ class ChunkPool(Protocol):
     """What computes chunk work away from the host pipeline's own thread (worker
     processes): every chunk shared out among `count` workers or fewer and handed back whole."""
 
-    count: int
+    @property
+    def count(self) -> int:
+        """The workers a stream may use now (a shared pool's share changes as hosts come and go)."""
+        ...
+
     remote: bool  # its workers use CPUs that are not the host's (a cluster's): it is asked for from the start
 
     def idle_cpus(self) -> float | None:

@@ -133,7 +133,7 @@ class HostPipeline:
         start: 2 workers ran the light pipeline in process at half of one's rate); a count
         that does not pay goes back to the one before; a
         single worker that delivers less than `_SLOWER` times what this thread did alone is
-        given up, and tried again after `_RETRY_S` (doubling). On 2 CPUs a light pipeline
+        given up, and tried again after `_RETRY_S` (doubling, but for a remote pool). On 2 CPUs a light pipeline
         through a sidecar kept both busy without workers (two beside it ran at half its
         rate); in process one worker doubled it and a second added nothing; a CPU-bound
         one gained from both."""
@@ -193,13 +193,17 @@ class HostPipeline:
                 rates.append(made / (now - trial))
                 trial = None
                 if level == 1 and rates[1] < _SLOWER * rates[0]:  # the pool costs more than it gives
-                    level, retry_at, retry = 0, now + retry, 2 * retry
+                    # (a remote pool's trial costs the host no CPU: it is tried again as often as at first)
+                    level, retry_at, retry = 0, now + retry, retry if pool.remote else 2 * retry
                 elif level > 1 and rates[level] < rates[level - 1] * (1 + min(_GAIN, 0.5 / level)):  # it did not pay
                     level, settled = level - 1, True
                 elif level < pool.count and not settled:  # start one more; it is tried once it is ready
                     assert stream is not None
                     growing, started = True, max(started, level + 1)
                     stream.ready(level + 1)
+            if level > pool.count:  # the pool's share of this host fell (a shared pool that more hosts joined)
+                level, trial, growing, settled = pool.count, None, False, True
+                del rates[level + 1 :]
             while level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
                 assert stream is not None  # the pool is asked only once its stream is ready
                 count = batches if end is None else min(batches, (end - frontier) // size)

@@ -6,6 +6,7 @@ comes with every share, so one restarted by Ray, or one that let a job go, sets 
 from __future__ import annotations
 
 import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -21,16 +22,19 @@ from colo_data.workers.processes import READY
 from colo_data.workers.ray_workers import RayWorkers
 
 StreamKey = tuple[str, int]  # (the pool that opened the stream, its number there): unique on the cluster
+IDLE_S = 60.0  # a job no share asked for in this long is let go (its host left, or a shared pool's host moved on)
 
 
 class ChunkActor:
     """One Ray actor: the jobs of the last `jobs` streams it served (1 for a host's own
-    actors; a pool shared by hosts keeps one a host), each set up from the pickled pipeline
-    it is sent (at `set_up`, or again with a share after a restart or once let go)."""
+    actors; a pool shared by hosts keeps one a host) and used in the last `IDLE_S` seconds,
+    each set up from the pickled pipeline it is sent (at `set_up`, or again with a share
+    after a restart or once let go): a job holds its pipeline's readers and buffers, so a
+    pooled actor's memory follows the hosts it serves now."""
 
     def __init__(self, jobs: int) -> None:
         self._limit = jobs
-        self._jobs: OrderedDict[StreamKey, ChunkWork] = OrderedDict()
+        self._jobs: OrderedDict[StreamKey, tuple[ChunkWork, float]] = OrderedDict()  # oldest use first
 
     def set_up(self, key: StreamKey, payload: list[ray.ObjectRef], host: int, hosts: int, position: int) -> Any:
         """Set the job up and warm it at stream `position` (`ChunkWork.warmed`): READY, or
@@ -48,7 +52,7 @@ class ChunkActor:
         """Share `share` of the chunk of `count` global batches at `position`, with its stage
         times, or the error as text."""
         try:
-            work = self._jobs.get(key)
+            work = self._jobs[key][0] if key in self._jobs else None
             if work is None:  # restarted, let go, or its set-up did not run
                 work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts)
             self._keep(key, work)
@@ -64,10 +68,12 @@ class ChunkActor:
         return ray.__version__, sys.version.split()[0]
 
     def _keep(self, key: StreamKey, work: ChunkWork) -> None:
-        """`work` as the job of stream `key`, the most recent; the oldest beyond the limit let go."""
-        self._jobs[key] = work
+        """`work` as the job of stream `key`, used now; the oldest beyond the limit, and those
+        idle for `IDLE_S`, let go."""
+        now = time.monotonic()
+        self._jobs[key] = (work, now)
         self._jobs.move_to_end(key)
-        while len(self._jobs) > self._limit:
+        while len(self._jobs) > self._limit or now - next(iter(self._jobs.values()))[1] > IDLE_S:
             self._jobs.popitem(last=False)
 
 

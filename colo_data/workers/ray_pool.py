@@ -47,7 +47,8 @@ _GONE = (
 # what Ray Client (a "ray://" address) raises once the cluster is gone for good, after
 # retrying for its reconnect grace period (RAY_CLIENT_RECONNECT_GRACE_PERIOD, 30 s)
 _LOST = (ConnectionError,)
-_connections = 0  # pools of this process that connected Ray themselves (the last to close disconnects)
+_ours = False  # this process's Ray connection was made by a pool (the last pool open on it disconnects)
+_users = 0  # pools open on a connection a pool made
 _connecting = threading.Lock()
 
 
@@ -116,10 +117,11 @@ class RayPool:
     remote = True  # the actors use the cluster's CPUs: asked for from the start
 
     def __init__(self, options: RayWorkers, owner: Lifecycle) -> None:
-        global _connections
+        global _ours, _users
         with _connecting:
-            self._connected = connect(options.address, options.connect_timeout)
-            _connections += self._connected
+            _ours = connect(options.address, options.connect_timeout) or _ours
+            self._user = _ours  # counted in _users (a connection the user made is the user's to end)
+            _users += self._user
         self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
         self._keys = itertools.count()
         self._closed = False
@@ -127,17 +129,44 @@ class RayPool:
         self.actors: list[Any] = []
         self._group: PlacementGroup | None = None
         self._keeper: Any = None  # a shared pool's keeper (`options.pool`), which owns the actors
+        self._share = (0, 0)  # the actors this host uses: (first, count) of `actors`, in a ring
+        self._asking: ray.ObjectRef | None = None  # a shared pool's keeper asked for this host's share
+        self._asked_at = time.monotonic()
         owner.add(options.describe(), self.close)  # from here, whatever fails below
         try:
             if options.pool:
-                self._keeper, self.actors = ray_shared.join(options, self._id)
+                self._keeper, self.actors, self._share = ray_shared.join(options, self._id)
             else:
                 self._group = reserved(options) if options.placement else None
                 self.actors = spawn(options, self._group, jobs=1)
+                self._share = (0, len(self.actors))
         except BaseException:
             self.close()
             raise
-        self.count = len(self.actors)  # a shared pool's: those its first host asked for
+
+    @property
+    def count(self) -> int:
+        """The actors this host may use now: all its own, or its share of a shared pool
+        (which falls as hosts join it and rises as they leave)."""
+        return self._share[1]
+
+    def chosen(self, workers: int) -> list[int]:
+        """Which of `actors` the first `workers` of this host are: its own first ones, or
+        those of its share of a shared pool (asked of the keeper again every
+        `ray_shared.SHARE_S` seconds, without waiting for the answer)."""
+        if self._keeper is not None and not self.lost:
+            if self._asking is not None:
+                try:
+                    done, _ = ray.wait([self._asking], timeout=0)
+                    if done:
+                        self._share, self._asking, self._asked_at = ray.get(done[0]), None, time.monotonic()
+                except (ray.exceptions.RayError, *_LOST):  # the keeper (or the cluster) is gone: the last share stays
+                    self._asking, self._asked_at = None, time.monotonic()
+            elif time.monotonic() - self._asked_at >= ray_shared.SHARE_S:
+                with contextlib.suppress(ray.exceptions.RayError, *_LOST):
+                    self._asking = self._keeper.share.remote(self._id)
+        first = self._share[0]
+        return [(first + i) % len(self.actors) for i in range(workers)]
 
     def idle_cpus(self) -> float:
         """The pool's CPUs are the cluster's: it never takes the host's, so it is always
@@ -151,9 +180,9 @@ class RayPool:
 
     def close(self, timeout: float = 0.0) -> None:
         """Kill the actors (at once: `timeout` is not needed), or leave a shared pool (its
-        keeper stops it once no host uses it); disconnect Ray if this pool connected it and no
+        keeper stops it once no host uses it); disconnect Ray if a pool connected it and no
         other pool of this process still uses it. Safe to call twice."""
-        global _connections
+        global _ours, _users
         if self._closed:
             return
         self._closed = True
@@ -169,17 +198,21 @@ class RayPool:
             with contextlib.suppress(Exception):  # the cluster is gone already: so is the group
                 remove_placement_group(self._group)
         with _connecting:
-            _connections -= self._connected
-            if self._connected and not _connections and ray.is_initialized():
-                ray.shutdown()
+            _users -= self._user
+            if self._user and not _users:
+                _ours = False
+                if ray.is_initialized():
+                    ray.shutdown()
 
 
 class _Asked(NamedTuple):
-    """One chunk asked for: where, how many global batches, and its shares' results (None:
-    not asked, the cluster being lost: computed here)."""
+    """One chunk asked for: where, how many global batches, the actors its shares were
+    asked of (of the pool's `actors`), and their results (None: not asked, the cluster
+    being lost: computed here)."""
 
     position: int
     batches: int
+    actors: list[int]
     shares: list[ray.ObjectRef | None]
 
 
@@ -191,26 +224,40 @@ class RayStream:
     def __init__(self, pool: RayPool, key: StreamKey, payload: bytes, host: int, hosts: int, position: int) -> None:
         self._pool, self._key, self._host, self._hosts = pool, key, host, hosts
         self._payload = payload
-        self._ready = [False] * pool.count
+        self._ready = [False] * len(pool.actors)
         self._asked: deque[_Asked] = deque()
         self._here: ChunkWork | None = None  # computes the shares of actors that died, and all once the cluster is lost
         self._gone: set[int] = set()  # actors whose last share failed (warned about once, until one comes)
         self._lost = False  # the cluster is gone: nothing is asked of it any more
-        self._set_up: list[ray.ObjectRef] = []
+        self._position = position
+        # the actors asked to set the stream up: this host's (all its own, or its share of a shared pool's,
+        # whose other actors would each hold every host's stream), and others once its share moves to them
+        self._set_up: dict[int, ray.ObjectRef] = {}
         try:
             self._boxed = [ray.put(payload)]  # in a list: sent to the actors as a reference, fetched only to set up
-            self._set_up = [a.set_up.remote(key, self._boxed, host, hosts, position) for a in pool.actors]
+            for i in pool.chosen(pool.count):
+                self._start_set_up(i)
         except _LOST as e:
             self._lose(e)
 
+    def _start_set_up(self, actor: int) -> None:
+        """Ask actor `actor` to set the stream up (and warm it where it starts)."""
+        job = (self._key, self._boxed, self._host, self._hosts, self._position)
+        self._set_up[actor] = self._pool.actors[actor].set_up.remote(*job)
+
     def ready(self, workers: int) -> bool:
-        """Whether the first `workers` actors have set the job up. An actor that could not
-        raises its error here; one that died counts as ready (restarted, it sets the job up
-        with its first share), and so do all once the cluster is lost."""
-        for i in range(workers):
+        """Whether the first `workers` actors of this host (`RayPool.chosen`) have set the job
+        up. An actor that could not raises its error here; one that died counts as ready
+        (restarted, it sets the job up with its first share), and so do all once the cluster
+        is lost."""
+        chosen = self._pool.chosen(workers)
+        for i in chosen:
             if self._ready[i] or self._lost:
                 continue
             try:
+                if i not in self._set_up:
+                    self._start_set_up(i)
+                    continue
                 done, _ = ray.wait([self._set_up[i]], timeout=0)
                 if not done:
                     continue
@@ -223,7 +270,7 @@ class RayStream:
             if reply != READY:
                 raise self._raised(reply, i)
             self._ready[i] = True
-        return self._lost or all(self._ready[:workers])
+        return self._lost or all(self._ready[i] for i in chosen)
 
     def has_next(self) -> bool:
         """Whether every share of the oldest chunk asked for has come (or, the cluster
@@ -242,16 +289,17 @@ class RayStream:
 
     def ask(self, position: int, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at `position`, shared out to the
-        first `workers` actors."""
+        first `workers` actors of this host (`RayPool.chosen`)."""
+        chosen = self._pool.chosen(workers)
         shares: list[ray.ObjectRef | None] = [None] * workers
         if not self._lost:
             try:
-                for i, actor in enumerate(self._pool.actors[:workers]):
+                for i, actor in enumerate(chosen):
                     job = (self._key, self._boxed, self._host, self._hosts, position, count, (i, workers))
-                    shares[i] = actor.compute.remote(*job)
+                    shares[i] = self._pool.actors[actor].compute.remote(*job)
             except _LOST as e:
                 self._lose(e)
-        self._asked.append(_Asked(position, count, shares))
+        self._asked.append(_Asked(position, count, chosen, shares))
 
     def take(self) -> HostChunk:
         """The chunk asked for first of those not taken yet (waiting for it), put together
@@ -265,7 +313,7 @@ class RayStream:
             except _LOST as e:
                 self._lose(e)
         shares = []
-        for i, ref in enumerate(asked.shares):
+        for i, (actor, ref) in enumerate(zip(asked.actors, asked.shares, strict=True)):
             if self._lost or ref is None:
                 shares.append(self._computed_here(asked, Share(i, len(asked.shares))))
                 continue
@@ -277,18 +325,18 @@ class RayStream:
                     stages = StageTimes(reply.stages)
                     stages.add(TRANSFER, time.perf_counter() - fetch, reply.rows if reply.columns else 0, nbytes)
                     reply.stages = stages.values
-                self._gone.discard(i)
+                self._gone.discard(actor)
             except _GONE as e:
-                if i not in self._gone:
-                    self._gone.add(i)
+                if actor not in self._gone:
+                    self._gone.add(actor)
                     said = "Ray actor %d of host %d died (%s): its shares are computed here until it is back"
-                    _LOG.warning(said, i, self._host, type(e).__name__)
+                    _LOG.warning(said, actor, self._host, type(e).__name__)
                 reply = self._computed_here(asked, Share(i, len(asked.shares)))
             except _LOST as e:
                 self._lose(e)
                 reply = self._computed_here(asked, Share(i, len(asked.shares)))
             if not isinstance(reply, HostChunk):
-                raise self._raised(reply, i)
+                raise self._raised(reply, actor)
             shares.append(reply)
         return merge_shares(shares)
 

@@ -2,8 +2,10 @@
 job on the cluster that give the same name use one set of actors, not a set each. Its
 keeper, a detached actor named NAME, owns the actors: the first host to come starts it (and
 it the actors), every host joins and leaves, and once no host is left the keeper stops the
-actors and itself. A host whose process dies without leaving is dropped as soon as Ray
-marks its job dead, so the pool never outlives the last job that uses it."""
+actors and itself. It gives each host its share of the actors (`PoolKeeper.share`), so that
+hosts do not queue at the same actors and none takes more than its part. A host whose
+process dies without leaving is dropped as soon as Ray marks its job dead, so the pool
+never outlives the last job that uses it."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ NAMESPACE = "colo-data"  # Ray's namespace of the pools' keepers
 JOBS_PER_ACTOR = 64  # the hosts' jobs a pooled actor keeps set up at once (more are set up again in turn)
 WATCH_S = 1.0  # how often the keeper looks for hosts whose job died
 ALONE_S = 60.0  # a keeper that no host joined stops after this long
+SHARE_S = 1.0  # how often a host asks the keeper for its share of the actors
 JOIN_S = 120.0  # a host waits this long for the pool's keeper: a Ray worker process to start, on a busy cluster
 
 
@@ -36,7 +39,7 @@ class PoolKeeper:
 
     def __init__(self, options: RayWorkers) -> None:
         self._lock = threading.Lock()
-        self._members: dict[str, str] = {}  # a host's pool -> its Ray job
+        self._members: dict[str, tuple[str, int]] = {}  # a host's pool -> its Ray job, and when it joined (0, 1, ...)
         self._joins = 0  # hosts that joined so far
         self._stopping = False
         self._group: PlacementGroup | None = None
@@ -50,19 +53,29 @@ class PoolKeeper:
         self._started = time.monotonic()
         threading.Thread(target=self._watch, name="colo-data-pool-keeper", daemon=True).start()
 
-    def join(self, member: str, job: str) -> list[Any] | str | None:
-        """The pool's actors, for host pool `member` of Ray job `job`, in the order it should
-        use them: each host starts at the next actor of the last one's, so that hosts that
-        use few actors (a host uses one first, more while they pay) use different ones.
-        None if the keeper is stopping (the host starts the next one), or why the pool
-        could not start."""
+    def join(self, member: str, job: str) -> tuple[list[Any], tuple[int, int]] | str | None:
+        """The pool's actors, and the share of them (`share`) of host pool `member` of Ray
+        job `job`. None if the keeper is stopping (the host starts the next one), or why the
+        pool could not start."""
         with self._lock:
             if self._stopping or self._failed:
                 return self._failed
-            self._members[member] = job
-            first = self._joins % len(self._actors)
+            self._members[member] = (job, self._joins)
             self._joins += 1
-            return self._actors[first:] + self._actors[:first]
+        return self._actors, self.share(member)
+
+    def share(self, member: str) -> tuple[int, int]:
+        """The actors host pool `member` should use now, as (first, count) of the pool's
+        actors in a ring: the pool split evenly among the hosts in it, in the order they
+        joined (with more hosts than actors, each actor serves the same number of hosts, give
+        or take one). Hosts ask again every `SHARE_S` seconds, so that shares follow the
+        hosts that come and go. Hosts that split one actor among them take turns at it; a
+        host that used more actors than the rest would take more turns."""
+        with self._lock:
+            order = sorted(self._members, key=lambda m: self._members[m][1])
+            rank, hosts, actors = order.index(member) if member in order else 0, max(1, len(order)), len(self._actors)
+        first = rank * actors // hosts
+        return first, max(1, (rank + 1) * actors // hosts - first)
 
     def leave(self, member: str) -> None:
         """`member` is done with the pool (the keeper stops it within `WATCH_S` once none is left)."""
@@ -84,7 +97,7 @@ class PoolKeeper:
                 _LOG.warning("colo-data pool keeper: cannot read Ray's jobs (%s)", e)
                 continue
             with self._lock:
-                for member, job in list(self._members.items()):
+                for member, (job, _) in list(self._members.items()):
                     if job in dead:
                         del self._members[member]
                 alone = time.monotonic() - self._started > ALONE_S
@@ -103,9 +116,9 @@ class PoolKeeper:
 _Keeper = ray.remote(PoolKeeper)
 
 
-def join(options: RayWorkers, member: str) -> tuple[Any, list[Any]]:
-    """The keeper of the pool `options.pool` (started now if there is none) and its actors,
-    joined as `member`.
+def join(options: RayWorkers, member: str) -> tuple[Any, list[Any], tuple[int, int]]:
+    """The keeper of the pool `options.pool` (started now if there is none), its actors and
+    the share of them of `member` (`PoolKeeper.share`), joined as `member`.
 
     Raises:
         RayClusterError: the pool could not start (its placement group not reserved), or
@@ -119,15 +132,15 @@ def join(options: RayWorkers, member: str) -> tuple[Any, list[Any]]:
             name=options.pool, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0, max_concurrency=4
         ).remote(options)
         try:
-            actors = ray.get(keeper.join.remote(member, job), timeout=max(0.1, deadline - time.monotonic()))
+            joined = ray.get(keeper.join.remote(member, job), timeout=max(0.1, deadline - time.monotonic()))
         except ray.exceptions.RayActorError as e:  # it stopped as this host came, or could not start
-            actors, why = None, f"its keeper died: {e}"
+            joined, why = None, f"its keeper died: {e}"
         except ray.exceptions.GetTimeoutError:
-            actors, why = None, f"its keeper did not answer (is the cluster short of resources for {options.describe()}?)"
-        if isinstance(actors, str):
-            raise RayClusterError(actors)
-        if actors is not None:
-            return keeper, actors
+            joined, why = None, f"its keeper did not answer (is the cluster short of resources for {options.describe()}?)"
+        if isinstance(joined, str):
+            raise RayClusterError(joined)
+        if joined is not None:
+            return keeper, *joined
         time.sleep(0.1)
     raise RayClusterError(
         f"RayWorkers(pool={options.pool!r}): could not join the pool in {JOIN_S:g} s: {why}; `ray status` "
