@@ -2,7 +2,8 @@
 under a temporary directory, a local Debian base image made with debootstrap (no image
 registry is reachable), wheels of colo-data and its dependencies built on the host (a
 container has no route to the package index) and the sidecar image built from
-`sidecar_image/Dockerfile` on that base. Everything is removed afterwards. Skips, saying
+`sidecar_image/Dockerfile` on that base, with Ray in its requirements as docs/ray.md says
+(`ray[client]==` this venv's Ray). Everything is removed afterwards. Skips, saying
 why, where the machine cannot do it."""
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ class Podman:
             "run", "--rm", "--network", "none", *ULIMITS, *NO_HEALTH_TIMER, *options, image, *args, check=False, timeout=timeout
         )
 
-    def start(self, image: str, *args: str, options: Sequence[str] = ()) -> str:
-        """`podman run -d`: a named container, removed by `cleanup()` at the latest."""
+    def start(self, image: str, *args: str, options: Sequence[str] = (), network: str = "none") -> str:
+        """`podman run -d`: a named container on `network` ("host": the host's), removed by
+        `cleanup()` at the latest."""
         name = f"colo-data-test-{secrets.token_hex(4)}"
         self.names.append(name)
-        self("run", "-d", "--name", name, "--network", "none", *ULIMITS, *NO_HEALTH_TIMER, *options, image, *args)
+        self("run", "-d", "--name", name, "--network", network, *ULIMITS, *NO_HEALTH_TIMER, *options, image, *args)
         return name
 
     def remove(self, name: str) -> None:
@@ -103,23 +105,28 @@ def build_rootfs(rootfs: Path) -> None:
 
 
 def build_wheels(wheels: Path) -> None:
-    """Wheels of colo-data and of every runtime dependency, at the versions this venv has
-    (so the container computes with the same libraries as the host), from pip's cache
-    where it has them."""
+    """Wheels of colo-data and of every runtime dependency, Ray's (the `ray` extra) too, at
+    the versions this venv has (so the container computes with the same libraries as the
+    host, and its Ray is the host cluster's), from pip's cache where it has them."""
     pins = wheels.parent / "pins.txt"
     frozen = _run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], 120, "pip freeze")
     pins.write_text(frozen)
     _run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-c", str(pins), "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-c", str(pins), "-w", str(wheels),
+         f"{REPO}[ray]"],
         600,
         "pip wheel",
     )
 
 
 def build_context(context: Path, wheels: Path) -> None:
-    """The build context: `sidecar_image/` and the wheels (no sources: colo-data comes as a wheel)."""
+    """The build context: `sidecar_image/`, the wheels (no sources: colo-data comes as a
+    wheel) and the requirements: Ray's client at this venv's Ray version."""
+    import ray
+
     shutil.copytree(REPO / "sidecar_image", context / "sidecar_image")
     shutil.move(str(wheels), context / "wheels")
+    (context / "requirements.txt").write_text(f"ray[client]=={ray.__version__}\n")
 
 
 def _run(command: list[str], timeout: float, what: str) -> str:
@@ -161,7 +168,7 @@ def build(work: Path) -> SidecarImage:
     build_context(work / "context", work / "wheels")
     podman(
         "build", "--pull=never", "--format", "docker", "--network", "none", *ULIMITS,
-        "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "WHEELS=wheels",
+        "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "WHEELS=wheels", "--build-arg", "REQUIREMENTS=requirements.txt",
         "-f", str(work / "context" / "sidecar_image" / "Dockerfile"), "-t", tag, str(work / "context"),
         timeout=900,
     )  # fmt: skip

@@ -2,7 +2,9 @@
 reads the container's CPU quota, not the machine's CPU count; a ring too big for the
 container's /dev/shm stops it at start with the shared-memory message; a containerised
 sidecar serves a trainer on the host through a mounted socket directory and shared-memory
-directory, with the in-process backend's batches, and its health check says so."""
+directory, with the in-process backend's batches, and its health check says so; with Ray
+workers in its config, it computes its chunks on a Ray cluster on the host, through Ray
+Client."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,9 @@ from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from container import SidecarImage, sidecar_image
+from multihost import free_port
+from pipelines import until_workers_made
+from ray_head import head_node
 from start_gate import demo_config, tmpfs
 
 HEALTH = ("python", "/usr/local/lib/colo-data/healthcheck.py")
@@ -132,6 +138,49 @@ def test_a_container_sidecar_serves_a_host_trainer(image: SidecarImage, corpus: 
         assert not socket.exists()
     finally:
         image.podman.remove(name)
+
+
+def test_a_container_sidecar_computes_its_chunks_on_a_ray_cluster(
+    image: SidecarImage, corpus: Path, shm_mount: Path, tmp_path: Path
+) -> None:
+    """The image with Ray in its requirements (`ray[client]==VERSION`, as docs/ray.md says):
+    a containerised sidecar whose config names Ray workers at the Ray Client address of a
+    head node on the host passes its doctor, sends chunks to the cluster's actor (the
+    trainer's telemetry counts the records they made), and the trainer on the host gets the
+    batches of no workers. (The container's Python is Debian's, the cluster's this venv's:
+    Ray Client compares the minor version only.)"""
+    client = free_port()
+    config = demo_config(configs(tmp_path), corpus, seq_len=16, global_batch_size=8)
+    workers = f'{{ ray = "ray://127.0.0.1:{client}", actors = 1, num_cpus = 1, connect_timeout = 60 }}'
+    config.write_text(f"{config.read_text()}epochs = 1000\n[sidecar]\nworkers = {workers}\n")
+    socket_dir = tmp_path / "sock"
+    socket_dir.mkdir()
+    socket = socket_dir / "sidecar.sock"
+    options = [
+        "--cpus=1",
+        "-e", f"COLO_DATA_CONFIG={config}",
+        "-e", f"COLO_DATA_SOCKET={socket}",
+        "-e", f"COLO_DATA_SHM_DIR={shm_mount}",
+        "-e", "RAY_AUTH_MODE=disabled",  # as the head runs (docs/ray.md, token authentication)
+        *same_path(config.parent, "ro"), *same_path(corpus, "ro"), *same_path(socket_dir), *same_path(shm_mount),
+    ]  # fmt: skip
+    with head_node(Path(sys.executable).parent / "ray", client_port=client, cpus=2):
+        name = image.podman.start(image.tag, options=options, network="host")  # the head's ports are the host's
+        try:
+            wait_healthy(image, name, 180)
+            logs = container_log(image, name)
+            assert "reachable: Ray" in logs and "1 node(s), 2 CPUs" in logs, f"the doctor did not report the cluster:\n{logs}"
+            pipeline = demo.pipeline(corpus, seq_len=16, global_batch_size=8, epochs=1000)
+            with cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}")) as loader:
+                got = until_workers_made(loader, 120)
+                got += [to_numpy(next(loader)) for _ in range(20)]
+            expected = read_all(cd.Loader(pipeline, backend="inprocess"), len(got))
+            assert_batches_equal(expected, got, "a container sidecar with Ray workers")
+            image.podman("stop", "--time", "10", name)
+            state = image.podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+            assert state == "0", container_log(image, name)
+        finally:
+            image.podman.remove(name)
 
 
 def health(image: SidecarImage, name: str) -> subprocess.CompletedProcess[str]:

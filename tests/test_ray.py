@@ -10,11 +10,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +21,8 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from multihost import free_port
 from pipelines import BATCH, backend_of, make_pipeline, read_while_given_up, until_workers_made
+from ray_head import head_node
 
 import colo_data as cd
 from colo_data.host.resources import workers_from
@@ -396,20 +394,8 @@ def test_a_cluster_of_another_ray_version_is_named(token_corpus: Path, tmp_path:
     import ray as ray_module
 
     venv, version = other_ray(tmp_path / "venv")
-    port = free_port()
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # its own: a `ray.init()` elsewhere must not find it
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token authentication on either side (docs/ray.md)
-    head = subprocess.Popen(
-        [str(venv / "bin" / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1", f"--temp-dir={temp}",
-         "--include-dashboard=false", "--disable-usage-stats"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        status = [str(venv / "bin" / "ray"), "status", f"--address=127.0.0.1:{port}"]
-        deadline = time.monotonic() + 120
-        while subprocess.run(status, capture_output=True, timeout=60).returncode:  # its own CLI: up, with its node
-            assert head.poll() is None and time.monotonic() < deadline, f"the Ray {version} head did not start"
-            time.sleep(1)
+    with head_node(venv / "bin" / "ray") as port:
         started = time.monotonic()
         ray = cd.RayWorkers(address=f"127.0.0.1:{port}")
         with pytest.raises(cd.RayClusterError) as raised:
@@ -418,10 +404,6 @@ def test_a_cluster_of_another_ray_version_is_named(token_corpus: Path, tmp_path:
         assert f"Ray: {version}" in said and f"Ray {ray_module.__version__}, Python" in said, said
         assert "Install the cluster's versions here" in said, said
         assert time.monotonic() - started < 30, "the mismatch took longer than 30 s to name"
-    finally:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait(30)
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,45 @@
+"""A real Ray head node started with `ray start --head --block` (a venv's `ray`), for tests
+that need a cluster outside this process: one of another Ray version, or one that a
+container reaches through Ray Client. Its own temp dir (a `ray.init()` elsewhere must not
+find it), no token authentication (docs/ray.md), killed by process group at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from multihost import free_port
+
+
+@contextmanager
+def head_node(ray: Path, client_port: int | None = None, cpus: int = 1) -> Iterator[int]:
+    """A head node of the `ray` command's Ray with `cpus` CPUs (and a Ray Client server on
+    `client_port`), up with its node, until the block ends; its GCS port. Needs
+    RAY_AUTH_MODE=disabled in the caller's environment too, to connect."""
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit
+    client = [f"--ray-client-server-port={client_port}"] if client_port else []
+    head = subprocess.Popen(
+        [str(ray), "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp}",
+         "--include-dashboard=false", "--disable-usage-stats", *client],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    try:
+        status = [str(ray), "status", f"--address=127.0.0.1:{port}"]
+        deadline = time.monotonic() + 120
+        while subprocess.run(status, capture_output=True, timeout=60).returncode:  # its own CLI: up, with its node
+            assert head.poll() is None and time.monotonic() < deadline, f"the Ray head ({ray}) did not start"
+            time.sleep(1)
+        yield port
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(30)
+        shutil.rmtree(temp, ignore_errors=True)
