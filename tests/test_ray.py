@@ -258,6 +258,41 @@ def test_a_pool_splits_its_actors_evenly_among_the_hosts_in_it(cluster: ray_clus
     assert pool_gone(cluster, "split", 15), "the pool outlived its hosts"
 
 
+def transferred(loader: cd.Loader) -> int:
+    """Records of shares fetched from the actors (the `transfer` stage: not those computed
+    here in their place)."""
+    return next(s for s in loader.telemetry().stages if s.name == "transfer").items
+
+
+def test_hosts_join_a_pool_again_once_its_keeper_dies(
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shared pool's keeper killed mid-stream takes its actors with it: the hosts compute
+    their chunks themselves meanwhile, join the pool again (a new keeper, new actors) and
+    use it again; no record is lost or repeated, and the new pool stops once they leave."""
+    import ray as ray_module
+
+    from colo_data.workers.ray_shared import NAMESPACE
+
+    ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25, pool="reborn")
+    with cd.Loader(pipeline_of(token_corpus, slow), hosts=2, backend=cd.InProcess(workers=ray)) as loader:
+        got = until_workers_made(loader)
+        first = ray_module.get_actor("reborn", namespace=NAMESPACE)
+        ray_module.kill(first)
+        deadline, fetched = time.monotonic() + 90, None
+        while fetched is None or transferred(loader) == fetched:  # until the new actors' shares come
+            assert time.monotonic() < deadline, "the hosts did not use the pool again within 90 s"
+            got.append(to_numpy(next(loader)))
+            if fetched is None and caplog.text.count("joined the Ray pool 'reborn' again") == 2:  # both hosts
+                fetched = transferred(loader)
+        keeper = ray_module.get_actor("reborn", namespace=NAMESPACE)
+        assert keeper._actor_id != first._actor_id and ray_module.get(keeper.members.remote()) == 2
+        got += [to_numpy(next(loader)) for _ in range(20)]
+    assert pool_gone(cluster, "reborn", 15), "the new pool outlived its hosts"
+    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2), len(got))
+    assert_batches_equal(want, got, "a pool whose keeper died")
+
+
 MEMBER = """
 import sys, time
 sys.path.insert(0, {tests!r})

@@ -126,47 +126,47 @@ class RayPool:
         self._keys = itertools.count()
         self._closed = False
         self.lost = False  # a stream found the cluster gone: nothing to kill or remove there
-        self.actors: list[Any] = []
+        self._own: list[Any] = []  # the host's own actors
         self._group: PlacementGroup | None = None
-        self._keeper: Any = None  # a shared pool's keeper (`options.pool`), which owns the actors
-        self._share = (0, 0)  # the actors this host uses: (first, count) of `actors`, in a ring
-        self._asking: ray.ObjectRef | None = None  # a shared pool's keeper asked for this host's share
-        self._asked_at = time.monotonic()
+        self._member: ray_shared.Membership | None = None  # in a shared pool (`options.pool`), whose keeper owns the actors
         owner.add(options.describe(), self.close)  # from here, whatever fails below
         try:
             if options.pool:
-                self._keeper, self.actors, self._share = ray_shared.join(options, self._id)
+                self._member = ray_shared.Membership(options, self._id)
             else:
                 self._group = reserved(options) if options.placement else None
-                self.actors = spawn(options, self._group, jobs=1)
-                self._share = (0, len(self.actors))
+                self._own = spawn(options, self._group, jobs=1)
         except BaseException:
             self.close()
             raise
 
     @property
+    def actors(self) -> list[Any]:
+        """The actors: the host's own, or the shared pool's (new ones once its keeper died
+        and the host joined it again: `joins`)."""
+        return self._own if self._member is None else self._member.actors
+
+    @property
+    def joins(self) -> int:
+        """How many times the host joined its shared pool (1 for its own actors)."""
+        return 1 if self._member is None else self._member.joins
+
+    @property
     def count(self) -> int:
         """The actors this host may use now: all its own, or its share of a shared pool
         (which falls as hosts join it and rises as they leave)."""
-        return self._share[1]
+        return len(self._own) if self._member is None else self._member.share[1]
 
     def chosen(self, workers: int) -> list[int]:
         """Which of `actors` the first `workers` of this host are: its own first ones, or
         those of its share of a shared pool (asked of the keeper again every
         `ray_shared.SHARE_S` seconds, without waiting for the answer)."""
-        if self._keeper is not None and not self.lost:
-            if self._asking is not None:
-                try:
-                    done, _ = ray.wait([self._asking], timeout=0)
-                    if done:
-                        self._share, self._asking, self._asked_at = ray.get(done[0]), None, time.monotonic()
-                except (ray.exceptions.RayError, *_LOST):  # the keeper (or the cluster) is gone: the last share stays
-                    self._asking, self._asked_at = None, time.monotonic()
-            elif time.monotonic() - self._asked_at >= ray_shared.SHARE_S:
-                with contextlib.suppress(ray.exceptions.RayError, *_LOST):
-                    self._asking = self._keeper.share.remote(self._id)
-        first = self._share[0]
-        return [(first + i) % len(self.actors) for i in range(workers)]
+        if self._member is None:
+            return list(range(workers))
+        if not self.lost:
+            self._member.refresh()
+        first = self._member.share[0]
+        return [(first + i) % len(self._member.actors) for i in range(workers)]
 
     def idle_cpus(self) -> float:
         """The pool's CPUs are the cluster's: it never takes the host's, so it is always
@@ -186,10 +186,9 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
-        if self._keeper is not None and not self.lost:
-            with contextlib.suppress(Exception):  # the keeper is gone already: so is the pool
-                ray.get(self._keeper.leave.remote(self._id), timeout=10)
-        for actor in [] if self.lost or self._keeper is not None else self.actors:
+        if self._member is not None and not self.lost:
+            self._member.leave()
+        for actor in [] if self.lost else self._own:
             try:
                 ray.kill(actor)
             except Exception:  # the cluster is gone already: so are its actors
@@ -230,6 +229,7 @@ class RayStream:
         self._gone: set[int] = set()  # actors whose last share failed (warned about once, until one comes)
         self._lost = False  # the cluster is gone: nothing is asked of it any more
         self._position = position
+        self._joins = pool.joins  # the actors' generation whose set-ups are below
         # the actors asked to set the stream up: this host's (all its own, or its share of a shared pool's,
         # whose other actors would each hold every host's stream), and others once its share moves to them
         self._set_up: dict[int, ray.ObjectRef] = {}
@@ -239,6 +239,13 @@ class RayStream:
                 self._start_set_up(i)
         except _LOST as e:
             self._lose(e)
+
+    def _follow(self) -> None:
+        """Once the host joined its shared pool again (its keeper died), the new actors have
+        set nothing up, and none of them failed yet."""
+        if self._joins != self._pool.joins:
+            self._joins = self._pool.joins
+            self._ready, self._set_up, self._gone = [False] * len(self._pool.actors), {}, set()
 
     def _start_set_up(self, actor: int) -> None:
         """Ask actor `actor` to set the stream up (and warm it where it starts)."""
@@ -251,6 +258,7 @@ class RayStream:
         (restarted, it sets the job up with its first share), and so do all once the cluster
         is lost."""
         chosen = self._pool.chosen(workers)
+        self._follow()
         for i in chosen:
             if self._ready[i] or self._lost:
                 continue
@@ -291,6 +299,7 @@ class RayStream:
         """Ask for the chunk of `count` global batches at `position`, shared out to the
         first `workers` actors of this host (`RayPool.chosen`)."""
         chosen = self._pool.chosen(workers)
+        self._follow()
         shares: list[ray.ObjectRef | None] = [None] * workers
         if not self._lost:
             try:

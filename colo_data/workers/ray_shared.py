@@ -5,7 +5,8 @@ it the actors), every host joins and leaves, and once no host is left the keeper
 actors and itself. It gives each host its share of the actors (`PoolKeeper.share`), so that
 hosts do not queue at the same actors and none takes more than its part. A host whose
 process dies without leaving is dropped as soon as Ray marks its job dead, so the pool
-never outlives the last job that uses it."""
+never outlives the last job that uses it; a keeper that dies (its process, its node) takes
+its actors with it, and the hosts join the pool again (`Membership`)."""
 
 from __future__ import annotations
 
@@ -146,3 +147,79 @@ def join(options: RayWorkers, member: str) -> tuple[Any, list[Any], tuple[int, i
         f"RayWorkers(pool={options.pool!r}): could not join the pool in {JOIN_S:g} s: {why}; `ray status` "
         "shows the cluster's resources"
     )
+
+
+class Membership:
+    """A host pool's place in a shared pool: the keeper, its actors and this host's share of
+    them (asked again every `SHARE_S` seconds). A keeper that dies takes its actors with it
+    (Ray's owner rule): the host then joins the pool again on a thread of its own (the first
+    host back starts a new keeper and actors), computing its chunks itself meanwhile."""
+
+    def __init__(self, options: RayWorkers, member: str) -> None:
+        self._options, self._member = options, member
+        self.keeper, self.actors, self.share = join(options, member)
+        self.joins = 1  # how many times this host joined (a new keeper's actors: its streams are set up again)
+        self._asking: ray.ObjectRef | None = None  # the keeper asked for this host's share
+        self._asked_at = time.monotonic()
+        self._lock = threading.Lock()  # the hand-over of a join again, and `leave`
+        self._rejoining: threading.Thread | None = None
+        self._rejoined: tuple[Any, list[Any], tuple[int, int]] | None = None  # a join again, done, not yet taken on
+        self._left = False
+
+    def refresh(self) -> None:
+        """On the host's thread: take on a join again that is done, or this host's share as
+        the keeper last said it, and ask the keeper again when it is time; a keeper found
+        dead starts the join again."""
+        with self._lock:
+            rejoined, self._rejoined = self._rejoined, None
+        if rejoined is not None:
+            self.keeper, self.actors, self.share = rejoined
+            self.joins += 1
+            self._asking, self._asked_at = None, time.monotonic()
+            _LOG.warning("colo-data host pool %s: joined the Ray pool %r again (a new keeper)", self._member, self._options.pool)
+        if self._rejoining is not None and self._rejoining.is_alive():
+            return
+        if self._asking is None:
+            if time.monotonic() - self._asked_at >= SHARE_S:
+                with contextlib.suppress(ray.exceptions.RayError, ConnectionError):
+                    self._asking = self.keeper.share.remote(self._member)
+            return
+        try:
+            done, _ = ray.wait([self._asking], timeout=0)
+            if done:
+                self.share, self._asking, self._asked_at = ray.get(done[0]), None, time.monotonic()
+        except ray.exceptions.RayActorError as e:  # the keeper died, and its actors with it
+            self._asking, self._asked_at = None, time.monotonic()
+            _LOG.warning(
+                "colo-data host pool %s: the keeper of the Ray pool %r died (%s): this host computes its chunks itself "
+                "while it joins the pool again", self._member, self._options.pool, type(e).__name__,
+            )
+            self._rejoining = threading.Thread(target=self._join_again, name="colo-data-pool-join", daemon=True)
+            self._rejoining.start()
+        except (ray.exceptions.RayError, ConnectionError):  # the keeper did not answer this time (or the cluster is lost)
+            self._asking, self._asked_at = None, time.monotonic()
+
+    def leave(self) -> None:
+        """Leave the pool (its keeper stops it once no host is in it); a join again under way
+        leaves as soon as it is done."""
+        with self._lock:
+            self._left = True
+            rejoined, self._rejoined = self._rejoined, None
+        for keeper in [self.keeper] + ([rejoined[0]] if rejoined else []):
+            with contextlib.suppress(Exception):  # the keeper is gone already: so is the pool
+                ray.get(keeper.leave.remote(self._member), timeout=10)
+
+    def _join_again(self) -> None:
+        """Join the pool again (a thread's work): handed over to `refresh`, or left at once if
+        the host left meanwhile."""
+        try:
+            joined = join(self._options, self._member)
+        except Exception as e:  # the pool could not start again, or Ray went as the host closed: try at the next look
+            _LOG.warning("colo-data host pool %s: could not join the Ray pool %r again: %s", self._member, self._options.pool, e)
+            return
+        with self._lock:
+            if not self._left:
+                self._rejoined = joined
+                return
+        with contextlib.suppress(Exception):
+            ray.get(joined[0].leave.remote(self._member), timeout=10)
