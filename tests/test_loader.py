@@ -261,8 +261,10 @@ def test_state_from_another_pipeline_says_what_differs(token_corpus: Path) -> No
 
 
 def test_state_of_another_format_version(token_corpus: Path) -> None:
-    with pytest.raises(cd.StateError, match=r"format 'colo-data/0'.*reads 'colo-data/1'"):
-        cd.Loader(make_pipeline(token_corpus), state={"format": "colo-data/0", "position": 0})
+    with pytest.raises(cd.StateError, match=r"format 'colo-data/1', from another colo-data version.*reads 'colo-data/2'"):
+        cd.Loader(make_pipeline(token_corpus), state={"format": "colo-data/1", "position": 0})
+    with pytest.raises(cd.StateError, match=r"format 'tf.data'; this colo-data reads 'colo-data/2'"):
+        cd.Loader(make_pipeline(token_corpus), state={"format": "tf.data", "position": 0})
     with pytest.raises(cd.StateError, match="format"):
         cd.Loader(make_pipeline(token_corpus), state=[1, 2])
 

@@ -1,13 +1,14 @@
-"""`permute`, a mixture component's global shuffle: a bijection of [0, n) for any n (small,
-odd, powers of two and one past them), the same for the same seed, another for another
-seed, and far from the identity."""
+"""`permute`, the `global` shuffle: a bijection of [0, n) for any n (small, odd, powers of
+two and one past them), the same for the same seed, another for another seed, far from
+the identity, and as random as a uniform permutation by two statistics."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from colo_data.spec.permute import permute
+from colo_data.spec.order import Order
+from colo_data.spec.permute import EXACT, permute
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 255, 256, 257, 1000, 4097, 65536, 65537, 100_003])
@@ -24,3 +25,21 @@ def test_seeds_pick_different_permutations_far_from_the_identity() -> None:
     assert np.array_equal(a, again)
     assert (a == b).mean() < 0.01 and (a == np.arange(n)).mean() < 0.01
     assert abs(np.corrcoef(np.arange(n), a)[0, 1]) < 0.05, "no trace of the original order"
+
+
+@pytest.mark.parametrize("n, epochs", [(20, 3000), (EXACT + 1, 300), (1 << 18, 300)])
+def test_epochs_look_like_uniform_permutations(n: int, epochs: int) -> None:
+    """Over many epochs of one seed, the records left in place and the neighbours kept
+    together (record i+1 right after record i) each have mean and variance 1, as in a
+    uniform permutation (fixed seed: deterministic). Grain's 4-round `index_shuffle` fails
+    the first at 20 records (variance 2.8: about 1 epoch in 1,000 is not shuffled at all),
+    a 4-round Feistel fails the second at 2**18 records (mean 1.4, variance 2.4)."""
+    bound = Order("global", seed=2024).bind(np.array([n // 3, n - n // 3]))
+    everything = np.arange(n)
+    fixed, kept = np.empty(epochs), np.empty(epochs)
+    for epoch in range(epochs):
+        image = bound.indices(epoch, everything)
+        fixed[epoch] = np.count_nonzero(image == everything)
+        kept[epoch] = np.count_nonzero(np.diff(image) == 1)
+    for name, counts in (("records in place", fixed), ("neighbours kept", kept)):
+        assert 0.85 < counts.mean() < 1.15 and 0.75 < counts.var() < 1.3, (name, counts.mean(), counts.var())

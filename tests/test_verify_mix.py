@@ -71,20 +71,23 @@ def test_the_default_run_is_capped(mix_corpora: dict[str, Path], monkeypatch: py
     assert not any(c.failed for c in checks.values())
 
 
-def relabel_math_as_web(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The bug: every 'math' row (component 2) is marked as 'web' (component 0)."""
+def relabel_math_as_code(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The bug: every 'math' row (component 2) is marked as 'code' (component 1)."""
     component = batch["_component"].copy()
-    component[component == 2] = 0
+    component[component == 2] = 1
     return {**batch, "_component": component}
 
 
 def test_a_relabelled_component_fails_naming_it(mix_corpora: dict[str, Path]) -> None:
-    checks = by_name(verify(mix_pipeline(mix_corpora, (relabel_math_as_web,)), hosts=(1, 2, 3), steps=6))
+    """'code' is so rare that the order puts none of its records in these 6 batches, so
+    every relabelled row names a record the run should not hold, whatever the shuffle."""
+    weights = {"web": 1, "code": 1e-3, "math": 1}
+    checks = by_name(verify(mix_pipeline(mix_corpora, (relabel_math_as_code,), weights), hosts=(1, 2, 3), steps=6))
     assert checks["identical batches"].status == "PASS"  # every host count relabels the same way
-    assert checks["shares"].failed and checks["shares"].detail.startswith("1 host: component 'web' has ")
+    assert checks["shares"].failed and checks["shares"].detail.startswith("1 host: component 'math' has 0 of the first ")
     exactly_once = checks["exactly once"]
-    assert exactly_once.failed and "'web' record" in exactly_once.detail, exactly_once
-    assert "but the order puts it at none of the stream positions" in exactly_once.detail, exactly_once
+    assert exactly_once.failed and "'code' record" in exactly_once.detail, exactly_once
+    assert "but the order puts it at none of the stream positions 0-71" in exactly_once.detail, exactly_once.detail
     assert "'math' record" in exactly_once.detail and " is missing (the order puts it at batch " in exactly_once.detail
     assert checks["seed order"].failed and "where the seed's order has 'math' record" in checks["seed order"].detail
     assert checks["resume"].status == "PASS"

@@ -6,8 +6,8 @@ that the thread is not waited for while what would wake it stays open), and runs
 when the user calls it, when the loader becomes unreachable (`weakref.finalize`), or at
 interpreter exit, before JAX, XLA and Arrow tear down their own threads.
 
-Why exit matters: a daemon thread that is inside C++ (an XLA transfer, Arrow decode,
-Grain's `index_shuffle`) when the interpreter finalises is killed by CPython with a forced
+Why exit matters: a daemon thread that is inside C++ (an XLA transfer, an Arrow
+decode) when the interpreter finalises is killed by CPython with a forced
 unwind through C++ frames that do not allow it, and the process aborts (SIGABRT). The
 exit hook closes every live lifecycle first, so no thread of ours is left running.
 """

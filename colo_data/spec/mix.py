@@ -20,8 +20,7 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError, StateError
 from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
-from colo_data.spec.order import GlobalOrder, Order, epoch_seed
-from colo_data.spec.permute import permute
+from colo_data.spec.order import GlobalOrder, Order
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.spec.state_format import FORMAT
 from colo_data.spec.stream import PipelineView, Stream
@@ -305,26 +304,13 @@ class Mix:
         return {name: q - p for name, q, p in zip(self.names, now, then, strict=True)}
 
 
-class ComponentOrder(GlobalOrder):
-    """A component's own order: `GlobalOrder`, but its global shuffle is `permute` (a
-    vectorised keyed bijection) instead of Grain's per-record `index_shuffle`, which costs
-    more the smaller the range and would slow a mixture's global shuffle to about 0.77x of
-    a single source's (benchmarks/mixture.py)."""
-
-    def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        if self.order.shuffle != "global":
-            return super().indices(epoch, positions)
-        seed = int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
-        return permute(positions, len(self), seed)
-
-
 class MixOrder:
     """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices."""
 
     def __init__(self, mix: Mix, order: Order) -> None:
         self.mix = mix
         self.orders: list[GlobalOrder] = [
-            ComponentOrder(
+            GlobalOrder(
                 Order(order.shuffle, component_seed(order.seed, name), order.window), np.asarray(s.row_group_sizes, np.int64)
             )
             for name, s in zip(mix.names, mix.sources, strict=True)

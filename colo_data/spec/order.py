@@ -10,12 +10,11 @@ from typing import Literal
 import numpy as np
 
 from colo_data.errors import ConfigError
-from colo_data.spec.index_shuffle import index_shuffle
 from colo_data.spec.integers import as_int
+from colo_data.spec.permute import permute
 
 Shuffle = Literal["none", "global", "block"]
 _SHUFFLES = ("none", "global", "block")
-_INDEX_SHUFFLE_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -23,8 +22,9 @@ class Order:
     """How records are ordered in each epoch. Every mode is a bijection reseeded per epoch.
 
     Args:
-        shuffle: `none`: file order. `global`: an exact uniform permutation per epoch
-            (Grain's `index_shuffle`, O(1) memory). `block`: row groups permuted per epoch,
+        shuffle: `none`: file order. `global`: a new permutation of all records per epoch
+            (uniform up to 2**16 records, a keyed bijection with O(1) memory above;
+            `colo_data.spec.permute`). `block`: row groups permuted per epoch,
             records shuffled inside windows of `window` row groups, so a batch reads at most
             `window` row groups (plus the next window's at a boundary).
         seed: the seed of every epoch's permutation, an int in `[0, 2**63)`.
@@ -108,14 +108,8 @@ class GlobalOrder:
         if self.order.shuffle == "none":
             return positions.copy()
         if self.order.shuffle == "global":
-            seed = int(epoch_seed(self.order.seed, epoch).generate_state(1)[0])
-            top = self._len - 1
-            shuffle = index_shuffle()
-            return np.fromiter(
-                (shuffle(int(p), max_index=top, seed=seed, rounds=_INDEX_SHUFFLE_ROUNDS) for p in positions),
-                dtype=np.int64,
-                count=len(positions),
-            )
+            seed = int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
+            return permute(positions, self._len, seed)
         return self._block(epoch, positions)
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""The loader state's format tag, and the one place a state's format is checked."""
+"""The loader state's format tag, and the one place a state's format is checked. The tag
+changes whenever a state would point at other records: colo-data/2 changed the `global`
+shuffle (`colo_data.spec.permute`)."""
 
 from __future__ import annotations
 
-FORMAT = "colo-data/1"
+FORMAT = "colo-data/2"
 
 
 def format_of(state: object) -> str | None:
@@ -10,6 +12,12 @@ def format_of(state: object) -> str | None:
     it is one."""
     if not isinstance(state, dict):
         return f"a {type(state).__name__}, not a dict of format {FORMAT!r}"
-    if state.get("format") != FORMAT:
-        return f"format {state.get('format')!r}; this colo-data reads {FORMAT!r}"
-    return None
+    found = state.get("format")
+    if found == FORMAT:
+        return None
+    if isinstance(found, str) and found.startswith("colo-data/"):
+        return (
+            f"format {found!r}, from another colo-data version, which orders records otherwise (this one reads "
+            f"{FORMAT!r}): continue it with the version that saved it, or start without a state"
+        )
+    return f"format {found!r}; this colo-data reads {FORMAT!r}"
