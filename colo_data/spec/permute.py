@@ -2,10 +2,10 @@
 positions at once. Up to 2**16 records it is an exact uniform permutation (numpy's
 Fisher-Yates, cached); above, a keyed bijection with O(1) memory: an 8-round Feistel
 network on `[0, side**2)` with halves in base `side` (the smallest square that covers n),
-and cycle walking back into range. Fewer rounds are measurably not random: Grain's 4-round `index_shuffle` over 20
-records gives the identity for about 1 seed in 1,000, and a 4-round Feistel over 2**18
-records keeps 1.4 neighbours together on average where a uniform permutation keeps 1
-(tests/test_permute.py measures both statistics)."""
+and cycle walking back into range. Fewer rounds are measurably not random: Grain's 4-round
+`index_shuffle` over 20 records gives the identity for about 1 seed in 1,000, and a
+4-round Feistel over 2**18 records keeps 1.4 neighbours together on average where a
+uniform permutation keeps 1 (tests/test_permute.py measures both statistics)."""
 
 from __future__ import annotations
 
