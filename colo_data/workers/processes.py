@@ -94,7 +94,9 @@ class _Worker:
         command = [sys.executable, "-m", "colo_data.workers.processes", str(theirs.fileno())]
         env = child_env(threads)
         try:
-            self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+            self.process = subprocess.Popen(
+                command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         except BaseException:
             ours.close()
             raise
@@ -105,7 +107,13 @@ class _Worker:
         # work slow the training loop as little as can be (at nice 10, starting two workers
         # beside a light in-process pipeline still cost a third of its rate for a moment:
         # its two threads hand the GIL to each other thousands of times a second, and each
-        # wake-up waited for a worker). Any user may lower a process's priority.
+        # wake-up waited for a worker). Any user may lower a process's priority. In a session
+        # of its own (above): where the kernel groups processes by session (autogroup, outside
+        # a container's cgroup) a nice worker in the trainer's session still held up the
+        # trainer's threads' wake-ups (the light pipeline ran at 0.81x of none while one
+        # started, 8 rounds of benchmarks/workers.py's pipeline); in its own, 0.91x (none
+        # against none: 0.89x). Its parent's Ctrl-C never reached it anyway (it ignores
+        # SIGINT), and it ends when its socket closes: with the pool, or with its parent.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, self.process.pid, WORKER_NICE)
         self.sock = ours
