@@ -50,8 +50,11 @@ def test_workers_are_kept_across_restarts_and_hold_no_jax(token_corpus: Path) ->
             maps = Path(f"/proc/{pid}/maps").read_text()
             assert "jaxlib" not in maps and "xla_extension" not in maps, f"worker {pid} loaded JAX"
             assert psutil.Process(pid).nice() == WORKER_NICE, "workers run below the trainer's priority"
-            # its own session: where the kernel schedules by session (autogroup), nice ranks only within one
+            # its own session, at the same nice: where the kernel schedules sessions as groups (autogroup), nice
+            # ranks processes only within one
             assert os.getsid(pid) == pid != os.getsid(0), f"worker {pid} is not in a session of its own"
+            group = Path(f"/proc/{pid}/autogroup")  # "/autogroup-N nice K", where the kernel has autogroup
+            assert not group.exists() or group.read_text().split()[-1] == str(WORKER_NICE), group.read_text()
     assert_batches_equal(first, again, "after set_state")
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(first)), first, "workers vs none")
 

@@ -107,15 +107,19 @@ class _Worker:
         # work slow the training loop as little as can be (at nice 10, starting two workers
         # beside a light in-process pipeline still cost a third of its rate for a moment:
         # its two threads hand the GIL to each other thousands of times a second, and each
-        # wake-up waited for a worker). Any user may lower a process's priority. In a session
-        # of its own (above): where the kernel groups processes by session (autogroup, outside
-        # a container's cgroup) a nice worker in the trainer's session still held up the
-        # trainer's threads' wake-ups (the light pipeline ran at 0.81x of none while one
-        # started, 8 rounds of benchmarks/workers.py's pipeline); in its own, 0.91x (none
-        # against none: 0.89x). Its parent's Ctrl-C never reached it anyway (it ignores
-        # SIGINT), and it ends when its socket closes: with the pool, or with its parent.
+        # wake-up waited for a worker). Any user may lower a process's priority.
+        # In a session of its own (above), at the same nice: where the kernel schedules
+        # sessions as groups (autogroup, for processes outside a container's cgroup), nice
+        # ranks processes only within a session, and a nice worker in the trainer's session
+        # still held up the trainer's threads' wake-ups (the light pipeline ran at 0.81x of
+        # none while one started, 8 rounds of benchmarks/workers.py's pipeline); in a session
+        # of its own whose nice is WORKER_NICE, 0.88x (none against none: 0.89x), and it
+        # stays below the trainer's session. Its parent's Ctrl-C never reached it anyway (it
+        # ignores SIGINT), and it ends when its socket closes: with the pool, or its parent.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, self.process.pid, WORKER_NICE)
+        with contextlib.suppress(OSError), open(f"/proc/{self.process.pid}/autogroup", "w") as group:
+            group.write(str(WORKER_NICE))  # the session's nice (no such file: the kernel has no autogroup)
         self.sock = ours
         self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.process.pid}", daemon=True)
