@@ -37,6 +37,8 @@ from colo_data.workers.ray_actor import StreamKey, reserved, spawn
 from colo_data.workers.ray_workers import RayWorkers
 
 _LOG = logging.getLogger(__name__)
+_SERVER_FAILED = "Initialization failure from server"  # Ray Client: the head did not start this client's server
+_AGAIN_S = 1.0  # between connection attempts after `_SERVER_FAILED`
 # what a share meets when its actor or its node dies, or its result is lost with them
 _GONE = (
     ray.exceptions.RayActorError,
@@ -77,7 +79,10 @@ def _reachable(address: str, timeout: float) -> None:
 
 def connect(address: str, timeout: float) -> bool:
     """Connect this process to the Ray cluster at `address` (a Ray already initialised is
-    used as it is); whether this call connected it.
+    used as it is); whether this call connected it. A Ray Client head that could not start
+    this client's server (`_SERVER_FAILED`: it happened to a container's sidecar right after
+    another client had connected, in two runs of the test suite) is asked again until
+    `timeout`.
 
     Raises:
         RayClusterError: the cluster cannot be reached in `timeout` seconds, or runs another
@@ -85,12 +90,17 @@ def connect(address: str, timeout: float) -> bool:
     """
     if ray.is_initialized():
         return False
+    deadline = time.monotonic() + timeout
     _reachable(address, timeout)
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
-    except Exception as e:
-        raise _not_connected(address, e) from e
-    return True
+    while True:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+            return True
+        except Exception as e:
+            if _SERVER_FAILED not in str(e) or time.monotonic() >= deadline:
+                raise _not_connected(address, e) from e
+            _LOG.warning("colo-data: the Ray Client head at %s could not start this client's server; asking again", address)
+            time.sleep(_AGAIN_S)
 
 
 def _not_connected(address: str, error: Exception) -> RayClusterError:
