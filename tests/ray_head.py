@@ -1,7 +1,9 @@
 """A real Ray head node started with `ray start --head --block` (a venv's `ray`), for tests
 that need a cluster outside this process: one of another Ray version, or one that a
 container reaches through Ray Client. Its own temp dir (a `ray.init()` elsewhere must not
-find it), no token authentication (docs/ray.md), killed by process group at the end."""
+find it), no token authentication and gRPC's fork handlers off, as docs/ray.md says for a
+head, killed by process group at the end. A block that fails prints the tail of the head's
+Ray Client server log."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def head_node(ray: Path, client_port: int | None = None, cpus: int = 1) -> Itera
         [str(ray), "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp}",
          "--include-dashboard=false", "--disable-usage-stats", *client],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "GRPC_ENABLE_FORK_SUPPORT": "false"},
     )  # fmt: skip
     try:
         status = [str(ray), "status", f"--address=127.0.0.1:{port}"]
@@ -39,7 +41,16 @@ def head_node(ray: Path, client_port: int | None = None, cpus: int = 1) -> Itera
             assert head.poll() is None and time.monotonic() < deadline, f"the Ray head ({ray}) did not start"
             time.sleep(1)
         yield port
+    except BaseException:
+        print(f"the Ray head's Ray Client server log:\n{client_log(temp)}")
+        raise
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait(30)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def client_log(temp: str, lines: int = 40) -> str:
+    """The last `lines` of the Ray Client server's log (its proxy) under the head's `temp`."""
+    log = Path(temp, "session_latest", "logs", "ray_client_server.err")
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(none)"

@@ -408,6 +408,7 @@ def test_multi_controller_with_ray_nodes_adds_a_ray_cluster_for_the_sidecars(tmp
     assert worker["resources"] == {"requests": {"cpu": "2", "memory": "6Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}}
     assert head["resources"]["requests"] == head["resources"]["limits"]
     assert {"name": "client", "containerPort": 10001} in head["ports"]
+    assert env(head) == {"GRPC_ENABLE_FORK_SUPPORT": "false"} and "env" not in worker  # Ray Client's server forks
     assert head["image"] == worker["image"] == "registry.example/colo-data-sidecar:1"  # the sidecar's Ray and Python
     assert "command" not in worker and "command" not in head  # KubeRay's `ray start`
     sidecar = container(pod(objects[1]), "colo-data-sidecar")

@@ -38,6 +38,8 @@ from colo_data.workers.ray_workers import RayWorkers
 
 _LOG = logging.getLogger(__name__)
 _SERVER_FAILED = "Initialization failure from server"  # Ray Client: the head did not start this client's server
+# what makes the head's Ray Client server start them (docs/ray.md, Faults)
+_FORK_FIX = "GRPC_ENABLE_FORK_SUPPORT=false in the head's environment"
 _AGAIN_S = 1.0  # between connection attempts after `_SERVER_FAILED`
 # what a share meets when its actor or its node dies, or its result is lost with them
 _GONE = (
@@ -80,9 +82,9 @@ def _reachable(address: str, timeout: float) -> None:
 def connect(address: str, timeout: float) -> bool:
     """Connect this process to the Ray cluster at `address` (a Ray already initialised is
     used as it is); whether this call connected it. A Ray Client head that could not start
-    this client's server (`_SERVER_FAILED`: it happened to a container's sidecar right after
-    another client had connected, in two runs of the test suite) is asked again until
-    `timeout`.
+    this client's server process (`_SERVER_FAILED`: a head without `_FORK_FIX` does so at
+    random while other clients keep it busy) is asked again until `timeout`; Ray Client
+    reports each such failure only after about 40 s.
 
     Raises:
         RayClusterError: the cluster cannot be reached in `timeout` seconds, or runs another
@@ -99,14 +101,24 @@ def connect(address: str, timeout: float) -> bool:
         except Exception as e:
             if _SERVER_FAILED not in str(e) or time.monotonic() >= deadline:
                 raise _not_connected(address, e) from e
-            _LOG.warning("colo-data: the Ray Client head at %s could not start this client's server; asking again", address)
+            _LOG.warning(
+                "colo-data: the Ray Client head at %s could not start this client's server process (set %s); asking again",
+                address, _FORK_FIX,
+            )  # fmt: skip
             time.sleep(_AGAIN_S)
 
 
 def _not_connected(address: str, error: Exception) -> RayClusterError:
     """The RayClusterError for `ray.init`'s `error`: a version mismatch, with both versions,
-    or what Ray said."""
+    a Ray Client head that did not start this client's server process, with its fix, or what
+    Ray said."""
     text = str(error).strip()
+    if _SERVER_FAILED in text:
+        return RayClusterError(
+            f"RayWorkers(address={address!r}): the Ray Client head could not start this client's server process: "
+            f"{text}. Set {_FORK_FIX} (its Ray Client server forks that process while its gRPC threads run), or "
+            "give a connect_timeout that leaves room to ask again (Ray Client reports each such failure after about 40 s)"
+        )
     if "version mismatch" in text.lower():
         return RayClusterError(
             f"RayWorkers(address={address!r}): the cluster runs another Ray or Python version than this process "
