@@ -38,7 +38,7 @@ from colo_data.workers.ray_workers import RayWorkers
 
 _LOG = logging.getLogger(__name__)
 _SERVER_FAILED = "Initialization failure from server"  # Ray Client: the head did not start this client's server
-# what makes the head's Ray Client server start them (docs/ray.md, Faults)
+# on the head: its Ray Client server then starts client server processes reliably (docs/ray.md, Faults)
 _FORK_FIX = "GRPC_ENABLE_FORK_SUPPORT=false in the head's environment"
 _AGAIN_S = 1.0  # between connection attempts after `_SERVER_FAILED`
 # what a share meets when its actor or its node dies, or its result is lost with them
