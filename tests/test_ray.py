@@ -1,8 +1,8 @@
 """`cd.RayWorkers` against a real local Ray cluster (`ray.cluster_utils.Cluster`: a head and
 worker nodes, each its own raylet): the batches of local workers on every backend and host
 count, resume, an actor killed and a node removed mid-stream (every record once), a pool
-shared by hosts and its end, an unreachable cluster named in seconds, and a real cluster of
-another Ray release named."""
+shared by hosts and its end, an unreachable cluster named in seconds, a head node reached
+through Ray Client lost mid-stream, and a real cluster of another Ray release named."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+from multihost import free_port
 from pipelines import BATCH, backend_of, make_pipeline, read_while_given_up, until_workers_made
 from ray_head import head_node
 
@@ -450,6 +451,47 @@ def test_a_ray_client_server_that_failed_to_start_is_asked_again(
     with pytest.raises(cd.RayClusterError, match=fix):
         ray_pool.connect(cluster.address, timeout=1.5)
     assert len(calls) - before >= 2, "asked again until the timeout, then the fix is named"
+
+
+def test_a_cluster_lost_through_ray_client_leaves_the_host_computing(
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head node reached through Ray Client, killed whole mid-stream: once Ray Client's
+    reconnect grace period (2 s here) has passed, the host warns once and computes every
+    chunk itself; the batches are those of no workers, record for record, and the loader
+    closes at once, ending the connection, so that the process can connect to another
+    cluster."""
+    import ray as ray_module
+
+    from colo_data.workers import ray_pool
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the head runs (docs/ray.md, token authentication)
+    monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "2")
+    client = free_port()
+    ray = cd.RayWorkers(address=f"ray://127.0.0.1:{client}", actors=1, num_cpus=0.25, connect_timeout=60)
+    with head_node(Path(sys.executable).parent / "ray", client_port=client, cpus=2):
+        loader = cd.Loader(pipeline_of(token_corpus, slow), hosts=1, backend=cd.InProcess(workers=ray))
+        got = until_workers_made(loader, 120)
+        got += [to_numpy(next(loader)) for _ in range(3)]
+    try:  # the head and its Ray Client server are gone: the stream goes on meanwhile
+        deadline = time.monotonic() + 60
+        while "the Ray cluster is lost" not in caplog.text:
+            assert time.monotonic() < deadline, "the lost cluster was not noticed in 60 s"
+            got.append(to_numpy(next(loader)))
+        got += [to_numpy(next(loader)) for _ in range(20)]
+        lost = [r.getMessage() for r in caplog.records if "the Ray cluster is lost" in r.getMessage()]
+        assert len(lost) == 1 and "this host computes every chunk itself" in lost[0], caplog.text
+    finally:
+        started = time.monotonic()
+        loader.close()
+        closed_in = time.monotonic() - started
+    assert closed_in < 10, f"the loader took {closed_in:.1f} s to close after the cluster was lost"
+    assert not ray_module.is_initialized()
+    try:
+        assert ray_pool.connect(cluster.address, timeout=20), "the connection to the lost cluster was left behind"
+    finally:
+        ray_module.shutdown()
+    assert_batches_equal(read_all(cd.Loader(pipeline_of(token_corpus), hosts=1), len(got)), got, "a cluster lost mid-stream")
 
 
 def other_ray(venv: Path) -> tuple[Path, str]:

@@ -222,8 +222,7 @@ class RayPool:
             _users -= self._user
             if self._user and not _users:
                 _ours = False
-                if ray.is_initialized():
-                    ray.shutdown()
+                ray.shutdown()  # also a Ray Client connection whose cluster was lost: is_initialized() says False
 
 
 class _Asked(NamedTuple):
