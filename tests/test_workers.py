@@ -17,7 +17,16 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from pipelines import BATCH, InWorkers, SlowToStart, idle_host, make_pipeline, read_while_given_up, until_workers_made
+from pipelines import (
+    BATCH,
+    InWorkers,
+    SlowToStart,
+    idle_host,
+    make_pipeline,
+    pool_records,
+    read_while_given_up,
+    until_workers_made,
+)
 
 import colo_data as cd
 from colo_data import defaults
@@ -100,6 +109,27 @@ def test_workers_that_cost_more_than_they_give_are_given_up(
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
 
 
+def paced(loader: cd.Loader, got: list[dict], busy: bool) -> None:
+    """One batch into `got`, then a wait until 10 ms after it was asked for: a training step
+    that sleeps, or (`busy`) that keeps this thread's CPU busy, as a step on the CPU does."""
+    due = time.monotonic() + 0.01
+    got.append(to_numpy(next(loader)))
+    while time.monotonic() < due:
+        if not busy:
+            time.sleep(max(0.0, due - time.monotonic()))
+
+
+def paced_until_workers_made(loader: cd.Loader) -> list[dict]:
+    """`until_workers_made`, reading with sleeping steps (`paced`): the CPU the pipeline leaves
+    unused is left so, and the host's rate alone is the one its workers then keep."""
+    got: list[dict] = []
+    stop = time.monotonic() + 60
+    while len(got) % 20 or not pool_records(loader):
+        assert time.monotonic() < stop, "the workers made nothing in 60 s"
+        paced(loader, got, busy=False)
+    return got
+
+
 @pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_path: Path) -> None:
@@ -111,12 +141,12 @@ def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_pat
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
     more: list[dict] = []
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
-        got = until_workers_made(loader)
+        got = paced_until_workers_made(loader)
 
         def read() -> None:  # until the first worker has paid and the second starts, then 1,500 batches more
             stop = time.monotonic() + 60
             while not (tmp_path / "waiting").exists() and time.monotonic() < stop:
-                got.append(to_numpy(next(loader)))
+                paced(loader, got, busy=False)  # one more worker is tried only where CPU goes unused
             more.extend(to_numpy(next(loader)) for _ in range(1500))
 
         reader = threading.Thread(target=read, daemon=True)
@@ -128,6 +158,32 @@ def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_pat
     assert (tmp_path / "waiting").exists(), "no second worker was tried"
     assert went_on and read_by_then == 1500, f"the stream stopped after {read_by_then} batches while the second worker started"
     got += more
+    assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
+
+
+@pytest.mark.serial
+def test_no_second_worker_where_the_first_leaves_no_cpu_unused(
+    token_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget of 1 CPU. While the host's thread works alone, the training loop sleeps
+    between batches and the budget goes unused: the first worker starts and is used. From
+    then on the loop's steps keep its CPU busy, and none of the budget is left: no second
+    worker starts (it would only take its CPU from the first and the loop: beside the light
+    pipeline in process on 2 CPUs, the stream ran at about 0.8x of one worker's rate while a
+    second started), and the first stays in use."""
+    monkeypatch.setenv("COLO_DATA_CPUS", "1")
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+    me = psutil.Process()
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
+        got = paced_until_workers_made(loader)
+        tried = time.monotonic()
+        while time.monotonic() - tried < 3.0:  # the first worker's trial, and time for a second to start
+            paced(loader, got, busy=True)
+        made = pool_records(loader)
+        while time.monotonic() - tried < 4.0:
+            paced(loader, got, busy=True)
+        assert pool_records(loader) > made, "the first worker was given up: this test needs it in use"
+        assert len(workers_of(me)) == 1, f"a second worker started: {workers_of(me)}"
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
 
 

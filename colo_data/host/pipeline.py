@@ -128,7 +128,10 @@ class HostPipeline:
         come, this thread makes chunks after them (as many batches as the pool has in
         hand), so it is never idle while there is work. Each count of workers is on trial
         for `_DECIDE_S` (and `_DECIDE_CHUNKS`) from its first chunk: one more is started while the last made the
-        stream faster by `_GAIN`, and shares the chunks from the moment it is ready (asked
+        stream faster by `_GAIN` and, for local workers, `_IDLE_CPUS` went unused over the trial (a worker
+        started on a busy budget takes its CPU from the workers at work, at the same nice: beside the first,
+        a second one's start held the light pipeline in process on 2 CPUs at about 0.8x of one worker's rate
+        for seconds), and shares the chunks from the moment it is ready (asked
         for a share before, a starting worker held the stream up for the second of its
         start: 2 workers ran the light pipeline in process at half of one's rate); a count
         that does not pay goes back to the one before; a
@@ -197,10 +200,16 @@ class HostPipeline:
                     level, retry_at, retry = 0, now + retry, retry if pool.remote else 2 * retry
                 elif level > 1 and rates[level] < rates[level - 1] * (1 + min(_GAIN, 0.5 / level)):  # it did not pay
                     level, settled = level - 1, True
-                elif level < pool.count and not settled:  # start one more; it is tried once it is ready
-                    assert stream is not None
-                    growing, started = True, max(started, level + 1)
-                    stream.ready(level + 1)
+                elif level < pool.count and not settled:
+                    # start one more, tried once it is ready, where CPU went unused in this trial (a local
+                    # worker started on a busy budget takes its CPU from the workers at work: see above)
+                    idle = pool.idle_cpus()
+                    if not pool.remote and (idle is None or idle < _IDLE_CPUS):
+                        settled = True
+                    else:
+                        assert stream is not None
+                        growing, started = True, max(started, level + 1)
+                        stream.ready(level + 1)
             if level > pool.count:  # the pool's share of this host fell (a shared pool that more hosts joined)
                 level, trial, growing, settled = pool.count, None, False, True
                 del rates[level + 1 :]
@@ -241,6 +250,7 @@ class HostPipeline:
                 part.worker_stages = None
                 if trial == 0.0 and at >= trial_from:  # a trial is timed from the first chunk of its count
                     trial, made = time.monotonic(), -part.rows
+                    pool.idle_cpus()  # and so is the CPU it leaves unused
             position += part.rows // len(self.rows) * size
             made += part.rows
             if frontier is not None and not level and not claimed:  # given up, its chunks all taken
