@@ -139,7 +139,9 @@ class _Runner:
     def _next(self) -> GlobalBatch:
         start = perf_counter()
         if self.batches is None:  # (re)starting counts as input wait: connecting to sidecars, starting workers
-            if self.owner.state == "closed":
+            # (closing: a close from another thread has ended the run and not yet its sessions, which a restart
+            # would reach for: a batch taken just before the close must not start another run)
+            if self.owner.state == "closed" or self.closing:
                 raise LoaderClosedError(
                     "this Loader was closed: make a new one to go on, e.g. "
                     "cd.Loader(pipeline, state=loader.get_state(), ...)"
