@@ -1,7 +1,7 @@
 """The one harness of every benchmark here: the options they share, the timing of one run,
-interleaved rounds, ratios and their goals, and the results files. One copy, so that every
-benchmark times, compares and reports the same way (SPDL's `benchmark_utils.py` plays this
-part for SPDL's benchmarks).
+the machine's own speed, interleaved rounds, ratios and their goals, and the results files.
+One copy, so that every benchmark times, compares and reports the same way (SPDL's
+`benchmark_utils.py` plays this part for SPDL's benchmarks).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import itertools
 import json
 import operator
+import os
 import platform
 import statistics
 import time
@@ -25,6 +26,7 @@ from absl import flags
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK_BATCHES = 5  # --quick: the batches a run reads where a benchmark can cut it short
 SAMPLE_EVERY = 50  # batches between two samples of a CpuClock that samples
+LOOP = 200_000  # iterations of the fixed loop that each CPU times between two runs (10 to 50 ms here)
 WHOLE = "records_per_s"  # whole run, start-up included
 AFTER_FIRST = "after_first_per_s"  # after the first batch: start-up left out
 
@@ -135,6 +137,51 @@ def measure(run: Callable[[], Iterator[int]], batches: int | None = None, cpu: C
 
 
 # ---------------------------------------------------------------------------------------------
+# The machine's own speed
+
+
+class MachineSpeed:
+    """How long a fixed loop of Python takes on each CPU of this process's affinity mask,
+    timed between two runs (nothing of the benchmark runs then). On a shared virtual machine a
+    CPU's speed changes from one second to the next, unseen by the guest (no steal time): here
+    the same loop took 1.75x as long in some seconds as in others. Interleaved rounds spread
+    that over the contenders, but a ratio whose goal's margin is smaller than the spread can
+    read either side of it; the results say how wide it was during the run."""
+
+    def __init__(self) -> None:
+        self.timings: list[tuple[int, float]] = []  # (CPU, milliseconds of CPU time)
+
+    def sample(self) -> None:
+        """Time the loop once on each CPU (the calling thread moved there and back)."""
+        mask = os.sched_getaffinity(0)
+        try:
+            for cpu in sorted(mask):
+                os.sched_setaffinity(0, {cpu})
+                start, total = time.thread_time(), 0
+                for i in range(LOOP):
+                    total += i * i
+                self.timings.append((cpu, 1000 * (time.thread_time() - start)))
+        finally:
+            os.sched_setaffinity(0, mask)
+
+    def line(self) -> str:
+        """The spread of the timings, for the results; empty before any."""
+        if len(self.timings) < 10:
+            return ""
+        ms = sorted(t for _, t in self.timings)
+        low, high = ms[len(ms) // 10], ms[len(ms) * 9 // 10]
+        cpus = sorted({cpu for cpu, _ in self.timings})
+        return (
+            f"The machine's own speed: a fixed loop of Python took {low:.0f} to {high:.0f} ms on one CPU (the 10th "
+            f"and 90th percentiles of {len(ms)} timings between runs, CPUs {', '.join(map(str, cpus))}; median "
+            f"{statistics.median(ms):.0f} ms): the CPUs ran {high / low:.2f}x slower at some times than at others."
+        )
+
+
+MACHINE = MachineSpeed()  # sampled before every run of `interleave`, reported by `write_results`
+
+
+# ---------------------------------------------------------------------------------------------
 # Interleaved rounds
 
 
@@ -150,12 +197,14 @@ def interleave(
     retried: list[str] | None = None,
 ) -> Runs:
     """Run every contender once per round, in the same order each round (A, B, C, A, B, C, ...),
-    so that a noisy neighbour hits every contender alike, printing a line per run. With
-    `retried`, a run that raises RuntimeError is noted there and run once more."""
+    so that a noisy neighbour hits every contender alike, printing a line per run; the
+    machine's own speed is timed before each (`MACHINE`). With `retried`, a run that raises
+    RuntimeError is noted there and run once more."""
     runs: Runs = {name: [] for name in contenders}
     for r in range(rounds):
         for name, contender in contenders.items():
             tag = f"round {r + 1}/{rounds}  {name}"
+            MACHINE.sample()
             try:
                 m = contender()
             except RuntimeError as e:
@@ -290,6 +339,8 @@ def write_results(
         lines += ["", "A --quick run: a smoke run of the machinery; its figures and verdicts measure nothing."]
     if retried:
         lines += ["", f"Failed and retried once: {len(retried)} run(s); see {name}.json `retried`."]
+    if MACHINE.line():
+        lines += ["", MACHINE.line()]
     table = "\n".join(lines)
     print("\n" + table, flush=True)
     result = {
@@ -303,6 +354,7 @@ def write_results(
         "runs": runs,
         "ratios": [{**asdict(r), "met": r.met} for r in ratios],
         "retried": list(retried),
+        "machine_loop_ms": MACHINE.timings,
         "details": dict(details or {}),
     }
     args.out.mkdir(parents=True, exist_ok=True)
