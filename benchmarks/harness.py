@@ -339,8 +339,8 @@ def write_results(
         lines += ["", "A --quick run: a smoke run of the machinery; its figures and verdicts measure nothing."]
     if retried:
         lines += ["", f"Failed and retried once: {len(retried)} run(s); see {name}.json `retried`."]
-    if MACHINE.line():
-        lines += ["", MACHINE.line()]
+    if machine := MACHINE.line():
+        lines += ["", machine]
     table = "\n".join(lines)
     print("\n" + table, flush=True)
     result = {

@@ -202,9 +202,10 @@ class HostPipeline:
                     level, settled = level - 1, True
                 elif level < pool.count and not settled:
                     # start one more, tried once it is ready, where CPU went unused in this trial (a local
-                    # worker started on a busy budget takes its CPU from the workers at work: see above)
+                    # worker started on a busy budget takes its CPU from the workers at work: see above; a
+                    # Ray pool's actors take none of the host's, and it says so: infinitely many unused)
                     idle = pool.idle_cpus()
-                    if not pool.remote and (idle is None or idle < _IDLE_CPUS):
+                    if idle is None or idle < _IDLE_CPUS:
                         settled = True
                     else:
                         assert stream is not None
