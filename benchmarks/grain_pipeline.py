@@ -1,6 +1,8 @@
 """A user's Grain pipeline three ways, side by side, each under a simulated training step as
 long as the pipeline's own time per batch (measured first, Grain alone) that holds the GIL
-for half of it (a training loop's Python) and sleeps the other half (the accelerator):
+for half of it (a training loop's Python) and sleeps the other half (the accelerator).
+
+The three:
 
 - (a) the Grain pipeline iterated in the trainer's process, as a Grain user runs it;
 - (b) the same pipeline, unchanged, as a `cd.GrainPipeline` through the loader's sidecar;
@@ -60,19 +62,23 @@ def corpus() -> list[str]:
 
 
 def parse(record: bytes) -> dict[str, Any]:
+    """A JSON record as a dict."""
     return json.loads(record)
 
 
 def tokenize(record: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A record's text as token ids (its bytes plus one), cut to `LENGTH`."""
     tokens = np.frombuffer(record["text"].encode(), np.uint8)[:LENGTH].astype(np.int32) + 1
     return {"tokens": tokens}
 
 
 def long_enough(record: dict[str, np.ndarray]) -> bool:
+    """The filter: records of at least 64 tokens."""
     return len(record["tokens"]) >= 64
 
 
 def crop(record: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A random prefix of a record's tokens, at least half of them."""
     tokens = record["tokens"]
     return {"tokens": tokens[: int(rng.integers(len(tokens) // 2, len(tokens) + 1))]}
 
@@ -93,6 +99,7 @@ def tokenize_chunk(records: list[bytes]) -> dict[str, Any]:
 
 
 def keep_long(columns: dict[str, Any]) -> np.ndarray:
+    """(c)'s filter, `long_enough` over a chunk."""
     return np.array([len(t) >= 64 for t in columns["tokens"]])
 
 
@@ -145,6 +152,7 @@ def through_loader(pipeline: Any, step: Step, waited: list[float]) -> Iterator[i
 
 
 def measured(run: Callable[[list[float]], Iterator[int]]) -> harness.Measurement:
+    """One run, with its input wait: the share of the time after the first batch spent in `next()`."""
     waited = [0.0]
     m = harness.measure(lambda: run(waited))
     m[WAIT] = waited[0] / (m["seconds"] - m["first_batch_s"])
@@ -163,6 +171,7 @@ def pipeline_seconds(paths: list[str]) -> float:
 
 
 def main() -> None:
+    """Measure the three side by side and write the table and the goal."""
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     args = harness.parse(harness.parser(__doc__))
     global BATCHES

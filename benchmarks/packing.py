@@ -1,7 +1,9 @@
 """Packing side by side: fill (the share of a batch's tokens that are real) and records/s of
 `cd.Pack`'s next-, first- and best-fit against Grain's `FirstFitPackIterDataset` and
 `BestFitPackIterDataset`, on the same records in the same order, batches of 16 rows of 512
-tokens, records cut to 512 tokens (Grain's packers need that), no limit on records a row:
+tokens, records cut to 512 tokens (Grain's packers need that), no limit on records a row.
+
+Two corpora:
 
 - the tokenized demo text corpus (`colo_data.ops.demo.text_corpus()`, its BPE tokenizer;
   the three components' texts interleaved), and
@@ -147,7 +149,9 @@ def main() -> None:
     lm = {f"LM demo: cd.Pack {m}": partial(lm_demo, m, lm_records) for m in ("next_fit", "best_fit")}
     for name in lm:
         fills[name] = lm_fill(name.rsplit(" ", 1)[1], 20 if args.quick else 100)
-    timed = {name: partial(harness.measure, lambda make=make: records_of(make()), args.batches) for name, make in contenders.items()}
+    timed = {
+        name: partial(harness.measure, lambda make=make: records_of(make()), args.batches) for name, make in contenders.items()
+    }
     timed.update({name: partial(harness.measure, run, args.batches) for name, run in lm.items()})
     runs = harness.interleave(timed, args.rounds)
 
@@ -166,7 +170,8 @@ def main() -> None:
     for data in paths:
         ours = max(fills[f"{data}: cd.Pack {m}"] for m in METHODS)
         theirs = max(fills[f"{data}: {n}"] for n in GRAIN)
-        ratios.append(harness.Ratio(f"{data}: colo-data's fullest fill / Grain's fullest", ours / theirs, harness.Goal.of(">= 1")))
+        name = f"{data}: colo-data's fullest fill / Grain's fullest"
+        ratios.append(harness.Ratio(name, ours / theirs, harness.Goal.of(">= 1")))
     ratios.append(
         harness.ratio_within_rounds(
             "LM demo records/s: best fit (the default) / next fit (the earlier default)",

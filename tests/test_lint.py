@@ -1,4 +1,4 @@
-"""The linter (ruff) and the type checker (mypy) pass, with the settings in pyproject.toml."""
+"""The linter (ruff, over the library and the benchmarks) and the type checker (mypy) pass, with the settings in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Both tools keep a cache in the repository (.ruff_cache, .mypy_cache): mypy takes about
 # 12 s without one (JAX not followed: see pyproject.toml), 1 s with it.
 COMMANDS = {
-    "ruff": ["-m", "ruff", "check", "colo_data"],
+    "ruff": ["-m", "ruff", "check", "colo_data", "benchmarks"],
     "mypy": ["-m", "mypy", "colo_data"],
 }
 
