@@ -168,8 +168,9 @@ class MachineSpeed:
         """The spread of the timings, for the results; empty before any."""
         if len(self.timings) < 10:
             return ""
-        ms = sorted(t for _, t in self.timings)
-        low, high = ms[len(ms) // 10], ms[len(ms) * 9 // 10]
+        ms = [t for _, t in self.timings]
+        deciles = statistics.quantiles(ms, n=10)
+        low, high = deciles[0], deciles[-1]
         cpus = sorted({cpu for cpu, _ in self.timings})
         return (
             f"The machine's own speed: a fixed loop of Python took {low:.0f} to {high:.0f} ms on one CPU (the 10th "
