@@ -7,7 +7,8 @@ Pipeline (benchmarks/lm.py's loader): `cd.ArrowSource` over the whole text demo
 (`colo_data.ops.demo.text_corpus()`: web, code and math, six Parquet files) -> `cd.tokenize` ->
 `cd.pad_or_truncate` to `SEQ_LEN`, batches of `BATCH`, one epoch through `cd.Loader(pipeline)` (in process, no workers),
 block and global shuffle. Remote contenders read the same files uploaded to a local S3 server
-(moto) and GCS server (gcp-storage-emulator) through a `FaultProxy` that adds the delay to every
+(moto) and GCS server (gcp-storage-emulator; read through pyarrow's `GcsFileSystem` and, as a
+contender of its own, through gcsfs) through a `FaultProxy` that adds the delay to every
 request (the tokenizer stays local). Each contender is timed from building the ArrowSource (it
 reads the footers, remotely) to the last batch on the device; the ratio is remote / local
 whole-epoch records/s for the same shuffle. Rounds are interleaved and the median is reported,
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import harness
 import jax
@@ -37,7 +38,7 @@ from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
 from colo_data.ops import demo
-from colo_data.testing.storage import FaultProxy, gcs_server, s3_server
+from colo_data.testing.storage import FaultProxy, ObjectStore, gcs_server, gcsfs_server, s3_server
 
 SEQ_LEN, BATCH = 512, 32
 DELAYS_MS = (0, 25, 100)
@@ -49,7 +50,7 @@ BUCKET = "text-demo"
 LARGER = 4  # the second table's corpus: the text demo's files this many times over
 
 
-def epoch(path: str, tokenizer: Path, shuffle: Literal["block", "global"], fs: pafs.FileSystem | None) -> Iterator[int]:
+def epoch(path: str, tokenizer: Path, shuffle: Literal["block", "global"], fs: pafs.FileSystem | Any) -> Iterator[int]:
     """One epoch of the text pipeline through cd.Loader, source built first (its footer reads timed)."""
     pipeline = cd.Pipeline(
         source=cd.ArrowSource(path, columns=["text"], filesystem=fs),
@@ -67,14 +68,19 @@ def local_name(shuffle: str) -> str:
     return f"local files, {shuffle} shuffle"
 
 
-def remote_name(kind: str, delay_ms: int, shuffle: str) -> str:
+def client_name(store: ObjectStore) -> str:
+    """The store and the client that reads it: "S3", "GCS" (pyarrow's) or "GCS via gcsfs"."""
+    return store.kind.upper() + (" via gcsfs" if store.client == "fsspec" else "")
+
+
+def remote_name(client: str, delay_ms: int, shuffle: str) -> str:
     """A remote contender's name."""
-    return f"{kind.upper()}, {delay_ms} ms per request, {shuffle} shuffle"
+    return f"{client}, {delay_ms} ms per request, {shuffle} shuffle"
 
 
 def remote_epoch(
     proxy: FaultProxy,
-    fs: pafs.FileSystem,
+    fs: pafs.FileSystem | Any,
     uri: str,
     tokenizer: Path,
     shuffle: Literal["block", "global"],
@@ -110,7 +116,8 @@ def render(
         f"ArrowSource to the last batch, median of {rounds} interleaved rounds; {psutil.cpu_count()} CPUs, the servers "
         "and the proxy on the same machine. "
         "Remote: a local S3 (moto) or GCS (gcp-storage-emulator) server behind a FaultProxy adding the delay to every "
-        "request. Ratio: records/s / local records/s, same shuffle, over the whole epoch (the goal's) and after the "
+        "request; GCS read through pyarrow's GcsFileSystem, and through gcsfs (an fsspec filesystem). "
+        "Ratio: records/s / local records/s, same shuffle, over the whole epoch (the goal's) and after the "
         "first batch (start-up left out).",
         "",
         "| pipeline | records/s, whole epoch | first batch (s) | requests per epoch | ratio to local | goal met "
@@ -153,15 +160,15 @@ def run_table(
             for s in SHUFFLES
         }
         remote: list[tuple[str, int, str]] = []
-        for start in (s3_server, gcs_server):
+        for start in (s3_server, gcs_server, gcsfs_server):
             store = stack.enter_context(start())
             uri = store.uri(store.upload(directory, BUCKET))
             proxy = stack.enter_context(FaultProxy(store.endpoint))
             fs = store.filesystem(proxy.endpoint)
             for delay_ms in DELAYS_MS:
                 for shuffle in SHUFFLES:
-                    remote.append((store.kind, delay_ms, shuffle))
-                    contenders[remote_name(store.kind, delay_ms, shuffle)] = partial(
+                    remote.append((client_name(store), delay_ms, shuffle))
+                    contenders[remote_name(client_name(store), delay_ms, shuffle)] = partial(
                         remote_epoch, proxy, fs, uri, tokenizer, shuffle, delay_ms, args.batches
                     )
         runs = harness.interleave(contenders, args.rounds, show)

@@ -8,6 +8,7 @@ fetching, and refetches a damaged entry; a file rewritten under a running job is
 from __future__ import annotations
 
 import gc
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 import colo_data as cd
 from colo_data.io.retry import transient
 from colo_data.testing import assert_batches_equal, read_all
-from colo_data.testing.storage import FaultProxy, ObjectStore, gcs_server, s3_server
+from colo_data.testing.storage import FaultProxy, ObjectStore, gcs_server, gcsfs_server, s3_server
 
 FILES, ROWS, GROUP = 3, 100, 25  # 12 row groups of 25 records
 BUCKET = "data"
@@ -45,9 +46,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.fixture(scope="module", params=["s3", "gcs"])
+SERVERS = {"s3": s3_server, "gcs": gcs_server, "gcsfs": gcsfs_server}
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
 def store(request: pytest.FixtureRequest, corpus: Path) -> Iterator[ObjectStore]:
-    with s3_server() if request.param == "s3" else gcs_server() as server:
+    with SERVERS[request.param]() as server:
         server.upload(corpus, BUCKET)
         yield server
 
@@ -177,7 +181,8 @@ def test_transient_failures_are_retried_and_nothing_is_lost_or_repeated(
     store: ObjectStore, proxy: FaultProxy, corpus: Path, fault: str
 ) -> None:
     """Faults on 6 requests (with the client's own retries off, so colo-data's retries
-    answer them): every record is read once, as it is in the local files."""
+    answer them; gcsfs's cannot be, and answer them instead): every record is read once,
+    as it is in the local files."""
     source = remote(store, proxy, client_retries=False)
     faults = proxy.faults
     proxy.fail(fault, times=6, after=1)
@@ -186,10 +191,12 @@ def test_transient_failures_are_retried_and_nothing_is_lost_or_repeated(
     assert got.equals(all_records(local(corpus)))
 
 
+@pytest.mark.parametrize("store", ["s3", "gcs"], indirect=True)  # gcsfs: its own retries take 30 s a request
 @pytest.mark.parametrize("fault", ["503", "reset"])
 def test_a_lasting_failure_is_a_source_error_naming_the_object(store: ObjectStore, proxy: FaultProxy, fault: str) -> None:
     """Every request failing: a SourceError naming the object, the attempts and the last
-    error, within a bounded time (the thread is given 120 s: it must not hang)."""
+    error, within a bounded time (the thread is given 120 s: it must not hang). (gcsfs,
+    whose retries cannot be turned off: `test_a_gcsfs_store_that_went_away_is_named`.)"""
     source = remote(store, proxy, client_retries=False, retries=2)
     proxy.fail(fault, times=-1)
     outcome: list[BaseException] = []
@@ -210,6 +217,23 @@ def test_a_lasting_failure_is_a_source_error_naming_the_object(store: ObjectStor
     assert f"{scheme}://{BUCKET}/part-" in message and "3 attempt(s)" in message and "the last error" in message, message
     with pytest.raises(cd.SourceError, match=rf"{scheme}://{BUCKET}: listing the files failed after 3 attempt"):
         remote(store, proxy, client_retries=False, retries=2)  # a source made while the store fails
+
+
+def test_a_gcsfs_store_that_went_away_is_named(corpus: Path) -> None:
+    """A store that stops answering under an fsspec filesystem (gcsfs) is a SourceError
+    naming the object and the refused connection, once gcsfs's own retries (about 30 s) are
+    done: not a file gone (pyarrow's FSSpecHandler reads any failure as "not found"), and
+    colo-data adds no retries of its own on top."""
+    with gcsfs_server() as store:
+        store.upload(corpus, BUCKET)
+        source = cd.ArrowSource(BUCKET, columns=["id"], filesystem=store.filesystem())
+        assert source.take([0, 150]).column("id").to_pylist() == [0, 150]
+        copy = pickle.loads(pickle.dumps(source))  # a process that opens the objects anew
+    with pytest.raises(cd.SourceError) as caught:
+        copy.take([0])
+    message = str(caught.value)
+    assert f"gs://{BUCKET}/part-0.parquet: opening the object failed after 1 attempt(s)" in message, message
+    assert "a transient error that lasted" in message and "ConnectionError" in message, message
 
 
 def test_cache_dir_serves_later_epochs_and_restarts_without_fetching(store: ObjectStore, corpus: Path, tmp_path: Path) -> None:
@@ -265,17 +289,17 @@ def test_an_object_rewritten_under_a_running_job_is_refused(store: ObjectStore, 
         with fs.open_output_stream(f"{bucket}/{name}") as out:
             pq.write_table(pa.table({"id": ids}), out, row_group_size=group, compression="none", use_dictionary=False)
 
-    fs, bucket = store.filesystem(), f"rewrite-{store.kind}"
+    fs, bucket = store.pyarrow_filesystem(), f"rewrite-{store.kind}-{store.client}"
     fs.create_dir(bucket)
     for f in range(FILES):
         write(f"part-{f}.parquet", np.arange(f * ROWS, (f + 1) * ROWS), GROUP)
-    source = cd.ArrowSource(bucket, filesystem=fs)
+    source = cd.ArrowSource(bucket, filesystem=store.filesystem())
     assert source.take([0, 2 * ROWS]).column("id").to_pylist() == [0, 2 * ROWS]  # part-0 and part-2 open
     write("part-1.parquet", np.arange(ROWS, 2 * ROWS), GROUP + 5)
     with pytest.raises(cd.SourceError, match=rf"{bucket}/part-1.parquet changed after the pipeline was built: row group"):
         source.take([ROWS + 1])
     write("part-0.parquet", np.arange(ROWS) + 1000, GROUP)
-    fresh = cd.ArrowSource(bucket, filesystem=fs)
+    fresh = cd.ArrowSource(bucket, filesystem=store.filesystem())
     write("part-0.parquet", np.arange(ROWS) + 2000, GROUP)
     with pytest.raises(cd.SourceError, match=r"part-0.parquet changed after the pipeline was built: written again"):
         fresh.take([0])
@@ -283,12 +307,17 @@ def test_an_object_rewritten_under_a_running_job_is_refused(store: ObjectStore, 
 
 def test_uris_with_and_without_a_filesystem(store: ObjectStore, corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`s3://` and `gs://` URIs read the same records as the local files: with a filesystem
-    of their kind, and (S3) without one, credentials and endpoint as pyarrow reads them."""
+    of their kind (pyarrow's or fsspec's), and (S3) without one, credentials and endpoint as
+    pyarrow reads them; a URI of another kind than an fsspec filesystem's is a ConfigError
+    that names the filesystem as its user made it."""
     expected = all_records(local(corpus))
     fs = store.filesystem()
     with_fs = cd.ArrowSource(store.uri(BUCKET), columns=["id", "tokens"], filesystem=fs)
     assert with_fs.files == tuple(f"{BUCKET}/part-{f}.parquet" for f in range(FILES))
     assert all_records(with_fs).equals(expected)
+    if store.client == "fsspec":
+        with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a GCSFileSystem \(fsspec: gs, gcs\)"):
+            cd.ArrowSource(f"s3://{BUCKET}", filesystem=fs)
     if store.kind == "s3":
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -319,7 +348,7 @@ def test_threads_end_when_a_loader_is_dropped_mid_epoch(store: ObjectStore, prox
 def test_every_path_given_must_name_a_data_file_in_the_store(store: ObjectStore) -> None:
     """Issue 26: an object, a glob or a prefix that names no data file, given beside a good
     object, is an error naming each one (it was skipped without a word)."""
-    fs = store.filesystem()
+    fs = store.pyarrow_filesystem()
     fs.create_dir("listing")
     with fs.open_output_stream("listing/notes/README.txt") as out:  # a "directory" with no data file
         out.write(b"not data")

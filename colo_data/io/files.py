@@ -17,6 +17,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from colo_data.errors import CorruptFileError, ResourceError, SourceError
+from colo_data.io.fsspec_store import StoreHandler, schemes
 from colo_data.io.range_file import range_file
 from colo_data.io.retry import transient
 
@@ -144,9 +145,12 @@ def _written(handle: pa.NativeFile) -> datetime | None:
         return None
 
 
-def object_version(handle: pa.NativeFile) -> str | None:
-    """An object's generation (GCS) or ETag (S3), from what opening it returned; None where
-    the filesystem says neither."""
+def object_version(fs: pafs.FileSystem, path: str, handle: pa.NativeFile) -> str | None:
+    """An object's generation (GCS) or ETag (S3), from what opening it (`handle`) returned;
+    None where the filesystem says neither."""
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, StoreHandler):  # an fsspec filesystem: its handles carry no metadata
+        return handler.version(path)
     try:
         meta = {key.decode() if isinstance(key, bytes) else key: value for key, value in handle.metadata().items()}
     except (pa.ArrowException, OSError, NotImplementedError):
@@ -160,8 +164,8 @@ def object_version(handle: pa.NativeFile) -> str | None:
 
 def object_uri(fs: pafs.FileSystem, path: str) -> str:
     """An object's name as a user writes it (`gs://bucket/key`, `s3://bucket/key`)."""
-    scheme = {"gcs": "gs", "s3": "s3"}.get(fs.type_name)
-    return f"{scheme}://{path}" if scheme else path
+    known = [scheme for scheme in schemes(fs) if scheme != "file"]
+    return f"{known[0]}://{path}" if known else path
 
 
 def open_object(fs: pafs.FileSystem, path: str) -> pa.NativeFile:
@@ -212,7 +216,7 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
     try:
         if remote:
             handle = open_object(fs, path)
-            version, size = object_version(handle), handle.size()
+            version, size = object_version(fs, path, handle), handle.size()
             fmt, reader = _remote_reader(handle, size, path)
         else:
             mtime_ns = os.stat(path).st_mtime_ns  # before the metadata is read: a write after it is noticed

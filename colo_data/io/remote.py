@@ -111,7 +111,7 @@ class RemoteFiles:
                 f"{object_uri(self._fs, file.path)}: {what} failed after {e} ({kind}); "
                 f"the last error: {type(last).__name__}: {last}. "
                 "Check that the object store is reachable from this host and the credentials (taken from the "
-                "environment as pyarrow reads them) allow reading it."
+                "environment as the filesystem reads them) allow reading it."
             ) from last
 
     def _same(self, file: DataFile) -> bool:
@@ -123,7 +123,7 @@ class RemoteFiles:
             return False
         except (OSError, pa.ArrowException):
             return True
-        return handle.size() == file.size and object_version(handle) == file.version
+        return handle.size() == file.size and object_version(self._fs, file.path, handle) == file.version
 
     def _open(self, index: int) -> _Opened:
         """File `index`, opened once (later calls wait for the first), checked against the index."""
@@ -167,7 +167,7 @@ class RemoteFiles:
         if kept is not None and kept.handle is not None:
             return self._reuse(file, kept)
         handle = self._call(lambda: open_object(self._fs, file.path), file, 0, "opening the object")
-        if handle.size() != file.size or object_version(handle) != file.version:
+        if handle.size() != file.size or object_version(self._fs, file.path, handle) != file.version:
             raise changed(self._fs, file, 0)
         footer = kept.footer if kept is not None else None
         if footer is not None:  # read when the source was made, in this process: no request

@@ -32,7 +32,8 @@ _TRANSIENT = re.compile(
 
 
 def transient(error: BaseException) -> bool:
-    """Whether `error` (from a pyarrow filesystem) may go away on another try."""
+    """Whether `error` (from a pyarrow filesystem, or an fsspec one's as `StoreHandler`
+    raises it) may go away on another try."""
     if isinstance(error, (TimeoutError, ConnectionError)):
         return True
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):

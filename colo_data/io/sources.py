@@ -1,5 +1,5 @@
 """Sources: record collections addressed by a global index. `ArrowSource` reads Parquet and
-Arrow IPC files through any `pyarrow.fs` filesystem, indexing row groups from metadata
+Arrow IPC files through any `pyarrow.fs` or fsspec filesystem, indexing row groups from metadata
 alone and gathering many records with one Arrow `take` per row group."""
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from colo_data.io.files import (
     size_now,
     unreadable,
 )
+from colo_data.io.fsspec_store import as_pyarrow, describe, is_fsspec, schemes
 from colo_data.io.gather import gather
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.retry import Exhausted, transient, with_retries
@@ -87,9 +88,6 @@ class ReadAhead(Protocol):
     def read_stats(self) -> tuple[float, ...]: ...
 
 
-_SCHEMES = {"file": "local", "s3": "s3", "gs": "gcs", "gcs": "gcs", "hdfs": "hdfs"}  # URI scheme -> pyarrow type_name
-
-
 def _split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the path in it: `filesystem` when given (a URI of its kind loses
     its scheme), else the URI's, else the local one."""
@@ -97,10 +95,10 @@ def _split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.File
         if "://" not in path:
             return filesystem, path
         scheme, inner = path.split("://", 1)
-        if _SCHEMES.get(scheme.lower()) != filesystem.type_name:
+        if scheme.lower() not in schemes(filesystem):
             raise ConfigError(
-                f"{path!r} is a {scheme}:// URI but filesystem= is a {type(filesystem).__name__} "
-                f"({filesystem.type_name}): give the path inside that filesystem (e.g. 'bucket/dir/*.parquet'), "
+                f"{path!r} is a {scheme}:// URI but filesystem= is a {describe(filesystem)}: "
+                "give the path inside that filesystem (e.g. 'bucket/dir/*.parquet'), "
                 "or the URI without filesystem= to use the URI's own"
             )
         return filesystem, inner if scheme.lower() != "file" else posixpath.abspath(inner)
@@ -184,7 +182,7 @@ def _listed(fs: pafs.FileSystem, path: str, retries: int) -> list[str]:
         raise SourceError(
             f"{object_uri(fs, path)}: listing the files failed after {e}; the last error: {e.__cause__}. "
             "Check that the object store is reachable from this host and the credentials (taken from the "
-            "environment as pyarrow reads them) allow listing it."
+            "environment as the filesystem reads them) allow listing it."
         ) from e.__cause__
 
 
@@ -204,7 +202,7 @@ def _inspect_all(
             raise SourceError(
                 f"{object_uri(fs, path)}: reading its metadata failed after {e}; the last error: {e.__cause__}. "
                 "Check that the object store is reachable from this host and the credentials (taken from the "
-                "environment as pyarrow reads them) allow reading it."
+                "environment as the filesystem reads them) allow reading it."
             ) from e.__cause__
 
     with ThreadPoolExecutor(min(reading.io_concurrency, len(paths)), thread_name_prefix="colo-data-inspect") as pool:
@@ -221,8 +219,10 @@ class ArrowSource:
             them; a URI (`gs://...`, `s3://...`) picks its `pyarrow.fs` filesystem. Each
             must name at least one data file: a missing one is an error, never skipped.
         columns: the columns to read; None reads every column of the first file.
-        filesystem: the `pyarrow.fs` filesystem to read the paths from, instead of the
-            local one or the URI's.
+        filesystem: the filesystem to read the paths from, instead of the local one or
+            the URI's: a `pyarrow.fs` one, or an fsspec one (gcsfs, s3fs, ...), whose
+            requests wait without holding the GIL (pyarrow's GCS client holds it for the
+            first request of every file it opens).
         cache_bytes: decoded row groups are cached up to this many bytes; read-ahead
             stops short of it.
         io_concurrency: object storage: row-group reads in flight at once in each process
@@ -233,7 +233,9 @@ class ArrowSource:
         cache_dir_bytes: the most `cache_dir` holds; least recently used entries go first.
         retries: object storage: how often a read that fails with a transient error (HTTP
             5xx or 429, a reset connection, a timeout) is tried again, with exponential
-            backoff and jitter, before it is a `SourceError`.
+            backoff and jitter, before it is a `SourceError`. By default 5 for a `pyarrow.fs`
+            filesystem and 0 for an fsspec one, which retries by itself (gcsfs: 6 times
+            over about 30 s): retries of both would multiply.
 
     Raises:
         SourceError: a path names no data file (a file that does not exist, a directory or
@@ -248,21 +250,24 @@ class ArrowSource:
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
-        filesystem: pafs.FileSystem | None = None,
+        filesystem: pafs.FileSystem | Any | None = None,
         cache_bytes: int = 512 * 2**20,
         io_concurrency: int = defaults.IO_CONCURRENCY,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_dir_bytes: int = defaults.CACHE_DIR_BYTES,
-        retries: int = defaults.READ_RETRIES,
+        retries: int | None = None,
     ) -> None:
         cache_bytes = int_setting("cache_bytes", cache_bytes, 1, "bytes of decoded row groups kept")
         io_concurrency = int_setting("io_concurrency", io_concurrency, 1, "reads in flight at once")
+        if retries is None:
+            retries = 0 if is_fsspec(filesystem) else defaults.READ_RETRIES
         retries = int_setting("retries", retries, 0, "retries of a transient read failure")
         disk = DiskCache(cache_dir, cache_dir_bytes) if cache_dir is not None else None
         reading = _Reading(cache_bytes, io_concurrency, retries, disk)
         patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
         if not patterns:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
+        filesystem = as_pyarrow(filesystem)
         found: set[str] = set()
         fs: pafs.FileSystem | None = None
         unmatched: list[str] = []
@@ -270,7 +275,7 @@ class ArrowSource:
             pattern_fs, inner = _split_uri(pattern, filesystem)
             if fs is not None and pattern_fs.type_name != fs.type_name:
                 raise SourceError(
-                    f"{pattern!r} is on {pattern_fs.type_name}, the paths before it on {fs.type_name}: "
+                    f"{pattern!r} is on {describe(pattern_fs)}, the paths before it on {describe(fs)}: "
                     "one ArrowSource reads from one filesystem; make one source per filesystem."
                 )
             fs = pattern_fs
@@ -281,7 +286,7 @@ class ArrowSource:
         if unmatched:
             raise SourceError(
                 f"{len(unmatched)} of the {len(patterns)} paths given name no Parquet or Arrow IPC file on "
-                f"{type(fs).__name__}: {'; '.join(unmatched)}. A source reads every path it is given or none: "
+                f"{describe(fs)}: {'; '.join(unmatched)}. A source reads every path it is given or none: "
                 "fix these paths (the name, the glob, the filesystem argument) or leave them out."
             )
         kept: dict[str, Kept] = {}

@@ -77,6 +77,7 @@ class ObjectStore:
         self.process = process
         self.endpoint = endpoint
         self.log = log
+        self.client = "pyarrow"  # or "fsspec": `filesystem()` is then gcsfs (GCS)
 
     def filesystem(self, endpoint: str | None = None, *, retries: bool = True) -> pafs.FileSystem:
         """A pyarrow filesystem talking to `endpoint` (a FaultProxy's, say), by default the server's own.
@@ -87,6 +88,12 @@ class ObjectStore:
                 attempts; GCS: for `GCS_RETRY_LIMIT`, not its default 15 minutes). Without, S3
                 makes one attempt and GCS retries for 1 s, its least (a limit of 0 makes no attempt).
         """
+        target = endpoint or self.endpoint
+        return _gcsfs(target) if self.client == "fsspec" else self.pyarrow_filesystem(target, retries=retries)
+
+    def pyarrow_filesystem(self, endpoint: str | None = None, *, retries: bool = True) -> pafs.FileSystem:
+        """The server kind's own pyarrow filesystem (what `filesystem()` is unless the client
+        is fsspec), talking to `endpoint`, by default the server's own: it also writes."""
         import pyarrow.fs as pafs
 
         target = endpoint or self.endpoint
@@ -104,7 +111,7 @@ class ObjectStore:
     def upload(self, local_dir: str | os.PathLike[str], bucket: str) -> str:
         """Copy every file under `local_dir` (keeping relative paths) into `bucket`, created if
         needed, straight to the server; returns the path of the copy inside `filesystem()`."""
-        fs = self.filesystem()
+        fs = self.pyarrow_filesystem()
         fs.create_dir(bucket)
         root = Path(local_dir)
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -171,6 +178,26 @@ def gcs_server() -> ObjectStore:
     port = _free_port()
     command = [sys.executable, "-c", _GCS_MAIN, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
     return _start("gcs", command, port)
+
+
+def gcsfs_server() -> ObjectStore:
+    """`gcs_server()`, whose `filesystem()` is gcsfs (an fsspec filesystem) instead of
+    pyarrow's GcsFileSystem; `upload` goes through pyarrow's all the same."""
+    store = gcs_server()
+    store.client = "fsspec"
+    return store
+
+
+def _gcsfs(endpoint: str) -> Any:
+    """A gcsfs filesystem talking to the GCS server at `endpoint`, anonymous, a new instance
+    (fsspec would hand out one cached per arguments, with its listings). gcsfs retries a
+    transient error by itself, 6 times over about 30 s; that cannot be set per instance. It
+    first asks a bucket's type over gRPC, which the emulator does not answer (a 60 s wait):
+    `GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false` turns that off, set here before gcsfs loads."""
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs
+
+    return gcsfs.GCSFileSystem(endpoint_url=f"http://{endpoint}", token="anon", project="test", skip_instance_cache=True)
 
 
 class FaultProxy:
