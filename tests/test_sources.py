@@ -868,6 +868,29 @@ def test_fingerprint(parquet_dir: Path, ipc_dir: Path, tmp_path: Path) -> None:
     assert cd.ArrowSource(str(copy)).fingerprint() != fp
 
 
+def test_an_fsspec_filesystem_reads_the_same_records(tmp_path: Path) -> None:
+    """An fsspec filesystem (its local one: any fsspec filesystem takes the same path, gcsfs
+    is tested against a GCS server in test_object_storage.py) reads what the plain path
+    reads, in this process and in a copy (pickled, as for a worker), with a path or a URI
+    of its kind; a URI of another kind is a ConfigError naming the filesystem as made."""
+    import fsspec
+
+    for f in range(3):
+        pq.write_table(pa.table({"x": list(range(f * 10, f * 10 + 10))}), tmp_path / f"{f}.parquet", row_group_size=4)
+    plain = cd.ArrowSource(str(tmp_path))
+    local = fsspec.filesystem("file")
+    order = np.random.default_rng(3).permutation(30)
+    for path in (str(tmp_path), f"file://{tmp_path}/*.parquet"):
+        source = cd.ArrowSource(path, filesystem=local)
+        assert source.files == plain.files, path
+        assert source.take(order).equals(plain.take(order)), path
+        assert pickle.loads(pickle.dumps(source)).take(order).equals(plain.take(order)), path
+    with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem \(fsspec: file, local\)"):
+        cd.ArrowSource("s3://bucket/data", filesystem=local)
+    with pytest.raises(cd.SourceError, match=r"no-such-dir.*no such file or directory"):
+        cd.ArrowSource(str(tmp_path / "no-such-dir"), filesystem=local)
+
+
 def test_a_uri_with_a_filesystem_of_its_kind_reads_and_of_another_kind_is_a_config_error(tmp_path: Path) -> None:
     """`ArrowSource("file:///...", filesystem=LocalFileSystem())` reads the same records as
     the plain path (it was a raw ArrowInvalid); a URI whose scheme is not the filesystem's

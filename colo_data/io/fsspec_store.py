@@ -57,10 +57,12 @@ def _store_error(error: Exception, path: str) -> OSError:
         return error
     status = getattr(error, "code", None) or getattr(error, "status", None)
     http = f" (HTTP {status})" if isinstance(status, int) else ""
+    chain: list[BaseException] = []
     cause: BaseException | None = error
-    while cause is not None and not isinstance(cause, ConnectionError | TimeoutError):
+    while cause is not None and cause not in chain:
+        chain.append(cause)
         cause = cause.__cause__ or cause.__context__
-    kind = OSError if cause is None else ConnectionError
+    kind = ConnectionError if any(isinstance(c, ConnectionError | TimeoutError) for c in chain) else OSError
     wrapped = kind(f"{path}: {type(error).__name__}{http}: {error}")
     wrapped.__cause__ = error
     return wrapped
@@ -109,14 +111,14 @@ class StoreHandler(pafs.FSSpecHandler):
         return infos
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
-        base = selector.base_dir.strip("/")
+        base = selector.base_dir
         try:
             found = self.fs.find(base, maxdepth=None if selector.recursive else 1, withdirs=True, detail=True)
         except FileNotFoundError:
             found = {}
         except Exception as e:
             raise _store_error(e, base) from e
-        infos = [self._create_file_info(path, info) for path, info in found.items() if path.strip("/") != base]
+        infos = [self._create_file_info(p, info) for p, info in found.items() if p.strip("/") != base.strip("/")]
         if not infos:
             try:
                 kind = self._info(base)["type"]
