@@ -348,9 +348,9 @@ def test_threads_end_when_a_loader_is_dropped_mid_epoch(store: ObjectStore, prox
 def test_every_path_given_must_name_a_data_file_in_the_store(store: ObjectStore) -> None:
     """Issue 26: an object, a glob or a prefix that names no data file, given beside a good
     object, is an error naming each one (it was skipped without a word)."""
-    fs = store.pyarrow_filesystem()
-    fs.create_dir("listing")
-    with fs.open_output_stream("listing/notes/README.txt") as out:  # a "directory" with no data file
+    writer, fs = store.pyarrow_filesystem(), store.filesystem()
+    writer.create_dir("listing")
+    with writer.open_output_stream("listing/notes/README.txt") as out:  # a "directory" with no data file
         out.write(b"not data")
     bad = {
         f"{BUCKET}/part-9.parquet": "no such file or directory",

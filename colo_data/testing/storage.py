@@ -79,14 +79,17 @@ class ObjectStore:
         self.log = log
         self.client = "pyarrow"  # or "fsspec": `filesystem()` is then gcsfs (GCS)
 
-    def filesystem(self, endpoint: str | None = None, *, retries: bool = True) -> pafs.FileSystem:
-        """A pyarrow filesystem talking to `endpoint` (a FaultProxy's, say), by default the server's own.
+    def filesystem(self, endpoint: str | None = None, *, retries: bool = True) -> Any:
+        """The filesystem a source reads the store through, talking to `endpoint` (a
+        FaultProxy's, say), by default the server's own: pyarrow's, or gcsfs where the client
+        is fsspec.
 
         Args:
             endpoint: "host:port" to connect to; None is the server itself.
             retries: whether the client retries transient errors as it does by default (S3: 3
                 attempts; GCS: for `GCS_RETRY_LIMIT`, not its default 15 minutes). Without, S3
                 makes one attempt and GCS retries for 1 s, its least (a limit of 0 makes no attempt).
+                gcsfs always retries, 6 times over about 30 s.
         """
         target = endpoint or self.endpoint
         return _gcsfs(target) if self.client == "fsspec" else self.pyarrow_filesystem(target, retries=retries)
