@@ -61,6 +61,11 @@ class ChunkActor:
             chunk.stages = stages.values
             return chunk
         except BaseException as e:
+            if isinstance(e, SystemExit) or isinstance(e.__context__, SystemExit):
+                # Ray stops an actor (its pool's keeper gone, `ray.kill`) by raising SystemExit
+                # wherever it runs, a transform included: the actor ends, and the host computes
+                # the share itself (a transform that calls sys.exit fails there, named)
+                raise
             return to_wire(e)
 
     def versions(self) -> tuple[str, str]:
