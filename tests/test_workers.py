@@ -1,8 +1,8 @@
 """Worker processes (colo_data/workers/processes.py): started once and kept across restarts,
 light (no JAX in them), usable from a script without a `__main__` guard, the same batches
 as without workers; and how a host pipeline uses them (colo_data/host/pipeline.py
-`_pooled`): only while CPU goes unused, never waiting for them, given up when they cost
-more than they give."""
+`_pooled`, as colo_data/host/pool_policy.py decides): only while CPU goes unused, never
+waiting for them, given up when they cost more than they give."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
 from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
+from colo_data.host.pool_policy import PoolPolicy
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
@@ -27,16 +28,6 @@ from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metere
 
 _FOREVER = 2**62
 _POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
-_DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up...
-# ...and at least this many chunks of it: a rate over fewer is a count of whole chunks (a CPU-bound
-# pipeline on one CPU made a 512-record chunk in 0.3 s, and one Ray actor was given up on 0.5 s windows)
-_DECIDE_CHUNKS = 4
-_IDLE_CPUS = 0.5  # CPUs of the budget that must go unused, while the host's thread produces, for the pool to start
-_SLOWER = 0.9  # one worker that delivers less than this times the host thread's rate alone is given up...
-_RETRY_S = 10.0  # ...and tried again after this long (doubling each time)
-# one more worker is kept when the stream runs this much faster with it (5%), or, with many, when it
-# adds half of what each producer (the host's thread and the workers) adds on average
-_GAIN = 0.05
 
 
 class HostPipeline:
@@ -121,32 +112,18 @@ class HostPipeline:
         """Chunks made here, and by as many of the pool's workers as pay; never slower than
         this thread alone. This thread makes the chunks while the workers start (two
         workers behind a host that waited for them ran at about 0.1x of none over the
-        first 100 batches). It hands the pool work only while at least `_IDLE_CPUS` of the
-        CPU budget go unused as it works (the workers start then, the first time), from
-        the moment the first worker is ready, one worker at first: `_POOL_AHEAD` chunks in
-        the pool's hands (the first ones smaller), and whenever the next of them has not
-        come, this thread makes chunks after them (as many batches as the pool has in
-        hand), so it is never idle while there is work. Each count of workers is on trial
-        for `_DECIDE_S` (and `_DECIDE_CHUNKS`) from its first chunk: one more is started while the last made the
-        stream faster by `_GAIN` and, for local workers, `_IDLE_CPUS` went unused over the trial (a worker
-        started on a busy budget takes its CPU from the workers at work, at the same nice: beside the first,
-        a second one's start held the light pipeline in process on 2 CPUs at about 0.8x of one worker's rate
-        for seconds), and shares the chunks from the moment it is ready (asked
-        for a share before, a starting worker held the stream up for the second of its
-        start: 2 workers ran the light pipeline in process at half of one's rate); a count
-        that does not pay goes back to the one before; a
-        single worker that delivers less than `_SLOWER` times what this thread did alone is
-        given up, and tried again after `_RETRY_S` (doubling, but for a remote pool). On 2 CPUs a light pipeline
-        through a sidecar kept both busy without workers (two beside it ran at half its
-        rate); in process one worker doubled it and a second added nothing; a CPU-bound
-        one gained from both."""
+        first 100 batches). When the pool is wanted and how many of its workers a request
+        is shared out to, `PoolPolicy` decides; while it is in use, `_POOL_AHEAD` chunks are
+        in the pool's hands (the first ones smaller), and whenever the next of them has not
+        come, this thread makes chunks after them (as many batches as the pool has in hand),
+        so it is never idle while there is work."""
         size, chunk = self.pipeline.global_batch_size, self.chunk
         end = None if total is None else start_position + total * size
-        # asked for (its workers start, the first time) once CPU goes unused; at once if its CPUs are not the host's
+        # opened when the policy wants the pool (its workers start, the first time); at once if its CPUs are not the host's
         stream: PoolStream | None = None
         if pool.remote:
             stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, start_position)
-        wanted = pool.remote  # the pool is to be used from the moment its first worker is ready
+        policy = PoolPolicy(pool, chunk * len(self.rows))
         position = start_position
         frontier: int | None = None  # while the pool is in use: the first position not yet claimed
         # chunks claimed, in stream order: (position, the chunk if made here, else None for the pool's)
@@ -154,18 +131,6 @@ class HostPipeline:
         asked = 0  # requests in the pool's hands
         in_pool = here = 0  # host batches claimed: in the pool's hands, and made here ahead
         batches = chunk  # of the next request: 1, 2, 4 chunks, quick at first
-        level = 0  # the workers each new request is shared out to (0: the pool is not asked)
-        rates = [0.0]  # host records/s delivered with 0, 1, ... workers (with 0: while no worker starts)
-        started = int(pool.remote)  # the workers asked for so far (they start when first asked)
-        was_ready = False  # they were all ready at the last measurement
-        pool.idle_cpus()  # the idle CPUs are measured from here
-        window, made = time.monotonic(), 0  # this measurement's start and the host records delivered since
-        trial: float | None = None  # while a count of workers is on trial: when its first chunk came (0.0: not yet)
-        trial_from = 0  # the position of the first chunk asked of the count on trial
-        settled = False  # the count of workers that pays is found
-        growing = False  # one more worker is starting, to be tried once it is ready
-        retry, retry_at = _RETRY_S, 0.0
-        enough = _DECIDE_CHUNKS * chunk * len(self.rows)  # host records a measurement needs
 
         def here_until(stop: int | None) -> HostChunk:
             """A chunk made here at `position`, ending at `stop` at the latest."""
@@ -173,55 +138,21 @@ class HostPipeline:
             return self.work.compute(position, count, read_ahead=frontier is None)
 
         while end is None or position < end:
-            now = time.monotonic()
-            if frontier is None and now - window >= _DECIDE_S and made >= enough:
-                idle = pool.idle_cpus()
-                # (while local workers start, they take CPU from this thread; a remote pool's do not)
-                if stream is None or was_ready or pool.remote:
-                    rates[0] = made / (now - window)
-                window, made = now, 0
-                was_ready = stream is not None and stream.ready(started)  # a dead worker raises here
-                # once asked for, the pool is wanted until its first worker is ready (starting, it leaves no CPU unused)
-                wanted = wanted or (now >= retry_at and idle is not None and idle >= _IDLE_CPUS)
-                if wanted and stream is None:
-                    stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
-                    started = 1
-            if wanted and stream is not None and stream.ready(1):  # from here the first worker works beside this thread
-                frontier, batches, level, wanted, settled = position + chunk * size, chunk, 1, False, False
-                trial, trial_from = 0.0, frontier
-                del rates[1:]
-            elif growing and frontier is not None and stream is not None and stream.ready(level + 1):  # asked from here
-                level, trial, trial_from, growing = level + 1, 0.0, frontier, False
-            elif trial and now - trial >= _DECIDE_S and made >= enough:
-                rates.append(made / (now - trial))
-                trial = None
-                if level == 1 and rates[1] < _SLOWER * rates[0]:  # the pool costs more than it gives
-                    # (a remote pool's trial costs the host no CPU: it is tried again as often as at first)
-                    level, retry_at, retry = 0, now + retry, retry if pool.remote else 2 * retry
-                elif level > 1 and rates[level] < rates[level - 1] * (1 + min(_GAIN, 0.5 / level)):  # it did not pay
-                    level, settled = level - 1, True
-                elif level < pool.count and not settled:
-                    # start one more, tried once it is ready, where CPU went unused in this trial (a local
-                    # worker started on a busy budget takes its CPU from the workers at work: see above; a
-                    # Ray pool's actors take none of the host's, and it says so: infinitely many unused)
-                    idle = pool.idle_cpus()
-                    if idle is None or idle < _IDLE_CPUS:
-                        settled = True
-                    else:
-                        assert stream is not None
-                        growing, started = True, max(started, level + 1)
-                        stream.ready(level + 1)
-            if level > pool.count:  # the pool's share of this host fell (a shared pool that more hosts joined)
-                level, trial, growing, settled = pool.count, None, False, True
-                del rates[level + 1 :]
-            while level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
+            ready = None if stream is None else stream.ready
+            if frontier is None and policy.wants_stream(ready):
+                stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
+                ready = stream.ready
+            if policy.adjust(frontier, ready):  # taken on: asked from the chunk after the one made here now
+                frontier, batches = position + chunk * size, chunk
+            while policy.level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
                 assert stream is not None  # the pool is asked only once its stream is ready
                 count = batches if end is None else min(batches, (end - frontier) // size)
-                stream.ask(frontier, count, level)
+                stream.ask(frontier, count, policy.level)
                 claimed.append((frontier, None))
                 asked, in_pool, frontier = asked + 1, in_pool + count, frontier + count * size
                 batches = min(2 * batches, chunk * defaults.WORKER_CHUNKS)
             head = claimed[0][0] if claimed else frontier  # where the claimed chunks start
+            at: int | None = None  # the position of the chunk, if the pool made it
             if head is None or head > position:  # not claimed: made here
                 part = here_until(end if head is None else head if end is None else min(end, head))
             elif claimed[0][1] is not None:  # made here ahead, its turn now
@@ -229,7 +160,7 @@ class HostPipeline:
                 here -= part.rows // len(self.rows)
             else:
                 assert frontier is not None and stream is not None  # chunks are claimed only while the pool is in use
-                if level and here < in_pool and not stream.has_next() and (end is None or frontier < end):
+                if policy.level and here < in_pool and not stream.has_next() and (end is None or frontier < end):
                     # the pool's next chunk has not come: make the one after the last claimed, here
                     count = chunk if end is None else min(chunk, (end - frontier) // size)
                     claimed.append((frontier, self.work.compute(frontier, count, read_ahead=False)))
@@ -249,13 +180,11 @@ class HostPipeline:
                     if values is not None:
                         self.worker_stages[i].merge(values)
                 part.worker_stages = None
-                if trial == 0.0 and at >= trial_from:  # a trial is timed from the first chunk of its count
-                    trial, made = time.monotonic(), -part.rows
-                    pool.idle_cpus()  # and so is the CPU it leaves unused
             position += part.rows // len(self.rows) * size
-            made += part.rows
-            if frontier is not None and not level and not claimed:  # given up, its chunks all taken
-                frontier, window, made = None, time.monotonic(), 0
+            policy.delivered(part.rows, at)
+            if frontier is not None and not policy.level and not claimed:  # given up, its chunks all taken
+                frontier = None
+                policy.released()
             yield part
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:
