@@ -64,6 +64,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/lm.py
 	$(VENV)/bin/python benchmarks/mixture.py
 	$(VENV)/bin/python benchmarks/remote.py
+	$(VENV)/bin/python benchmarks/index.py
 	$(VENV)/bin/python benchmarks/array_record_reads.py
 	$(VENV)/bin/python benchmarks/grain_pipeline.py
 	$(VENV)/bin/python benchmarks/packing.py

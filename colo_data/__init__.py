@@ -28,6 +28,7 @@ from colo_data.errors import (
     ShmError,
     SidecarError,
     SourceError,
+    StaleIndexError,
     StateError,
     TransformError,
 )
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.host.resources import CpuBudget, cpu_budget, grain_multiprocessing_options, memory_limit
     from colo_data.io.array_record import ArrayRecordSource, parse_json
     from colo_data.io.columns import Column, Columns
+    from colo_data.io.dataset_index import write_index
     from colo_data.io.sources import ArrowSource, RecordSource, Source
     from colo_data.io.tf_example import parse_tf_example
     from colo_data.loader import checkpoint, elastic
@@ -90,6 +92,7 @@ _NAMES = {
     "random_map": "colo_data.spec.transforms",
     "select": "colo_data.spec.transforms",
     "tokenize": "colo_data.spec.tokenize",
+    "write_index": "colo_data.io.dataset_index",
 }
 # public name -> the module it stands for (`cd.checkpoint.save_args`), imported on first use
 _MODULES = {
@@ -131,6 +134,7 @@ __all__ = [
     "SidecarError",
     "Source",
     "SourceError",
+    "StaleIndexError",
     "StateError",
     "Telemetry",
     "TelemetryExport",
@@ -151,6 +155,7 @@ __all__ = [
     "select",
     "tokenize",
     "verify",
+    "write_index",
 ]
 
 

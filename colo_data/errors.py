@@ -26,6 +26,11 @@ class SchemaError(SourceError):
     """Requested columns are missing, or files disagree on a column's type."""
 
 
+class StaleIndexError(SourceError):
+    """A dataset index that the files no longer match (one added, removed or changed since
+    it was written), or that cannot be read: write it again with `colo-data index`."""
+
+
 class RecordIndexError(SourceError, IndexError):
     """A global record index outside `[0, len(source))`."""
 

@@ -13,6 +13,8 @@ import grain
 import jax
 import numpy as np
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
@@ -21,7 +23,7 @@ from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import BATCH, idle_host, make_pipeline, until_workers_made
+from pipelines import BATCH, backend_of, idle_host, make_pipeline, until_workers_made
 
 SHUFFLES = ("none", "global", "block")
 
@@ -320,3 +322,17 @@ def test_transform_that_drops_rows(token_corpus: Path) -> None:
 def test_pipeline_settings(token_corpus: Path, overrides: dict, match: str) -> None:
     with pytest.raises(cd.ConfigError, match=match):
         make_pipeline(token_corpus, **overrides)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar", "colocated"])
+def test_a_dataset_of_fewer_files_than_hosts(token_corpus: Path, tmp_path: Path, backend: str) -> None:
+    """One file read by 4 hosts (loaders that shard by file give some hosts nothing, and
+    jobs crash or hang): hosts take rows of each global batch, not files, so the batches
+    are the one-host batches, on every backend."""
+    single = tmp_path / "one.parquet"
+    pq.write_table(pa.concat_tables(pq.read_table(p) for p in sorted(token_corpus.glob("*.parquet"))), single, row_group_size=50)
+    pipeline = make_pipeline(single)
+    assert len(pipeline.source.files) == 1
+    expected = read_all(cd.Loader(pipeline))
+    assert len(expected) == 120 // BATCH
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=4, backend=backend_of(backend))), f"1 file, 4 hosts, {backend}")

@@ -5,6 +5,7 @@ import click
 from colo_data.cli.bench import bench
 from colo_data.cli.demo import demo
 from colo_data.cli.doctor import doctor
+from colo_data.cli.index import index
 from colo_data.cli.manifest import manifest
 from colo_data.cli.sidecar import sidecar
 from colo_data.cli.verify import verify
@@ -18,6 +19,7 @@ def main() -> None:
 main.add_command(bench)
 main.add_command(demo)
 main.add_command(doctor)
+main.add_command(index)
 main.add_command(manifest)
 main.add_command(sidecar)
 main.add_command(verify)

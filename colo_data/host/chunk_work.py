@@ -122,6 +122,7 @@ class ChunkWork:
         self.stages = StageTimes()
         self._order: BoundStream | None = None
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
+        self._read_once = False  # a chunk was read: the read-ahead may start before the next one's reads
         self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
 
     @property
@@ -234,11 +235,17 @@ class ChunkWork:
             indices = indices[rows]
         t1 = perf_counter()
         stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
-        if read_ahead:
+        # The first chunk's reads go first, its read-ahead after them: on object storage the
+        # read-ahead's requests held up the first batch's (1,000 objects at +100 ms, with a
+        # dataset index, S3: the first batch at 2.1 s after 197 requests; read first, 1.2 s after 78)
+        if read_ahead and self._read_once:
             self.read_ahead(batch_position, count, share)
         if not len(indices):
             return HostChunk({}, places=rows)
         table = self.pipeline.source.take(indices)
+        if read_ahead and not self._read_once:
+            self.read_ahead(batch_position, count, share)
+        self._read_once = True
         columns = table_to_columns(table)
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         self.count_reads(stages)

@@ -4,12 +4,11 @@ alone and gathering many records with one Arrow `take` per row group."""
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
+import json
 import os
 import posixpath
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,30 +26,27 @@ from colo_data.errors import (
     SourceError,
 )
 from colo_data.io.columns import from_records, table_to_columns, to_arrow, to_records
+from colo_data.io.dataset_index import DatasetIndex, read_index
 from colo_data.io.disk_cache import DiskCache
 from colo_data.io.files import (
     MACHINE,
     DataFile,
     Kept,
     changed,
-    inspect_file,
     layout,
-    object_uri,
     open_reader,
     out_of_resources,
     row_group_count,
     size_now,
     unreadable,
 )
-from colo_data.io.fsspec_store import as_pyarrow, describe, is_fsspec, schemes
+from colo_data.io.fsspec_store import as_pyarrow, describe, is_fsspec
 from colo_data.io.gather import gather
+from colo_data.io.listing import inspect_all, listed, split_uri, why_nothing
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
-from colo_data.io.retry import Exhausted, transient, with_retries
 from colo_data.io.rowgroup_cache import RowGroupCache
+from colo_data.io.shared_metadata import read_once
 from colo_data.spec.integers import int_setting
-
-_DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
-_GLOB_CHARS = "*?["
 
 
 @runtime_checkable
@@ -88,76 +84,6 @@ class ReadAhead(Protocol):
     def read_stats(self) -> tuple[float, ...]: ...
 
 
-def _split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and the path in it: `filesystem` when given (a URI of its kind loses
-    its scheme), else the URI's, else the local one."""
-    if filesystem is not None:
-        if "://" not in path:
-            return filesystem, path
-        scheme, inner = path.split("://", 1)
-        if scheme.lower() not in schemes(filesystem):
-            raise ConfigError(
-                f"{path!r} is a {scheme}:// URI but filesystem= is a {describe(filesystem)}: "
-                "give the path inside that filesystem (e.g. 'bucket/dir/*.parquet'), "
-                "or the URI without filesystem= to use the URI's own"
-            )
-        return filesystem, inner if scheme.lower() != "file" else posixpath.abspath(inner)
-    if "://" in path:
-        fs, inner = pafs.FileSystem.from_uri(path)
-        return fs, inner
-    return pafs.LocalFileSystem(), posixpath.abspath(path)
-
-
-def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
-    """Files named by one path: a file, a directory (its data files, recursively) or a glob."""
-    if any(c in path for c in _GLOB_CHARS):
-        parts = path.split("/")
-        fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))]]
-        base = "/".join(fixed) or "/"
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        except OSError as e:
-            if transient(e):  # the store did not answer: retried by the caller, not "no files"
-                raise
-            return []
-        pattern = path.lstrip("/")  # filesystems differ on whether the paths they list start with "/"
-        patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
-        depth = pattern.count("/")
-        return [
-            i.path
-            for i in infos
-            if i.type == pafs.FileType.File
-            and any(fnmatch.fnmatchcase(i.path.lstrip("/"), p) for p in patterns)
-            and ("**" in path or i.path.lstrip("/").count("/") == depth)
-        ]
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.File:
-        return [path]
-    if info.type == pafs.FileType.Directory:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        return [
-            i.path
-            for i in infos
-            if i.type == pafs.FileType.File
-            and i.path.lower().endswith(_DATA_SUFFIXES)
-            and not posixpath.basename(i.path).startswith((".", "_"))
-        ]
-    return []
-
-
-def _why_nothing(fs: pafs.FileSystem, path: str) -> str:
-    """Why `path` names no data file, in a few words (an error path: a lookup more is fine)."""
-    if any(c in path for c in _GLOB_CHARS):
-        return "a glob that matches no file"
-    try:
-        directory = fs.get_file_info(path).type == pafs.FileType.Directory
-    except OSError:  # the store did not answer this time: the listing's answer stands
-        return "no data file found"
-    if directory:
-        return f"a directory with no {', '.join(_DATA_SUFFIXES)} file"
-    return "no such file or directory"
-
-
 @dataclass(frozen=True)
 class _Reading:
     """An ArrowSource's read settings (see its arguments)."""
@@ -166,47 +92,6 @@ class _Reading:
     io_concurrency: int
     retries: int
     disk: DiskCache | None
-
-
-def _listed(fs: pafs.FileSystem, path: str, retries: int) -> list[str]:
-    """`_expand`, on object storage retried on transient errors.
-
-    Raises:
-        SourceError: the listing failed for good: names the place and the last error.
-    """
-    if isinstance(fs, pafs.LocalFileSystem):
-        return _expand(fs, path)
-    try:
-        return with_retries(lambda: _expand(fs, path), retries)
-    except Exhausted as e:
-        raise SourceError(
-            f"{object_uri(fs, path)}: listing the files failed after {e}; the last error: {e.__cause__}. "
-            "Check that the object store is reachable from this host and the credentials (taken from the "
-            "environment as the filesystem reads them) allow listing it."
-        ) from e.__cause__
-
-
-def _inspect_all(
-    fs: pafs.FileSystem, paths: list[str], reading: _Reading, kept: dict[str, Kept]
-) -> list[tuple[DataFile, pa.Schema]]:
-    """`inspect_file` of every path: one after the other for local files; on object storage
-    `io_concurrency` at a time, each retried on transient errors, what later reads can use
-    kept in `kept`."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return [inspect_file(fs, p) for p in paths]
-
-    def one(path: str) -> tuple[DataFile, pa.Schema]:
-        try:
-            return with_retries(lambda: inspect_file(fs, path, kept), reading.retries)
-        except Exhausted as e:
-            raise SourceError(
-                f"{object_uri(fs, path)}: reading its metadata failed after {e}; the last error: {e.__cause__}. "
-                "Check that the object store is reachable from this host and the credentials (taken from the "
-                "environment as the filesystem reads them) allow reading it."
-            ) from e.__cause__
-
-    with ThreadPoolExecutor(min(reading.io_concurrency, len(paths)), thread_name_prefix="colo-data-inspect") as pool:
-        return list(pool.map(one, paths))
 
 
 class ArrowSource:
@@ -268,32 +153,63 @@ class ArrowSource:
         if not patterns:
             raise SourceError("ArrowSource got an empty list of paths: pass a file, a directory or a glob.")
         filesystem = as_pyarrow(filesystem)
-        found: set[str] = set()
         fs: pafs.FileSystem | None = None
-        unmatched: list[str] = []
+        targets: list[str] = []
         for pattern in patterns:
-            pattern_fs, inner = _split_uri(pattern, filesystem)
+            pattern_fs, inner = split_uri(pattern, filesystem)
             if fs is not None and pattern_fs.type_name != fs.type_name:
                 raise SourceError(
                     f"{pattern!r} is on {describe(pattern_fs)}, the paths before it on {describe(fs)}: "
                     "one ArrowSource reads from one filesystem; make one source per filesystem."
                 )
             fs = pattern_fs
-            matched = _listed(fs, inner, reading.retries)
-            if not matched:
-                unmatched.append(f"{pattern!r} ({_why_nothing(fs, inner)})")
-            found.update(matched)
+            targets.append(inner)
+        assert fs is not None
+        kept: dict[str, Kept] = {}
+        key = json.dumps([fs.type_name, targets, None if columns is None else list(columns)])
+        what = "the source of " + ", ".join(map(repr, patterns[:3])) + (" ..." if len(patterns) > 3 else "")
+        files, schema = read_once(what, key, lambda: self._discover(fs, patterns, targets, columns, reading, kept))
+        by_index = {i: kept[f.path] for i, f in enumerate(files) if f.path in kept}
+        self._setup(fs, files, schema, reading, by_index)
+
+    @classmethod
+    def _discover(
+        cls,
+        fs: pafs.FileSystem,
+        patterns: list[str],
+        targets: list[str],
+        columns: Sequence[str] | None,
+        reading: _Reading,
+        kept: dict[str, Kept],
+    ) -> tuple[list[DataFile], pa.Schema]:
+        """The data files that the paths name and the schema of the wanted columns: from
+        one listing per path, and from the dataset index where the listing shows one (else
+        from every file's metadata, what later reads can use kept in `kept`)."""
+        local = isinstance(fs, pafs.LocalFileSystem)
+        unmatched: list[str] = []
+        chosen: dict[str, tuple[DataFile, pa.Schema] | None] = {}  # by path; None: its metadata is to be read
+        indexes: dict[str, DatasetIndex] = {}
+        for pattern, inner in zip(patterns, targets, strict=True):
+            found = listed(fs, inner, reading.retries)
+            if not found.files:
+                unmatched.append(f"{pattern!r} ({why_nothing(fs, inner)})")
+            elif found.index is not None:
+                index = indexes.get(found.index.path)
+                if index is None:
+                    index = indexes[found.index.path] = read_index(fs, found, reading.retries)
+                chosen.update((file.path, (file, schema)) for file, schema in index.checked(inner, found, local))
+            else:
+                chosen.update((info.path, chosen.get(info.path)) for info in found.files)
         if unmatched:
             raise SourceError(
                 f"{len(unmatched)} of the {len(patterns)} paths given name no Parquet or Arrow IPC file on "
                 f"{describe(fs)}: {'; '.join(unmatched)}. A source reads every path it is given or none: "
                 "fix these paths (the name, the glob, the filesystem argument) or leave them out."
             )
-        kept: dict[str, Kept] = {}
-        inspected = _inspect_all(fs, sorted(found), reading, kept)
-        files = [f for f, _ in inspected]
-        by_index = {i: kept[f.path] for i, f in enumerate(files) if f.path in kept}
-        self._setup(fs, files, self._check_schemas(inspected, columns), reading, by_index)
+        unread = sorted(path for path, known in chosen.items() if known is None)
+        read = dict(zip(unread, inspect_all(fs, unread, reading.retries, reading.io_concurrency, kept), strict=True))
+        inspected = [known or read[path] for path, known in sorted(chosen.items())]
+        return [file for file, _ in inspected], cls._check_schemas(inspected, columns)
 
     @classmethod
     def joined(cls, sources: Sequence[ArrowSource]) -> ArrowSource | None:
