@@ -65,6 +65,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/mixture.py
 	$(VENV)/bin/python benchmarks/remote.py
 	$(VENV)/bin/python benchmarks/index.py
+	$(VENV)/bin/python benchmarks/scale.py
 	$(VENV)/bin/python benchmarks/array_record_reads.py
 	$(VENV)/bin/python benchmarks/grain_pipeline.py
 	$(VENV)/bin/python benchmarks/packing.py

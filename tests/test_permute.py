@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from colo_data.spec.order import Order
-from colo_data.spec.permute import EXACT, permute
+from colo_data.spec.permute import EXACT, partition_keys, permute, permute_within
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 255, 256, 257, 1000, 4097, 65536, 65537, 100_003])
@@ -41,5 +41,37 @@ def test_epochs_look_like_uniform_permutations(n: int, epochs: int) -> None:
         image = bound.indices(epoch, everything)
         fixed[epoch] = np.count_nonzero(image == everything)
         kept[epoch] = np.count_nonzero(np.diff(image) == 1)
+    for name, counts in (("records in place", fixed), ("neighbours kept", kept)):
+        assert 0.85 < counts.mean() < 1.15 and 0.75 < counts.var() < 1.3, (name, counts.mean(), counts.var())
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 20, 40, 257, EXACT + 1])
+def test_each_partitions_range_is_permuted_apart(n: int) -> None:
+    """`permute_within`: many partitions at once, each with a range and key of its own (here
+    the ranges n and n + 3 in turn), every one a bijection of its range, the same whether
+    its positions come together or mixed with the others'."""
+    parts = np.arange(6)
+    sizes = np.where(parts % 2 == 0, n, n + 3)
+    positions = np.concatenate([np.arange(s) for s in sizes])
+    owner = np.repeat(parts, sizes)
+    image = permute_within(positions, sizes[owner], partition_keys(99, owner))
+    for k in parts:
+        assert np.array_equal(np.sort(image[owner == k]), np.arange(sizes[k])), f"partition {k}"
+    shuffled = np.random.default_rng(0).permutation(len(positions))
+    again = permute_within(positions[shuffled], sizes[owner][shuffled], partition_keys(99, owner[shuffled]))
+    assert np.array_equal(again, image[shuffled])
+
+
+@pytest.mark.parametrize("n", [20, 1 << 18])
+def test_partitions_look_like_uniform_permutations(n: int) -> None:
+    """Over 2,000 partitions' keys (20 records) or 300 (2**18), the records left in place and
+    the neighbours kept together have mean and variance about 1, as in a uniform permutation."""
+    count = 2000 if n == 20 else 300
+    everything = np.arange(n)
+    fixed, kept = np.empty(count), np.empty(count)
+    for k in range(count):
+        image = permute_within(everything, np.full(n, n), partition_keys(7, np.full(n, k)))
+        fixed[k] = np.count_nonzero(image == everything)
+        kept[k] = np.count_nonzero(np.diff(image) == 1)
     for name, counts in (("records in place", fixed), ("neighbours kept", kept)):
         assert 0.85 < counts.mean() < 1.15 and 0.75 < counts.var() < 1.3, (name, counts.mean(), counts.var())

@@ -129,7 +129,7 @@ class ChunkWork:
     def order(self) -> BoundStream:
         """The pipeline's stream bound to its order: stream positions -> records."""
         if self._order is None:
-            self._order = self.pipeline.stream.bind(self.pipeline.order)
+            self._order = self.pipeline.stream.bind(self.pipeline.order, self.pipeline.partitioning)
         return self._order
 
     @property

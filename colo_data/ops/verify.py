@@ -359,7 +359,7 @@ class _Expected:
 def _expected(pipeline: Pipeline, end: int) -> _Expected:
     """The order's records for stream positions `[0, end)`, from the pipeline's stream bound
     to its order, and which of them the keep takes (all, without one)."""
-    order = pipeline.stream.bind(pipeline.order)
+    order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
     components, own = order.positions(np.arange(end, dtype=np.int64))
     components = components.astype(np.int64)
     indices = order.own_indices(components, own)

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError, StateError
 from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
-from colo_data.spec.order import GlobalOrder, Order
+from colo_data.spec.order import GlobalOrder, Order, Partitioning
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.spec.state_format import FORMAT
 from colo_data.spec.stream import PipelineView, Stream
@@ -170,8 +170,9 @@ class Mix:
 
     # -- the order --
 
-    def bind(self, order: Order) -> MixOrder:
-        """The stream order of this mixture under the pipeline's `order`."""
+    def bind(self, order: Order, partitioning: Partitioning | None = None) -> MixOrder:
+        """The stream order of this mixture under the pipeline's `order` (a mixture has one
+        partition: `check` refuses more)."""
         return MixOrder(self, order)
 
     def rebased(self, position: int, component_positions: list[int]) -> Mix:
@@ -197,6 +198,11 @@ class Mix:
         return {**named, self.component_column: components}
 
     def check(self, pipeline: PipelineView) -> None:
+        if pipeline.partitioning.partitions > 1:
+            raise ConfigError(
+                f"partitions={pipeline.partitioning.partitions}: a cd.Mix is read as one partition for now (its "
+                "components' orders do not yet give each partition its own row groups): leave partitions at 1"
+            )
         if pipeline.epochs is not None:
             raise ConfigError(
                 f"epochs={pipeline.epochs!r}: a cd.Mix is endless (each component runs through its own epochs): "

@@ -11,7 +11,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError
 from colo_data.spec.integers import as_int
-from colo_data.spec.permute import permute
+from colo_data.spec.permute import partition_keys, permute, permute_within
 
 Shuffle = Literal["none", "global", "block"]
 _SHUFFLES = ("none", "global", "block")
@@ -50,9 +50,38 @@ class Order:
         """The order's identity without the seed, as saved in a loader state."""
         return f"block:{self.window}" if self.shuffle == "block" else self.shuffle
 
-    def bind(self, row_group_sizes: np.ndarray) -> GlobalOrder:
-        """This order over a source whose row groups hold `row_group_sizes` records each."""
-        return GlobalOrder(self, np.asarray(row_group_sizes, dtype=np.int64))
+    def bind(self, row_group_sizes: np.ndarray, partitioning: Partitioning | None = None) -> GlobalOrder:
+        """This order over a source whose row groups hold `row_group_sizes` records each
+        (and the stream's `partitioning`, if it has one)."""
+        return GlobalOrder(self, np.asarray(row_group_sizes, dtype=np.int64), partitioning)
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """The stream cut into `partitions` partitions, `rows` consecutive positions at a time in
+    turn: position p is partition `(p // rows) % partitions`'s. With `rows` a global batch's
+    rows over `partitions`, partition k is rows `[k*rows, (k+1)*rows)` of every global batch,
+    and host h of H (H dividing `partitions`) serves whole partitions. The `block` and
+    `global` orders give each partition its own slice of the data (its own row groups), so
+    that a host reads only its partitions' row groups."""
+
+    partitions: int = 1
+    rows: int = 1
+
+    def of(self, stream: np.ndarray) -> np.ndarray:
+        """The partition of each stream position."""
+        return (stream // self.rows) % self.partitions
+
+    def before(self, stream: np.ndarray | int, partition: np.ndarray) -> np.ndarray:
+        """How many positions of `partition` come before stream position `stream` (element
+        by element)."""
+        span = self.rows * self.partitions
+        return (stream // span) * self.rows + np.clip(stream % span - partition * self.rows, 0, self.rows)
+
+    def counts(self, first: int, stop: int) -> np.ndarray:
+        """Positions of each partition in the stream positions `[first, stop)`."""
+        every = np.arange(self.partitions, dtype=np.int64)
+        return self.before(stop, every) - self.before(first, every)
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
@@ -75,12 +104,18 @@ class GlobalOrder:
     Args:
         order: the order to apply.
         row_group_sizes: records in each of the source's row groups, in global order.
+        partitioning: the stream's partitions, if it has more than one: `block` and `global`
+            then give each partition's positions in a window (`global`: the epoch) their own
+            slice of the window's records in row-group order, shuffled, so that the
+            partitions of one host read their own row groups. One partition is the plain
+            order.
     """
 
     _WINDOW_CACHE = 4
 
-    def __init__(self, order: Order, row_group_sizes: np.ndarray) -> None:
+    def __init__(self, order: Order, row_group_sizes: np.ndarray, partitioning: Partitioning | None = None) -> None:
         self.order = order
+        self._parts = partitioning if partitioning is not None and partitioning.partitions > 1 else None
         self._sizes = row_group_sizes
         self._rg_start = np.concatenate([[0], np.cumsum(row_group_sizes)]).astype(np.int64)
         self._len = int(self._rg_start[-1])
@@ -109,8 +144,27 @@ class GlobalOrder:
             return positions.copy()
         if self.order.shuffle == "global":
             seed = int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
-            return permute(positions, self._len, seed)
+            return permute(positions, self._len, seed) if self._parts is None else self._global_parts(seed, epoch, positions)
         return self._block(epoch, positions)
+
+    def _slots(self, first: int, size: int, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For stream positions in a window of `size` records from stream position `first`:
+        their partitions, each one's rank among its partition's positions in the window, and
+        where each partition's slice of the window's records (in row-group order) begins (and
+        the end)."""
+        assert self._parts is not None
+        partition = self._parts.of(stream)
+        rank = self._parts.before(stream, partition) - self._parts.before(first, partition)
+        pieces = np.concatenate([[0], np.cumsum(self._parts.counts(first, first + size))]).astype(np.int64)
+        return partition, rank, pieces
+
+    def _global_parts(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """`global` over partitions: each partition's positions in the epoch take a slice of
+        the records in file order, permuted by a keyed bijection of its own (O(1) memory)."""
+        first = epoch * self._len
+        partition, rank, pieces = self._slots(first, self._len, first + positions)
+        sizes = pieces[partition + 1] - pieces[partition]
+        return pieces[partition] + permute_within(rank, sizes, partition_keys(seed, partition))
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         """Record index at each stream position (epoch after epoch, each in its own order).
@@ -163,11 +217,17 @@ class GlobalOrder:
             return groups
         return self._layout(epoch)[2][groups]
 
-    def _window_perm(self, epoch: int, window: int, size: int) -> np.ndarray:
+    def _window_perm(self, epoch: int, window: int, size: int, pieces: np.ndarray | None = None) -> np.ndarray:
+        """The window's shuffle: a permutation of its records (in row-group order); with
+        `pieces` (where the partitions' slices begin), grouped by slice, each slice's records
+        in the permutation's order, so that the partition's i-th position in the window
+        takes `perm[pieces[k] + i]`."""
         key = (epoch, window)
         perm = self._windows.get(key)
         if perm is None:
             perm = np.random.default_rng(epoch_seed(self.order.seed, epoch, window)).permutation(size)
+            if pieces is not None:
+                perm = perm[np.argsort(np.searchsorted(pieces, perm, side="right"), kind="stable")]
             self._windows[key] = perm
             if len(self._windows) > self._WINDOW_CACHE:
                 self._windows.popitem(last=False)
@@ -181,8 +241,13 @@ class GlobalOrder:
         for window in np.unique(windows):
             mask = windows == window
             groups = perm[window * w_size : (window + 1) * w_size]
-            inner = self._window_perm(epoch, int(window), int(starts[window + 1] - starts[window]))
-            local = inner[positions[mask] - starts[window]]
+            size = int(starts[window + 1] - starts[window])
+            if self._parts is None:
+                local = self._window_perm(epoch, int(window), size)[positions[mask] - starts[window]]
+            else:
+                first = epoch * self._len + int(starts[window])
+                partition, rank, pieces = self._slots(first, size, epoch * self._len + positions[mask])
+                local = self._window_perm(epoch, int(window), size, pieces)[pieces[partition] + rank]
             group_starts = np.concatenate([[0], np.cumsum(self._sizes[groups])])
             k = np.searchsorted(group_starts, local, side="right") - 1
             out[mask] = self._rg_start[groups[k]] + local - group_starts[k]

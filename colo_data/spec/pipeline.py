@@ -15,7 +15,7 @@ from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
 from colo_data.io.sources import Source, as_source
 from colo_data.spec.integers import as_int
-from colo_data.spec.order import Order
+from colo_data.spec.order import Order, Partitioning
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream, stream_of
 from colo_data.spec.transforms import BatchTransform
@@ -42,6 +42,15 @@ class Pipeline:
             column kept; the ones it rejects are consumed, never placed, so the state stays
             one stream position. Every host evaluates it on the whole global batch's
             records, so it must give the same answer for a record wherever it runs.
+        partitions: the stream's partitions: partition k is rows
+            `[k*B/partitions, (k+1)*B/partitions)` of every global batch, and the `block` and
+            `global` orders give each partition its own slice of every window's (`global`:
+            the epoch's) records in row-group order, shuffled, so that host h of H (H
+            dividing `partitions`) reads only its partitions' row groups: about 1/H of them,
+            where with one partition every host reads every row group its rows are in. It
+            must divide `global_batch_size`; one per batch row is the most. The batches do
+            not depend on the host count; they do on `partitions`, which a state records
+            (docs/scaling.md).
     """
 
     source: Source | Any
@@ -52,6 +61,7 @@ class Pipeline:
     index_column: str | None = None
     pack: Pack | None = None
     keep: Callable[[Columns], np.ndarray] | None = None
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", as_source(self.source))
@@ -60,6 +70,19 @@ class Pipeline:
         if size is None or size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
         object.__setattr__(self, "global_batch_size", size)
+        partitions = as_int(self.partitions)
+        if partitions is None or partitions < 1 or size % partitions:
+            raise ConfigError(
+                f"partitions={self.partitions!r}: give a divisor of global_batch_size={size} (each partition is "
+                f"{size}/partitions rows of every batch), e.g. {size} (a partition a row) or 1"
+            )
+        object.__setattr__(self, "partitions", partitions)
+        if partitions > 1 and (self.pack is not None or self.keep is not None):
+            raise ConfigError(
+                f"partitions={partitions} with {'pack=' if self.pack is not None else 'keep='}: packed and filtered "
+                "pipelines are planned over the whole global batch for now, not partition by partition: leave "
+                "partitions at 1"
+            )
         if self.epochs is not None:
             epochs = as_int(self.epochs)
             if epochs is None or epochs < 1:
@@ -93,6 +116,11 @@ class Pipeline:
         """What the source makes of the stream: its order, state and checks
         (`colo_data.spec.stream`)."""
         return stream_of(self.source)
+
+    @property
+    def partitioning(self) -> Partitioning:
+        """The stream's partitions: `partitions` of `global_batch_size / partitions` rows."""
+        return Partitioning(self.partitions, self.global_batch_size // self.partitions)
 
     def with_source(self, source: Any) -> Pipeline:
         """This pipeline over another source (a rebased `cd.Mix`, say)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.spec.order import GlobalOrder, Order
+from colo_data.spec.order import GlobalOrder, Order, Partitioning
 from colo_data.spec.state_format import FORMAT
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ class PipelineView(Protocol):
 
     @property
     def records_per_epoch(self) -> int: ...
+
+    @property
+    def partitioning(self) -> Partitioning: ...
 
     def with_source(self, source: Any) -> Any: ...
 
@@ -108,7 +111,9 @@ class Stream(Protocol):
         """Records in each component."""
         ...
 
-    def bind(self, order: Order) -> BoundStream: ...
+    def bind(self, order: Order, partitioning: Partitioning | None = None) -> BoundStream:
+        """This stream under `order`, over the stream's `partitioning` (one partition: None)."""
+        ...
 
     def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
         """The columns that name the records `indices` (the index column, a mixture's
@@ -187,8 +192,8 @@ class Single:
     def sizes(self) -> tuple[int, ...]:
         return (len(self.source),)
 
-    def bind(self, order: Order) -> SingleOrder:
-        return SingleOrder(order, np.asarray(self.source.row_group_sizes, dtype=np.int64))
+    def bind(self, order: Order, partitioning: Partitioning | None = None) -> SingleOrder:
+        return SingleOrder(order, np.asarray(self.source.row_group_sizes, dtype=np.int64), partitioning)
 
     def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
         return {} if index_column is None else {index_column: indices}
@@ -211,10 +216,13 @@ class Single:
         ours = _identity(pipeline)
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
         if differences:
+            parts = "/" in str(state.get("order")) or "/" in ours["order"]  # the partitions are in the order's name
             raise StateError(
                 "the loader state was saved from a different pipeline ("
                 + "; ".join(differences)
                 + "). Restore it into the pipeline that saved it, or start without a state."
+                + (" The partitions (`/P x rows`) are part of the order: give the pipeline the partitions it was saved "
+                   "with (a state saved without them: partitions=1)." if parts else "")
             )
         epoch, within = state.get("epoch"), state.get("position")
         records = ours["records"]
@@ -239,9 +247,11 @@ class Single:
 
 
 def _identity(pipeline: PipelineView) -> dict[str, Any]:
+    parts = pipeline.partitioning  # they change the block and global orders, not file order
+    named = parts.partitions > 1 and pipeline.order.shuffle != "none"
     return {
         "seed": pipeline.order.seed,
-        "order": pipeline.order.describe(),
+        "order": pipeline.order.describe() + (f"/{parts.partitions}x{parts.rows}" if named else ""),
         "global_batch_size": pipeline.global_batch_size,
         "records": pipeline.records_per_epoch,
         "source": pipeline.source.fingerprint(),

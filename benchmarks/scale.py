@@ -1,0 +1,215 @@
+"""What each host pays for its share, measured with one process per host (hosts simulated in
+one process share its caches, which hides the duplication): two tables in one run.
+
+Four hosts: the same global batches read by 1 host and by 4, each host alone in a process of
+its own running its host pipeline as its sidecar would (`HostPipeline(pipeline, h, H)`, no
+ring), one epoch: the hosts' CPU seconds from their first chunk on (imports and the source's
+metadata read apart), and the row-group bytes they decoded over the epoch, summed, 4 hosts over 1 (1.0: each host does a
+quarter of the work; 4.0: each does all of it). The LM path over the text demo
+(`demo.text_corpus()`: 15,000 texts in 30 row groups of 500), block shuffle (windows of 8 row
+groups, and of 16), batches of 64: `cd.tokenize` then padded to 512, with one partition and
+with a partition per batch row; the same filtered (`keep=`: 44% of the texts); packed
+(`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`). The filtered and packed pipelines are
+planned over the whole global batch on every host: partitions are not yet applied to them.
+Goals: at most 1.3x, CPU and bytes.
+
+A thousand hosts: hosts 0, 511 and 1023 of a 1,024-host job, each alone in a process of its
+own (`HostPipeline(pipeline, h, 1024)`, no loader), against one host reading every row: a
+padded pipeline over the demo corpus rewritten in row groups of 40 records (1,000 of them),
+batches of 1,024 rows, 1,024 partitions, block shuffle in windows of 1,024 row groups (at
+least a row group a host: docs/scaling.md), one epoch (39 batches). Per host and global
+batch: CPU seconds (from the first chunk on) and bytes decoded; the time to the first batch;
+the loader state's size in bytes. Run: `make benchmarks` or
+`.venv/bin/python benchmarks/scale.py [--rounds N] [--quick] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import harness
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import colo_data as cd
+from colo_data.ops import demo
+
+HERE = Path(__file__).resolve().parent
+BATCH, SEQ_LEN = 64, 512
+KINDS = ("padded", "padded, partitions", "padded, partitions, window 16", "filtered", "packed")
+FOUR_GOAL = "<= 1.3"
+BIG_HOSTS, BIG_BATCH, BIG_ROW_GROUP, BIG_WINDOW = 1024, 1024, 40, 1024  # a window of the hosts' count (docs/scaling.md)
+SIMULATED = (0, 511, 1023)
+
+
+def four_host_pipeline(kind: str, corpus: Path) -> cd.Pipeline:
+    """The LM pipeline of `kind` over the text demo: tokenized, then padded ("padded",
+    "padded, partitions"), filtered, or packed."""
+    tokenizer = str(corpus / demo.TOKENIZER_FILE)
+    settings: dict[str, Any] = dict(
+        source=cd.ArrowSource(str(corpus), columns=["text"]),
+        order=cd.Order(shuffle="block", seed=0, window=16 if kind.endswith("window 16") else 8),
+        global_batch_size=BATCH,
+    )
+    padded = [cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", SEQ_LEN)]
+    if kind.startswith("padded"):
+        settings["transforms"] = padded
+        settings["partitions"] = BATCH if "partitions" in kind else 1
+    elif kind == "filtered":
+        settings["transforms"] = padded
+        settings["keep"] = long_enough
+    else:
+        settings["pack"] = cd.Pack("tokens", SEQ_LEN, prepare=[cd.tokenize("text", tokenizer, output="tokens")])
+    return cd.Pipeline(**settings)
+
+
+def long_enough(columns: dict[str, Any]) -> np.ndarray:
+    """The filter: texts of 400 characters or more (44% of the text demo's)."""
+    return np.asarray(pc.utf8_length(columns["text"])) >= 400
+
+
+def big_corpus() -> Path:
+    """The demo corpus in row groups of `BIG_ROW_GROUP` records, in a new folder."""
+    out = Path(tempfile.mkdtemp(prefix="colo-data-scale-"))
+    for path in sorted(demo.corpus().glob("*.parquet")):
+        pq.write_table(pq.read_table(path, columns=["id", "tokens"]), out / path.name, row_group_size=BIG_ROW_GROUP)
+    return out
+
+
+def big_pipeline(corpus: str) -> cd.Pipeline:
+    """The thousand-host table's pipeline (padded, a partition per batch row)."""
+    return cd.Pipeline(
+        source=cd.ArrowSource(corpus, columns=["id", "tokens"]),
+        order=cd.Order(shuffle="block", seed=0, window=BIG_WINDOW),
+        transforms=[cd.pad_or_truncate("tokens", SEQ_LEN)],
+        global_batch_size=BIG_BATCH,
+        partitions=BIG_BATCH,
+    )
+
+
+def one_host_of(kind: str, corpus: str, host: int, hosts: int, batches: int | None) -> dict[str, Any]:
+    """In a process of its own: host `host` of `hosts` of the pipeline `kind` ("thousand"
+    or one of `KINDS`) reads an epoch (or `batches`) alone, as its sidecar would, without
+    the ring: its CPU seconds from its first chunk on (the imports and the source's
+    metadata read apart), the row-group bytes it decoded, the time to its first batch, and
+    the state's size."""
+    from colo_data.host.pipeline import HostPipeline
+    from colo_data.spec.state import make_state
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    start = time.perf_counter()
+    pipeline = big_pipeline(corpus) if kind == "thousand" else four_host_pipeline(kind, Path(corpus))
+    made = cpu()  # the source's metadata read: start-up, apart
+    chunks = HostPipeline(pipeline, host, hosts).chunks(0, batches=1)
+    first = next(chunks)
+    first_s, count, end = time.perf_counter() - start, 1, first.end
+    for chunk in chunks if batches is None else (next(chunks) for _ in range(batches - 1)):
+        count, end = count + 1, chunk.end
+    state = make_state(pipeline, end if end is not None else count * pipeline.global_batch_size)
+    return {
+        "batches": count,
+        "cpu_s": cpu() - made,
+        "decoded_bytes": int(pipeline.source.read_stats()[5]),
+        "first_batch_s": first_s,
+        "state_bytes": len(json.dumps(state)),
+    }
+
+
+def in_child(kind: str, corpus: str, host: int, hosts: int, batches: int | None) -> harness.Measurement:
+    """`one_host_of` in a fresh interpreter."""
+    call = f"scale.one_host_of({kind!r}, {corpus!r}, {host}, {hosts}, {batches!r})"
+    code = f"import json, scale; print(json.dumps({call}))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"{call} failed:\n{done.stderr[-3000:]}")
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    per_batch = {"cpu_per_batch_s": m["cpu_s"] / m["batches"], "bytes_per_batch": m["decoded_bytes"] / m["batches"]}
+    return {**m, **per_batch}
+
+
+def four_hosts(kind: str, hosts: int, corpus: Path, batches: int | None) -> harness.Measurement:
+    """The `hosts` hosts of pipeline `kind`, each alone in a process of its own, one after
+    the other: their CPU seconds and decoded bytes, summed."""
+    each = [in_child(kind, str(corpus), h, hosts, batches) for h in range(hosts)]
+    return {"cpu_s": sum(m["cpu_s"] for m in each), "decoded_bytes": sum(m["decoded_bytes"] for m in each)}
+
+
+def show_host(m: harness.Measurement) -> str:
+    """One simulated host's progress line."""
+    return f"{m['cpu_per_batch_s'] * 1e6:,.0f} µs CPU and {m['bytes_per_batch'] / 1e3:,.1f} kB decoded a batch"
+
+
+def main() -> None:
+    """Both tables; scale.md and scale.json."""
+    args = harness.parse(harness.parser(__doc__))
+    batches = harness.QUICK_BATCHES if args.quick else None
+    corpus = demo.text_corpus()
+
+    contenders: dict[str, Callable[[], harness.Measurement]] = {}
+    for kind in KINDS:
+        for hosts in (1, 4):
+            contenders[f"{kind}, {hosts} host(s)"] = lambda k=kind, h=hosts: four_hosts(k, h, corpus, batches)
+    runs = harness.interleave(
+        contenders, args.rounds, lambda m: f"{m['cpu_s']:.2f} CPU-s, {m['decoded_bytes'] / 1e6:.0f} MB decoded"
+    )
+    lines = [
+        f"Four hosts: each host alone in a process, an epoch of global batches of {BATCH}; CPU from each host's first "
+        f"chunk on and row-group bytes decoded, summed over the hosts (median of {args.rounds} round(s)):",
+        "",
+        "| pipeline | CPU-s, 1 host | CPU-s, 4 hosts | MB decoded, 1 host | MB decoded, 4 hosts |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    ratios: list[harness.Ratio] = []
+    for kind in KINDS:
+        one, four = runs[f"{kind}, 1 host(s)"], runs[f"{kind}, 4 host(s)"]
+        lines.append(
+            f"| {kind} | {harness.median(one, 'cpu_s'):.2f} | {harness.median(four, 'cpu_s'):.2f} | "
+            f"{harness.median(one, 'decoded_bytes') / 1e6:.0f} | {harness.median(four, 'decoded_bytes') / 1e6:.0f} |"
+        )
+        ratios.append(harness.ratio_within_rounds(f"{kind}: CPU, 4 hosts / 1", four, one, "cpu_s", FOUR_GOAL))
+        ratios.append(harness.ratio_within_rounds(f"{kind}: bytes decoded, 4 hosts / 1", four, one, "decoded_bytes", FOUR_GOAL))
+    big = big_corpus()
+    try:
+        limit = 2 if args.quick else None
+        alone = lambda: in_child("thousand", str(big), 0, 1, limit)  # noqa: E731
+        simulated: dict[str, Callable[[], harness.Measurement]] = {"1 host of 1": alone}
+        for h in SIMULATED:
+            simulated[f"host {h} of {BIG_HOSTS}"] = lambda h=h: in_child("thousand", str(big), h, BIG_HOSTS, limit)
+        big_runs = harness.interleave(simulated, args.rounds, show_host)
+    finally:
+        shutil.rmtree(big)
+    alone = big_runs["1 host of 1"]
+    lines += [
+        "",
+        f"A thousand hosts: each host alone in a process, {BIG_BATCH} rows a batch, {BIG_BATCH} partitions, windows of "
+        f"{BIG_WINDOW} row groups of {BIG_ROW_GROUP} records, an epoch (median of {args.rounds} round(s)):",
+        "",
+        "| host | CPU µs a batch | kB decoded a batch | first batch | state | CPU / one host's | bytes / one host's |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, rounds in big_runs.items():
+        cpu, read = harness.median(rounds, "cpu_per_batch_s"), harness.median(rounds, "bytes_per_batch")
+        lines.append(
+            f"| {name} | {cpu * 1e6:,.0f} | {read / 1e3:,.1f} | {harness.median(rounds, 'first_batch_s'):.2f} s | "
+            f"{harness.median(rounds, 'state_bytes'):.0f} B | {cpu / harness.median(alone, 'cpu_per_batch_s'):.3f} | "
+            f"{read / harness.median(alone, 'bytes_per_batch'):.3f} |"
+        )
+    lines += ["", *harness.ratio_table(ratios)]
+    harness.write_results("scale", args, lines, {**runs, **big_runs}, ratios)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Partitions of the stream (`cd.Pipeline(partitions=P)`): partition k is rows
+`[k*B/P, (k+1)*B/P)` of every global batch, and the `block` and `global` orders give each
+partition its own slice of every window's records, so that host h of H (H dividing P) reads
+only its partitions' row groups. Each epoch is still a permutation; one partition is the
+plain order; the batches do not depend on the host or worker count; a state records the
+partitions and resumes exactly on any host count."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
+from colo_data.spec.order import Partitioning
+from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
+
+from pipelines import BATCH, backend_of, make_pipeline
+
+SIZES = [37, 0, 50, 50, 13, 64, 64, 64, 1, 40, 50, 50, 29, 47, 64, 30]  # 16 row groups, one empty
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+@pytest.mark.parametrize("partitions, rows", [(2, 8), (4, 1), (16, 3), (64, 1)])
+def test_every_epoch_is_a_permutation(shuffle: str, partitions: int, rows: int) -> None:
+    bound = cd.Order(shuffle, seed=11, window=4).bind(np.array(SIZES), Partitioning(partitions, rows))
+    n = sum(SIZES)
+    for epoch in range(3):
+        got = bound.indices(epoch, np.arange(n))
+        np.testing.assert_array_equal(np.sort(got), np.arange(n))
+        some = np.array([5, n - 1, 0, 300, 17])  # any positions, in any order: the same records
+        np.testing.assert_array_equal(bound.indices(epoch, some), got[some])
+
+
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_one_partition_is_the_plain_order(shuffle: str) -> None:
+    """One partition is the order without partitions; file order is file order with any."""
+    plain = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES))
+    one = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES), Partitioning(1, 12))
+    stream = np.arange(3 * sum(SIZES))
+    np.testing.assert_array_equal(plain.stream_indices(stream), one.stream_indices(stream))
+    many = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES), Partitioning(4, 3)).stream_indices(stream)
+    assert np.array_equal(many, plain.stream_indices(stream)) == (shuffle == "none")
+
+
+def _groups_per_host(partitions: int, shuffle: str, hosts: int, batch: int = 48) -> list[set[tuple[int, int]]]:
+    """The (epoch window, row group) pairs each host's rows read over an epoch."""
+    sizes = np.full(64, 50)  # 64 row groups of 50 records; windows of 8
+    bound = cd.Order(shuffle, seed=3, window=8).bind(sizes, Partitioning(partitions, batch // partitions))
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    n = int(starts[-1])
+    per_host = batch // hosts
+    out = []
+    for h in range(hosts):
+        stream = (np.arange(n // batch)[:, None] * batch + h * per_host + np.arange(per_host)).ravel()
+        groups = np.searchsorted(starts, bound.stream_indices(stream), side="right") - 1
+        windows = stream // (8 * 50) if shuffle == "block" else np.zeros_like(stream)
+        out.append(set(zip(windows.tolist(), groups.tolist(), strict=True)))
+    return out
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_a_host_reads_its_own_row_groups(shuffle: str) -> None:
+    """With 4 to 48 partitions, the 4 hosts' rows of an epoch fall in about 1/4 of the row
+    groups each: at most one row group more per host boundary in each window (where a host's
+    slice of the window ends inside a row group, the next host's begins there), none where
+    the window is a whole number of batches; with one partition every host's rows fall in
+    every row group of each window."""
+    total, windows = 64, 8 if shuffle == "block" else 1
+    for partitions in (48, 12, 4):
+        read = sum(len({g for _, g in host}) for host in _groups_per_host(partitions, shuffle, 4))
+        assert total <= read <= total + 3 * windows, f"{partitions} partitions: the 4 hosts read {read} row groups of {total}"
+    aligned = sum(len({g for _, g in host}) for host in _groups_per_host(50, shuffle, 2, batch=50))  # windows of 8 batches
+    assert aligned == total, f"windows of whole batches: the 2 hosts read {aligned} row groups of {total}"
+    plain = sum(len({g for _, g in host}) for host in _groups_per_host(1, shuffle, 4))
+    assert plain >= 3.5 * total, f"one partition: the 4 hosts read {plain} row groups of {total}"
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_batches_are_the_same_for_every_host_and_worker_count(token_corpus: Path, shuffle: str) -> None:
+    pipeline = make_pipeline(token_corpus, shuffle, partitions=BATCH, epochs=2)
+    expected = read_all(cd.Loader(pipeline))
+    assert len(expected) == 2 * 120 // BATCH
+    for epoch in (expected[:10], expected[10:]):  # every record once an epoch
+        np.testing.assert_array_equal(np.sort(np.concatenate([b["_index"] for b in epoch])), np.arange(120))
+    for hosts, workers in ((2, 0), (3, 0), (4, 1), (12, 0)):
+        got = read_all(cd.Loader(pipeline, hosts=hosts, backend=cd.InProcess(workers=workers)))
+        assert_batches_equal(expected, got, f"{shuffle}, {hosts} hosts, {workers} workers")
+    plain = read_all(cd.Loader(make_pipeline(token_corpus, shuffle, epochs=2)))
+    assert any(not np.array_equal(a["_index"], b["_index"]) for a, b in zip(expected, plain, strict=True))
+
+
+def test_a_state_resumes_on_other_host_counts_and_names_the_partitions(token_corpus: Path) -> None:
+    pipeline = make_pipeline(token_corpus, "block", partitions=4, epochs=None)
+    assert_resumes_identically(
+        lambda: cd.Loader(pipeline, hosts=1),
+        lambda k, state: cd.Loader(pipeline, hosts=(2, 4)[k % 2], state=state),
+        steps=12,
+    )
+    with cd.Loader(make_pipeline(token_corpus, "block", epochs=None)) as loader:
+        next(loader)
+        unpartitioned = loader.get_state()
+    with pytest.raises(cd.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3'.*partitions=1"):
+        cd.Loader(pipeline, state=unpartitioned)
+
+
+def test_partitions_must_divide_the_batch(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match=r"partitions=5: give a divisor of global_batch_size=12"):
+        make_pipeline(token_corpus, partitions=5)
+    with pytest.raises(cd.ConfigError, match="packed and filtered pipelines are planned over the whole global batch"):
+        make_pipeline(token_corpus, partitions=4, keep=lambda columns: np.ones(len(columns["id"]), bool))
+
+
+def test_each_host_process_decodes_its_share_of_the_row_groups(tmp_path: Path) -> None:
+    """Each of 4 host pipelines with a source of its own (as in a process of its own)
+    decodes, over an epoch of a block shuffle, about a quarter of the row groups with a
+    partition per batch row (and a row group more at each host boundary of a window that is
+    not a whole number of batches: windows of 800 records, batches of 64); every row group
+    with one partition."""
+    ids = np.arange(6400)
+    table = pa.table({"id": ids, "tokens": pa.array([[int(i)] * 3 for i in ids], pa.list_(pa.int32()))})
+    pq.write_table(table, tmp_path / "data.parquet", row_group_size=100)  # 64 row groups
+
+    def decoded(partitions: int) -> int:
+        pipeline = cd.Pipeline(
+            source=cd.ArrowSource(str(tmp_path / "data.parquet")),
+            order=cd.Order(shuffle="block", seed=1, window=8),
+            transforms=[cd.pad_or_truncate("tokens", 3)],
+            global_batch_size=64,
+            partitions=partitions,
+        )
+        total = 0
+        for h in range(4):
+            own = pickle.loads(pickle.dumps(pipeline))  # a source, and its row-group cache, of its own
+            for _ in HostPipeline(own, h, 4).chunks(0):
+                pass
+            total += int(own.source.read_stats()[4])  # row groups decoded
+        return total
+
+    assert 64 <= decoded(64) <= 64 + 3 * 8, decoded(64)
+    assert decoded(1) >= 3.5 * 64, decoded(1)
+
+
+@pytest.mark.parametrize("backend", ["sidecar", "colocated"])
+def test_every_backend_gives_the_same_batches(token_corpus: Path, backend: str) -> None:
+    """4 hosts through sidecars (a process each, a source each) and through the colocated
+    backend read the one-host batches of a partitioned pipeline."""
+    pipeline = make_pipeline(token_corpus, "block", partitions=BATCH)
+    expected = read_all(cd.Loader(pipeline))
+    assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=4, backend=backend_of(backend))), backend)
