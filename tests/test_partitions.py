@@ -153,3 +153,30 @@ def test_every_backend_gives_the_same_batches(token_corpus: Path, backend: str) 
     pipeline = make_pipeline(token_corpus, "block", partitions=BATCH)
     expected = read_all(cd.Loader(pipeline))
     assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=4, backend=backend_of(backend))), backend)
+
+
+def test_a_thousand_and_twenty_four_hosts_make_the_one_host_batches() -> None:
+    """Hosts 0..1023 of a 1,024-host job over the 8 files of the demo corpus, one row a
+    batch each and a partition each: their rows, put together, are the one-host batches,
+    block and global shuffle."""
+    from colo_data.host.chunk_work import ChunkWork
+    from colo_data.ops import demo
+
+    source = cd.ArrowSource(demo.corpus(), columns=["id", "tokens"])
+    assert len(source.files) == 8
+    for shuffle in ("block", "global"):
+        pipeline = cd.Pipeline(
+            source=source,
+            order=cd.Order(shuffle=shuffle, seed=4),
+            transforms=[cd.pad_or_truncate("tokens", 4)],
+            global_batch_size=1024,
+            index_column="_index",
+            partitions=1024,
+        )
+        start = 37 * 1024  # the epoch's last batches and the next epoch's first
+        one = ChunkWork(pipeline).compute(start, 3).columns
+        hosts = [ChunkWork(pipeline, h, 1024).compute(start, 3).columns for h in range(1024)]
+        for name in one:
+            together = np.stack([host[name] for host in hosts], axis=1)  # (batch, host, ...)
+            np.testing.assert_array_equal(together.reshape(one[name].shape), one[name], err_msg=f"{shuffle}: {name}")
+        assert len(np.unique(one["_index"][:1024])) == 1024
