@@ -91,6 +91,8 @@ def test_batches_are_the_same_for_every_host_and_worker_count(token_corpus: Path
     for hosts, workers in ((2, 0), (3, 0), (4, 1), (12, 0)):
         got = read_all(cd.Loader(pipeline, hosts=hosts, backend=cd.InProcess(workers=workers)))
         assert_batches_equal(expected, got, f"{shuffle}, {hosts} hosts, {workers} workers")
+    four = make_pipeline(token_corpus, shuffle, partitions=4, epochs=2)  # 3 hosts: a host holds parts of partitions
+    assert_batches_equal(read_all(cd.Loader(four)), read_all(cd.Loader(four, hosts=3)), f"{shuffle}, 4 partitions, 3 hosts")
     plain = read_all(cd.Loader(make_pipeline(token_corpus, shuffle, epochs=2)))
     assert any(not np.array_equal(a["_index"], b["_index"]) for a, b in zip(expected, plain, strict=True))
 
