@@ -60,8 +60,8 @@ class DatasetIndex:
         times = not local or self.machine == MACHINE  # a copy of local files on another machine has its own times
         changed = []
         for rel in sorted(expected & set(now)):
-            _, _, then_ns = self.entries[rel]
-            file, info = self.entries[rel][0], now[rel]
+            file, _, then_ns = self.entries[rel]
+            info = now[rel]
             if info.size != file.size:
                 changed.append(f"{rel} ({file.size} bytes then, {info.size} now)")
             elif times and then_ns is not None and info.mtime_ns is not None and then_ns != info.mtime_ns:
@@ -82,19 +82,20 @@ class DatasetIndex:
         for rel in sorted(expected):
             file, schema, _ = self.entries[rel]
             info = now[rel]
-            kept = DataFile(info.path, file.format, file.row_groups, file.size, file.version)
-            if local:  # reads check each file's time of last writing on this machine, as after inspecting it
-                kept = DataFile(info.path, file.format, file.row_groups, file.size, None, info.mtime_ns, MACHINE)
-            out.append((kept, schema))
+            # a local file's reads check its time of last writing on this machine, as after inspecting it
+            stamp = (None, info.mtime_ns, MACHINE) if local else (file.version, None, None)
+            out.append((DataFile(info.path, file.format, file.row_groups, file.size, *stamp), schema))
         return out
 
 
 def _few(names: Sequence[str]) -> str:
+    """The first `_SHOWN` names, and how many more there are."""
     shown = ", ".join(names[:_SHOWN])
     return shown if len(names) <= _SHOWN else f"{shown} and {len(names) - _SHOWN} more"
 
 
 def _when(mtime_ns: int) -> str:
+    """A time of last writing as a user reads it (UTC)."""
     return datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).isoformat(timespec="microseconds")
 
 

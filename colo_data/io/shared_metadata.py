@@ -76,7 +76,6 @@ def read_once(what: str, key: str, read: Callable[[], T]) -> T:
     return value
 
 
-
 def _packed(kind: str, value: object) -> bytes:
     """What the other processes read: `(kind, value)` pickled and compressed (the files'
     paths repeat their directories)."""
