@@ -23,8 +23,8 @@ import pyarrow.fs as pafs
 from colo_data import defaults
 from colo_data.errors import ConfigError, SourceError, StaleIndexError
 from colo_data.io.files import MACHINE, DataFile, object_uri
-from colo_data.io.fsspec_store import as_pyarrow, describe, is_fsspec
-from colo_data.io.listing import INDEX_NAME, Found, inspect_all, listed, select, split_uri
+from colo_data.io.fsspec_store import as_pyarrow, describe
+from colo_data.io.listing import INDEX_NAME, Found, default_retries, inspect_all, listed, relative, select, split_uri
 from colo_data.io.retry import Exhausted, with_retries
 
 FORMAT = 1  # the index's own format version
@@ -51,10 +51,9 @@ class DatasetIndex:
                 written (each named), so the index says other rows than the files hold.
         """
         assert found.base is not None  # an index is found only by listing a directory
-        base = found.base.lstrip("/")
         under = {posixpath.join(found.base, rel): rel for rel in self.entries}
         expected = {under[p] for p in select(path, list(under))}
-        now = {f.path.lstrip("/")[len(base) :].lstrip("/"): f for f in found.files}
+        now = {relative(f.path, found.base): f for f in found.files}
         added = sorted(set(now) - expected)
         removed = sorted(expected - set(now))
         times = not local or self.machine == MACHINE  # a copy of local files on another machine has its own times
@@ -145,7 +144,7 @@ def _encode(base: str, inspected: list[tuple[DataFile, pa.Schema]], times: dict[
         key = schema.serialize().to_pybytes()
         files.append(
             {
-                "path": file.path.lstrip("/")[len(base.lstrip("/")) :].lstrip("/"),
+                "path": relative(file.path, base),
                 "format": file.format,
                 "size": file.size,
                 "mtime_ns": times[file.path],
@@ -187,7 +186,7 @@ def write_index(
             metadata cannot be read.
     """
     patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    retries = 0 if is_fsspec(filesystem) else defaults.READ_RETRIES
+    retries = default_retries(filesystem)
     fs_given = as_pyarrow(filesystem)
     written = []
     for pattern in patterns:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from colo_data import defaults
 from colo_data.errors import ConfigError, SourceError
 from colo_data.io.files import DataFile, Kept, inspect_file, object_uri
-from colo_data.io.fsspec_store import describe, schemes
+from colo_data.io.fsspec_store import describe, is_fsspec, schemes
 from colo_data.io.retry import Exhausted, transient, with_retries
 
 DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
@@ -42,6 +43,17 @@ def split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileS
         fs, inner = pafs.FileSystem.from_uri(path)
         return fs, inner
     return pafs.LocalFileSystem(), posixpath.abspath(path)
+
+
+def default_retries(filesystem: object) -> int:
+    """Retries of a transient failure when none are given: 0 for an fsspec filesystem,
+    which retries by itself (gcsfs: 6 times over about 30 s; both would multiply)."""
+    return 0 if is_fsspec(filesystem) else defaults.READ_RETRIES
+
+
+def relative(path: str, base: str) -> str:
+    """`path` inside the directory `base` (filesystems differ on whether paths start with "/")."""
+    return path.lstrip("/")[len(base.lstrip("/")) :].lstrip("/")
 
 
 def is_glob(path: str) -> bool:
@@ -111,7 +123,7 @@ def expand(fs: pafs.FileSystem, path: str) -> Found:
 
 def _found(infos: list[pafs.FileInfo], path: str, base: str) -> Found:
     files = {i.path: i for i in infos if i.type == pafs.FileType.File}
-    index = next((i for p, i in files.items() if p.strip("/") == posixpath.join(base, INDEX_NAME).strip("/")), None)
+    index = next((i for p, i in files.items() if relative(p, base) == INDEX_NAME), None)
     return Found([files[p] for p in select(path, list(files))], base, index)
 
 

@@ -40,9 +40,9 @@ from colo_data.io.files import (
     size_now,
     unreadable,
 )
-from colo_data.io.fsspec_store import as_pyarrow, describe, is_fsspec
+from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.gather import gather
-from colo_data.io.listing import inspect_all, listed, split_uri, why_nothing
+from colo_data.io.listing import default_retries, inspect_all, listed, split_uri, why_nothing
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.rowgroup_cache import RowGroupCache
 from colo_data.io.shared_metadata import read_once
@@ -145,7 +145,7 @@ class ArrowSource:
         cache_bytes = int_setting("cache_bytes", cache_bytes, 1, "bytes of decoded row groups kept")
         io_concurrency = int_setting("io_concurrency", io_concurrency, 1, "reads in flight at once")
         if retries is None:
-            retries = 0 if is_fsspec(filesystem) else defaults.READ_RETRIES
+            retries = default_retries(filesystem)
         retries = int_setting("retries", retries, 0, "retries of a transient read failure")
         disk = DiskCache(cache_dir, cache_dir_bytes) if cache_dir is not None else None
         reading = _Reading(cache_bytes, io_concurrency, retries, disk)
