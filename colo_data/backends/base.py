@@ -11,6 +11,7 @@ from time import perf_counter
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from colo_data.backends.placement import Placement
 from colo_data.errors import GrainError, TransformError
@@ -18,6 +19,7 @@ from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_cha
 from colo_data.host.dtypes import jax_ready
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
+from colo_data.spec.order import Position
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 
@@ -28,14 +30,15 @@ class GlobalBatch:
 
     Args:
         arrays: column name -> `jax.Array` with the global batch size as leading dimension.
-        end: the stream position after it where the hosts say it (packed batches); None
-            when the batch took exactly one global batch of records.
+        end: the stream position after it where the hosts say it (packed batches), or a
+            partitioned pipeline's own positions after it (-1: partitions of other
+            processes' hosts); None when the batch took exactly one global batch of records.
         states: a Grain pipeline's state of each host (host -> state) after it; None for a
             native pipeline.
     """
 
     arrays: dict[str, jax.Array]
-    end: int | None = None
+    end: int | np.ndarray | None = None
     states: dict[int, Any] | None = None
 
 
@@ -51,7 +54,7 @@ class Backend(Protocol):
     local_hosts: list[int]
     on_trainer_thread: bool
 
-    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]: ...
+    def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]: ...
 
     def counters(self) -> tuple[list[float], list[HostCounters]]: ...
 
@@ -81,12 +84,12 @@ def assembled(
                 return
             pieces = [p for p in got if p is not None]
             if len(pieces) < len(got):
+                if any(isinstance(p.end, np.ndarray) for p in pieces):  # a partitioned pipeline ends with a partition
+                    return
                 ended = [h for h, p in zip(local, got, strict=True) if p is None]
                 raise ended_early(ended, [h for h in local if h not in ended])
             start = perf_counter()
-            ends = {p.end for p in pieces if p.end is not None}
-            if len(ends) > 1:
-                raise TransformError(f"the hosts {local} planned different packed batches (ending at {sorted(ends)})")
+            end = stream_end(local, pieces, placement)
             same_columns(local, [p.columns for p in pieces])
             x64 = jax.enable_x64.value
             columns = {h: jax_ready(p.columns, x64, f"host {h}") for h, p in zip(local, pieces, strict=True)}
@@ -96,10 +99,22 @@ def assembled(
             nbytes = nbytes or sum(a.nbytes for p in pieces for a in p.columns.values())  # the same for every batch
             handoff.add(HANDOFF, perf_counter() - start, rows, nbytes)
             states = {h: p.states[0] for h, p in zip(local, pieces, strict=True) if p.states}
-            yield GlobalBatch(arrays, ends.pop() if ends else None, states or None)
+            yield GlobalBatch(arrays, end, states or None)
     finally:
         for stream in streams:
             close_iterator(stream)
+
+
+def stream_end(local: Sequence[int], pieces: Sequence[HostChunk], placement: Placement) -> int | np.ndarray | None:
+    """Where the local hosts say the stream stands after a batch: a packed or filtered
+    pipeline's stream position (the same on every host, or a TransformError), a
+    partitioned one's own positions (-1: other processes' partitions), else None."""
+    if any(isinstance(p.end, np.ndarray) for p in pieces):
+        return placement.ends({h: p.end for h, p in zip(local, pieces, strict=True) if isinstance(p.end, np.ndarray)})
+    ends = {p.end for p in pieces if p.end is not None}
+    if len(ends) > 1:
+        raise TransformError(f"the hosts {list(local)} planned different packed batches (ending at {sorted(ends)})")
+    return ends.pop() if ends else None
 
 
 def same_columns(hosts: Sequence[int], pieces: Sequence[HostBatch]) -> None:

@@ -40,7 +40,10 @@ from colo_data.host.kinds import HostShare, host_pipeline
 from colo_data.host.resources import Workers, check_workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
+from colo_data.spec import parts
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
+from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.pools import start_pool
@@ -86,7 +89,7 @@ class _HostSide:
         self.choice = choose_workers(workers, cpu_budget(), "the sidecar's own thread")
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostShare] = {}
-        self._streams: dict[int, tuple[int, Iterator[HostChunk], Lifecycle]] = {}
+        self._streams: dict[int, tuple[Position, Iterator[HostChunk], Lifecycle]] = {}
         self._owner = Lifecycle("colocated host side")
 
     @staticmethod
@@ -94,13 +97,15 @@ class _HostSide:
         """The host whose CPU device holds `shard`: the request's row on that device."""
         return shard.index[0].indices(hosts)[0]
 
-    def _chunk(self, host: int, hosts: int, position: int, count: int) -> tuple[HostChunk | None, list[int] | None]:
+    def _chunk(self, host: int, hosts: int, position: Position, count: int) -> tuple[HostChunk | None, list[Any] | None]:
         """The host's next `count` batches from `position` as one chunk (None at the stream's
         end), and for a packed or filtered pipeline the stream position after each of them
-        (fewer at the stream's end): its batches take as many records as fit or pass."""
+        (fewer at the stream's end): its batches take as many records as fit or pass (a
+        partitioned one's: its partitions' own positions)."""
         variable = self.pipeline.variable_batches  # each batch ends where the hosts say
         current = self._streams.get(host)
-        if current is None or current[0] != position:
+        key = self._key(host, hosts, position)
+        if current is None or not np.array_equal(current[0], key):
             if current is not None:
                 _close(current)
             if host not in self._pipelines:  # its worker processes are kept across streams
@@ -108,17 +113,31 @@ class _HostSide:
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
             chunks = self._pipelines[host].chunks(position, run, batches=None if variable else count)
-            current = (position, chunks, run)
+            current = (key, chunks, run)
         if not variable:
-            self._streams[host] = (position + count * self.pipeline.global_batch_size, current[1], current[2])
+            self._streams[host] = (int(position) + count * self.pipeline.global_batch_size, current[1], current[2])
             return next(current[1], None), None
         parts = list(itertools.islice(current[1], count))  # one batch each, with the position after it
-        ends = [int(cast(int, part.end)) for part in parts]
-        self._streams[host] = (ends[-1] if ends else position, current[1], current[2])
+        ends = [part.end if isinstance(part.end, np.ndarray) else int(cast(int, part.end)) for part in parts]
+        self._streams[host] = (ends[-1] if ends else key, current[1], current[2])
         if not parts:
             return None, None
         columns = {name: np.concatenate([part.columns[name] for part in parts]) for name in parts[0].columns}
         return HostChunk(columns, ends[-1]), ends
+
+    def _key(self, host: int, hosts: int, position: Position) -> Position:
+        """What a host's stream continues from: the position, or a partitioned pipeline's
+        phase and own positions of the host's partitions (what its chunks end at)."""
+        if not isinstance(position, np.ndarray):
+            return position
+        phase, own = parts.share(position, cast(Pipeline, self.pipeline).partitioning.owned(host, hosts))
+        return parts.start(own, phase)
+
+    def _position(self, words: np.ndarray, count: int) -> Position:
+        """The position a host's row of a request holds: the first of its batches', or
+        (after them) a partitioned pipeline's own positions."""
+        positions = _decode(words)
+        return positions[count:] if self.pipeline.partitioned else int(positions[0])
 
     def open(self, request: jax.Array) -> jax.Array:
         """Each host's index as its CPU device sees it, for the controller to check."""
@@ -142,27 +161,33 @@ class _HostSide:
         a call may give fewer batches than asked, at the stream's end. In JAX's 32-bit mode a
         64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
         hosts, count = request.shape[:2]
+        partitioned = self.pipeline.partitioned
+        if partitioned:  # the partitions' own positions follow the batches' words
+            count -= 1 + cast(Pipeline, self.pipeline).partitioning.partitions
         size = self.pipeline.global_batch_size
         chunks: list[tuple[int, Any, HostChunk | None]] = []
-        positions: dict[int, int] = {}
-        ends: dict[int, list[int] | None] = {}
+        positions: dict[int, Position] = {}
+        ends: dict[int, list[Any] | None] = {}
         caught: dict[int, list[warnings.WarningMessage]] = {}
         for shard in request.addressable_shards:
             host = self._host(shard, hosts)
             with self._work_of(host, hosts, caught):
-                positions[host] = int(_decode(np.asarray(shard.data))[0, 0])
+                positions[host] = self._position(np.asarray(shard.data)[0], count)
                 chunk, ends[host] = self._chunk(host, hosts, positions[host], count)
                 chunks.append((host, shard.device, chunk))
         ended = [h for h, _, c in chunks if c is None]
-        if len(ended) == len(chunks):
+        if len(ended) == len(chunks) or (ended and partitioned):  # a partitioned stream ends with a partition
             return [], None, None, None
         if ended:
             raise ended_early(ended, [h for h, _, c in chunks if c is not None])
         planned = {h: e for h, e in ends.items() if e is not None}
-        if len({tuple(e) for e in planned.values()}) > 1:
+        if partitioned:  # each host its own partitions' positions; the hosts' fewest batches are the stream's
+            count = min(len(e) for e in planned.values())
+            chunks = [(h, d, _first_batches(c, count, size // hosts)) for h, d, c in chunks]
+        elif len({tuple(e) for e in planned.values()}) > 1:
             raise SidecarError(f"the hosts planned other batches (their stream positions after each: {planned})")
         if planned:
-            count = len(next(iter(planned.values())))
+            count = len(next(iter(planned.values()))) if not partitioned else count
         per_host = [(h, d, c.columns) for h, d, c in chunks if c is not None]
         same_columns([h for h, _, _ in per_host], [c for _, _, c in per_host])
         x64 = jax.enable_x64.value  # read here: this process's JAX makes the arrays (and would narrow)
@@ -183,8 +208,9 @@ class _HostSide:
             states = jax.make_array_from_single_device_arrays((hosts, STATE_BYTES), sharding, rows)
         after = None
         if planned:
-            words = [jax.device_put(_encode(np.array(planned[h], np.int64))[None], d) for h, d, _ in ready]
-            after = jax.make_array_from_single_device_arrays((hosts, count, 2), sharding, words)
+            words = [jax.device_put(_encode(np.array(planned[h][:count], np.int64))[None], d) for h, d, _ in ready]
+            shape = (hosts, count, *np.shape(planned[ready[0][0]][0]), 2)
+            after = jax.make_array_from_single_device_arrays(shape, sharding, words)
         if not self.carries_warnings:  # they showed in this process, the controller's
             return out, None, states, after
         notes = [jax.device_put(_note(caught.get(h, []))[None], d) for h, d, _ in ready]
@@ -215,6 +241,23 @@ class _HostSide:
         self._pipelines.clear()
         self._owner.close()
         return self.open(request)
+
+
+def _first_batches(chunk: HostChunk | None, count: int, rows: int) -> HostChunk | None:
+    """A chunk's first `count` batches of `rows` rows."""
+    if chunk is None or chunk.rows == count * rows:
+        return chunk
+    return HostChunk({name: column[: count * rows] for name, column in chunk.columns.items()}, chunk.end)
+
+
+def _ends(after: np.ndarray) -> list[Any]:
+    """The stream position after each batch of a call, from the hosts' (hosts, batches)
+    positions (every host plans the same), or a partitioned pipeline's own positions from
+    the hosts' (hosts, batches, partitions of a host): the hosts' put together."""
+    if after.ndim == 2:
+        return after[0].tolist()
+    phases, own = after[0, :, 0], np.moveaxis(after[:, :, 1:], 1, 0).reshape(after.shape[1], -1)
+    return [parts.start(o, int(p)) for o, p in zip(own, phases, strict=True)]
 
 
 def _raised_on(host: int, hosts: int, e: Exception) -> ColoDataError:
@@ -301,7 +344,7 @@ def _batch_sharding(request: jax.Array) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(_AXIS))
 
 
-def _close(stream: tuple[int, Iterator[HostChunk], Lifecycle]) -> None:
+def _close(stream: tuple[Position, Iterator[HostChunk], Lifecycle]) -> None:
     """End a host's chunk stream and whatever it started (worker processes, read-ahead)."""
     close_iterator(stream[1])
     stream[2].close()
@@ -346,9 +389,12 @@ class ColocatedHosts:
         self._remote: Any = None
         self._open()
 
-    def _request(self, position: int, count: int) -> jax.Array:
-        positions = position + self.pipeline.global_batch_size * np.arange(count, dtype=np.int64)
-        words = np.broadcast_to(_encode(positions), (len(self.hosts), count, 2))
+    def _request(self, position: Position, count: int) -> jax.Array:
+        if isinstance(position, np.ndarray):  # a partitioned pipeline's own positions, after `count` words
+            positions = np.concatenate([np.zeros(count, np.int64), position])
+        else:
+            positions = position + self.pipeline.global_batch_size * np.arange(count, dtype=np.int64)
+        words = np.broadcast_to(_encode(positions), (len(self.hosts), len(positions), 2))
         return jax.device_put(words, self.sharding)
 
     def _call(self, method: str, request: jax.Array) -> Any:
@@ -376,20 +422,20 @@ class ColocatedHosts:
                 f"the colocated hosts {self.hosts} report host indices {seen.tolist()}: the sharding lost the host order"
             )
 
-    def batches(self, start_position: int) -> Iterator[dict[str, jax.Array]]:
+    def batches(self, start_position: Position) -> Iterator[dict[str, jax.Array]]:
         """Global batches from stream `start_position` on (a trailing partial batch is
         dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
         objects after `close()`."""
         for batch, _, _ in self.stream(start_position):
             yield batch
 
-    def stream(self, start_position: int) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, int | None]]:
+    def stream(self, start_position: Position) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, Position | None]]:
         """As `batches`, each global batch with a Grain pipeline's host states after it
         (host -> state; None for a native pipeline) and a packed or filtered pipeline's stream
         position after it (None for others)."""
         if self._remote is None:
             self._open()
-        left = self.pipeline.batches_from(start_position)
+        left = None if isinstance(start_position, np.ndarray) else self.pipeline.batches_from(start_position)
         position, size = start_position, self.pipeline.global_batch_size
         while left is None or left > 0:
             if self._remote is None:
@@ -401,11 +447,11 @@ class ColocatedHosts:
             if not batches:
                 return
             per_host = None if states is None else _unpacked_states(np.asarray(states))
-            ends = None if after is None else _decode(np.asarray(after)[0]).tolist()  # every host plans the same
+            ends = None if after is None else _ends(_decode(np.asarray(after)))
             for i, batch in enumerate(batches):
                 host_states = None if per_host is None else {h: s[i] for h, s in enumerate(per_host)}
                 yield batch, host_states, None if ends is None else ends[i]
-            position = position + count * size if ends is None else ends[-1]
+            position = int(position) + count * size if ends is None else ends[-1]
             left = None if left is None else left - count
 
     def close(self) -> None:
@@ -445,11 +491,11 @@ class ColocatedBackend:
         self._hosts = ColocatedHosts(pipeline, placement.mesh, workers)
         owner.add("colocated hosts", lambda timeout: self._hosts.close())
 
-    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
+    def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
         return self._placed(self._hosts.stream(position))
 
     def _placed(
-        self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, int | None]]
+        self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, Position | None]]
     ) -> Iterator[GlobalBatch]:
         """The hosts' global batches, moved from their CPU devices onto the mesh."""
         rows = self.placement.global_batch_size

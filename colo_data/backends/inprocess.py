@@ -12,6 +12,7 @@ from colo_data.host.kinds import host_pipeline
 from colo_data.host.resources import Workers, choose_workers, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.pools import start_pool
@@ -46,7 +47,7 @@ class InProcessBackend:
         self._cpu: CpuMeter | None = None  # the worker processes', all hosts together
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
 
-    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
+    def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
         streams = [host.chunks(position, run, batches=1) for host in self._hosts]
         batches = assembled(streams, self.placement, self.handoff, wait_for_devices=False)
         if not self.choice.count:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
+from colo_data.spec import parts
 from colo_data.spec.order import host_rows
 
 Index = tuple[slice, ...]
@@ -63,6 +65,27 @@ class Placement:
                 f"{jax.local_devices()}): build the Loader on a mesh that includes this process's devices, "
                 "or do not build one in this process"
             )
+
+    def local_partitions(self, pipeline: Any) -> np.ndarray | None:
+        """For a partitioned packed or filtered pipeline, which entries of its position
+        (`colo_data.spec.parts`) this process's hosts know: the phase and their partitions'
+        (a mask); None for other pipelines."""
+        if not getattr(pipeline, "partitioned", False):
+            return None
+        mask = np.zeros(1 + pipeline.partitions, bool)
+        mask[0] = True
+        for host in self.local_hosts:
+            owned = pipeline.partitioning.owned(host, self.hosts)
+            mask[1 + owned.start : 1 + owned.stop] = True
+        return mask
+
+    def ends(self, pieces: Mapping[int, np.ndarray]) -> np.ndarray:
+        """A partitioned pipeline's position after a batch, from the local hosts' shares of
+        it (host -> `[phase, its partitions' own positions]`, as many as every host's): -1
+        for the partitions of other processes' hosts."""
+        share = len(next(iter(pieces.values()))) - 1
+        phase = int(next(iter(pieces.values()))[0])
+        return parts.joined(phase, {host * share: end[1:] for host, end in pieces.items()}, share * self.hosts)
 
     def sharding(self, ndim: int) -> NamedSharding:
         """The sharding of an `ndim`-dimensional column: the spec, cut to `ndim` entries."""

@@ -24,7 +24,8 @@ class HostChunk:
     Args:
         columns: the batches' columns, equal lengths.
         end: the stream position after the chunk's last batch, where the batches do not
-            each take a global batch of records (packed pipelines); None otherwise.
+            each take a global batch of records (packed pipelines), or a partitioned one's
+            own positions of the host's partitions after it; None otherwise.
         stages: stage counters (`StageTimes.values`) a worker process measured for it.
         worker_stages: for a chunk put together from workers' shares, each worker's own
             `stages` (by worker); None otherwise.
@@ -35,7 +36,7 @@ class HostChunk:
     """
 
     columns: HostBatch
-    end: int | None = None
+    end: int | np.ndarray | None = None
     stages: list[float] | None = None
     worker_stages: list[list[float] | None] | None = None
     places: np.ndarray | None = None

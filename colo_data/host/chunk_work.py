@@ -119,6 +119,7 @@ class ChunkWork:
     def __init__(self, pipeline: Pipeline, host: int = 0, hosts: int = 1) -> None:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = range(*host_rows(pipeline.global_batch_size, host, hosts))
+        pipeline.check_hosts(hosts)
         self.stages = StageTimes()
         self._order: BoundStream | None = None
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead

@@ -65,7 +65,7 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             if stop <= read:
                 return
             table = _read(work, read, stop, total)
-            verdict = _verdict(work, table)
+            verdict = verdict_of(work, table)
             tables.append(table.filter(pa.array(verdict)))
             places.append(read + np.flatnonzero(verdict))
             read = stop
@@ -88,13 +88,19 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
 def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table:
     """Stream positions `[first, stop)`'s records with the index columns, the read after
     them started (a source that reads ahead)."""
+    ahead = stop + (stop - first) if total is None else min(stop + (stop - first), total)
+    return read_at(work, np.arange(first, stop, dtype=np.int64), np.arange(stop, ahead, dtype=np.int64))
+
+
+def read_at(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> pa.Table:
+    """The records at stream positions `stream` with the index columns; a source that reads
+    ahead starts on `ahead`'s meanwhile."""
     t0 = perf_counter()
-    indices = work.stream_indices(np.arange(first, stop, dtype=np.int64))
+    indices = work.stream_indices(stream)
     t1 = perf_counter()
     source = work.pipeline.source
-    ahead = stop + (stop - first) if total is None else min(stop + (stop - first), total)
-    if isinstance(source, ReadAhead) and ahead > stop:  # the next read's row groups decode meanwhile
-        source.prefetch(work.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
+    if isinstance(source, ReadAhead) and len(ahead):  # the next read's row groups decode meanwhile
+        source.prefetch(work.stream_indices(ahead))
     table = source.take(indices)
     work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
     work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
@@ -102,7 +108,8 @@ def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table
     return with_index(work, table, indices)
 
 
-def _verdict(work: ChunkWork, table: pa.Table) -> np.ndarray:
+def verdict_of(work: ChunkWork, table: pa.Table) -> np.ndarray:
+    """`keep`'s verdict on the records of `table` (the pipeline has a filter)."""
     verdict = kept(work, table_to_columns(table), table.num_rows)
     assert verdict is not None  # filtered batches are made only for a pipeline with a keep
     return verdict

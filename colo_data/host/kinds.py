@@ -14,6 +14,7 @@ from colo_data.host.pipeline import HostPipeline
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes
 
@@ -32,7 +33,7 @@ class HostShare(Protocol):
     def chunk(self) -> int: ...
 
     def chunks(
-        self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None
+        self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None
     ) -> Iterator[HostChunk]: ...
 
 

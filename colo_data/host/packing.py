@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from time import perf_counter
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -156,58 +157,28 @@ def _list_parts(column: pa.ChunkedArray | pa.Array | np.ndarray, name: str) -> t
     return offsets - offsets[0], values[offsets[0] : offsets[-1]] if len(offsets) else values
 
 
-class _Window:
-    """Records of the stream from `start` on, read ahead as needed: their global indices,
-    each packed column's offsets and values, and the records' slot lengths (their longest
-    packed column, at most the row length; -1: dropped by `keep`)."""
+class Window:
+    """Records of a stream from `start` on, as read ahead: their global indices, each packed
+    column's offsets and values, and the records' slot lengths (their longest packed column,
+    at most the row length; -1: dropped by `keep`). A partition's window counts positions
+    in the partition's own stream."""
 
-    def __init__(self, work: ChunkWork, pack: Pack, start: int) -> None:
-        self.work, self.pack, self.start = work, pack, start
+    def __init__(self, pack: Pack, start: int) -> None:
+        self.pack, self.start = pack, start
         self.indices = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)
         self.offsets = {name: np.zeros(1, np.int64) for name in pack.columns}
         self.values: dict[str, np.ndarray] = {}
 
-    def extend(self, count: int, total: int | None) -> bool:
-        """Read `count` more records (fewer at the stream's end); False when none are left."""
-        first = self.start + len(self.indices)
-        stop = first + count if total is None else min(first + count, total)
-        if stop <= first:
-            return False
-        source = self.work.pipeline.source
-        ahead = stop + count if total is None else min(stop + count, total)
-        t0 = perf_counter()
-        indices = self.work.stream_indices(np.arange(first, stop, dtype=np.int64))
-        t1 = perf_counter()
-        if isinstance(source, ReadAhead) and ahead > stop:  # the next read's row groups decode meanwhile
-            source.prefetch(self.work.stream_indices(np.arange(stop, ahead, dtype=np.int64)))
-        table = source.take(indices)
-        self.work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
-        self.work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
-        self.work.count_reads(self.work.stages)
-        columns = table_to_columns(table)
-        t2 = perf_counter()
-        drawn = draws(self.pack.prepare)
-        keys = self.work.order.record_keys(np.arange(first, stop, dtype=np.int64), indices) if drawn else None
-        for transform in self.pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
-            columns = self.work.prepared(transform, columns, first, keys)
-        if self.pack.prepare:
-            self.work.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
-        lengths = np.zeros(len(indices), np.int64)
-        for name in self.pack.columns:
-            if name not in columns:
-                where = "after Pack(prepare=...)" if self.pack.prepare else "in the source"
-                raise ConfigError(f"cd.Pack: no column {name!r} {where}; there are {sorted(columns)}")
-            offsets, values = _list_parts(columns[name], name)
-            lengths = np.maximum(lengths, np.minimum(np.diff(offsets), self.pack.length))
-            self.offsets[name] = np.concatenate([self.offsets[name][:-1], offsets + self.offsets[name][-1]])
+    def append(self, records: Records, first: int, stop: int) -> None:
+        """Add records `[first, stop)` of `records` (the next ones of this stream)."""
+        self.indices = np.concatenate([self.indices, records.indices[first:stop]])
+        self.lengths = np.concatenate([self.lengths, records.lengths[first:stop]])
+        for name, offsets in records.offsets.items():
+            piece = offsets[first : stop + 1]
+            values = records.values[name][piece[0] : piece[-1]]
+            self.offsets[name] = np.concatenate([self.offsets[name][:-1], piece - piece[0] + self.offsets[name][-1]])
             self.values[name] = np.concatenate([self.values[name], values]) if name in self.values else values
-        verdict = kept(self.work, columns, len(indices))  # the pipeline's keep and the pack's
-        if verdict is not None:
-            lengths = np.where(verdict, lengths, -1)
-        self.indices = np.concatenate([self.indices, indices])
-        self.lengths = np.concatenate([self.lengths, lengths])
-        return True
 
     def drop(self, count: int) -> None:
         """Forget the first `count` records: the stream has moved past them."""
@@ -217,6 +188,69 @@ class _Window:
             cut = offsets[count]
             self.values[name], self.offsets[name] = self.values[name][cut:], offsets[count:] - cut
 
+    def planned(self, rows: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:
+        """`plan` over the window's records (`complete`: no more records come)."""
+        pack = self.pack
+        return plan(self.lengths, rows, pack.length, pack.max_segments, complete, pack.method)
+
+
+class Records(NamedTuple):
+    """Records read for packing, prepared: their global indices, slot lengths (-1: dropped
+    by `keep`), and each packed column's offsets (one more than records) and values."""
+
+    indices: np.ndarray
+    lengths: np.ndarray
+    offsets: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]
+
+
+def read_records(work: ChunkWork, pack: Pack, stream: np.ndarray, ahead: np.ndarray) -> Records:
+    """The records at stream positions `stream`, read, prepared (`pack.prepare`), measured
+    and judged by `keep`; a source that reads ahead starts on `ahead`'s meanwhile."""
+    source = work.pipeline.source
+    t0 = perf_counter()
+    indices = work.stream_indices(stream)
+    t1 = perf_counter()
+    if isinstance(source, ReadAhead) and len(ahead):  # the next read's row groups decode meanwhile
+        source.prefetch(work.stream_indices(ahead))
+    table = source.take(indices)
+    work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
+    work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
+    work.count_reads(work.stages)
+    columns = table_to_columns(table)
+    t2 = perf_counter()
+    keys = work.order.record_keys(stream, indices) if draws(pack.prepare) else None
+    first = int(stream[0]) if len(stream) else 0
+    for transform in pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
+        columns = work.prepared(transform, columns, first, keys)
+    if pack.prepare:
+        work.stages.add(TRANSFORM, perf_counter() - t2, len(indices), 0)
+    lengths = np.zeros(len(indices), np.int64)
+    offsets, values = {}, {}
+    for name in pack.columns:
+        if name not in columns:
+            where = "after Pack(prepare=...)" if pack.prepare else "in the source"
+            raise ConfigError(f"cd.Pack: no column {name!r} {where}; there are {sorted(columns)}")
+        offsets[name], values[name] = _list_parts(columns[name], name)
+        lengths = np.maximum(lengths, np.minimum(np.diff(offsets[name]), pack.length))
+    verdict = kept(work, columns, len(indices))  # the pipeline's keep and the pack's
+    if verdict is not None:
+        lengths = np.where(verdict, lengths, -1)
+    return Records(indices, lengths, offsets, values)
+
+
+def _extend(work: ChunkWork, window: Window, count: int, total: int | None) -> bool:
+    """Read `count` more records into `window` (fewer at the stream's end), the next read's
+    row groups started; False when none are left."""
+    first = window.start + len(window.indices)
+    stop = first + count if total is None else min(first + count, total)
+    if stop <= first:
+        return False
+    ahead = stop + count if total is None else min(stop + count, total)
+    records = read_records(work, window.pack, np.arange(first, stop, dtype=np.int64), np.arange(stop, ahead, dtype=np.int64))
+    window.append(records, 0, stop - first)
+    return True
+
 
 def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator[tuple[Columns, int]]:
     """Host `work.host`'s rows of each packed global batch from stream `start_position` on,
@@ -225,30 +259,29 @@ def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator
     pipeline = work.pipeline
     rows, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
     total = pipeline.total_records
-    window = _Window(work, pack, start_position)
+    window = Window(pack, start_position)
     ahead = rows * pack.max_segments  # a batch never holds more records than this
     while True:
         if len(window.indices) < ahead:  # read ahead a whole batch's worst case at once: fewer, larger reads
-            window.extend(ahead, total)
+            _extend(work, window, ahead, total)
         t0 = perf_counter()
-        consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False, pack.method)
+        consumed, row_of, offset_of = window.planned(rows, False)
         while not consumed:  # filtered records used up the look-ahead: look further
-            if not window.extend(max(ahead, len(window.indices)), total):
-                consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, True, pack.method)
+            if not _extend(work, window, max(ahead, len(window.indices)), total):
+                consumed, row_of, offset_of = window.planned(rows, True)
                 if not (row_of >= 0).any():  # the stream's last records were all dropped
                     return
                 break
-            consumed, row_of, offset_of = plan(window.lengths, rows, pack.length, pack.max_segments, False, pack.method)
-        batch = _host_rows(window, pack, row_of, offset_of, first_row, stop_row, pipeline.index_column, pipeline.stream)
+            consumed, row_of, offset_of = window.planned(rows, False)
+        batch = packed_rows(window, row_of, offset_of, first_row, stop_row, pipeline.index_column, pipeline.stream)
         work.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
         end = window.start + consumed
         window.drop(consumed)
         yield batch, end
 
 
-def _host_rows(
-    window: _Window,
-    pack: Pack,
+def packed_rows(
+    window: Window,
     row_of: np.ndarray,
     offset_of: np.ndarray,
     first_row: int,
@@ -259,6 +292,7 @@ def _host_rows(
     """Rows `[first_row, stop_row)` of the plan, built from the window's values, with the
     columns that name each row's records (`Stream.record_columns`: the index column, a
     mixture's component column), -1 where a row has no record."""
+    pack = window.pack
     height, length = stop_row - first_row, pack.length
     mine = np.flatnonzero((row_of >= first_row) & (row_of < stop_row))
     mine = mine[np.lexsort((offset_of[mine], row_of[mine]))]  # by row, then place in the row

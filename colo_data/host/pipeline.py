@@ -19,10 +19,13 @@ from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
 from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
+from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec import parts
+from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 
@@ -70,7 +73,7 @@ class HostPipeline:
         """Global record indices at stream positions `stream` (any epochs)."""
         return self.work.stream_indices(stream)
 
-    def chunks(self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
+    def chunks(self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, stacked along the rows,
         `batches` host batches a chunk (the last may hold fewer; None: as computed, `chunk`
         batches or more). The threads and processes computing them belong to `owner`; with
@@ -89,14 +92,19 @@ class HostPipeline:
             stream = split_rows(stream, len(self.rows) * batches)
         return stream if owner is not None else owning(stream, run)
 
-    def _computed(self, start_position: int, owner: Lifecycle) -> Iterator[HostChunk]:
+    def _computed(self, start: Position, owner: Lifecycle) -> Iterator[HostChunk]:
         """The chunks as computed: here, `chunk` batches at a time, or with a pool as
         `_pooled` shares them out. `owner` stops the source's read-ahead. Packed batches are
         planned in stream order, one at a time, here (the pool is not used for them), and so
-        are filtered ones."""
+        are filtered ones; a partitioned pipeline's partitions each at their own pace, from
+        their position `start` (`colo_data.spec.parts`; or theirs at a stream position)."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
+        if self.pipeline.partitioned:
+            at = start if isinstance(start, np.ndarray) else parts.start(self.pipeline.partitioning.own(start))
+            return (HostChunk(columns, ends) for columns, ends in partitioned_batches(self.work, at))
+        start_position = int(start)  # one stream position: the pipeline is not partitioned
         if self.pipeline.pack is not None:
             return self._packed(start_position)
         if self.pipeline.keep is not None:
@@ -205,11 +213,12 @@ def owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:
         run.close()
 
 
-def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) -> Iterator[HostChunk]:
+def _same_schema(chunks: Iterator[HostChunk], start: Position, host: HostPipeline) -> Iterator[HostChunk]:
     """`chunks`, each with the columns, dtypes and row shapes of the first (the first
     batch fixes them); closes `chunks` when done or closed."""
     first: dict[str, str] | None = None
     position, size, rows = start, host.pipeline.global_batch_size, len(host.rows)
+    batches = 0
     try:
         for chunk in chunks:
             schema = column_schema(chunk.columns)
@@ -217,12 +226,14 @@ def _same_schema(chunks: Iterator[HostChunk], start: int, host: HostPipeline) ->
                 first = schema
             elif schema != first:
                 changed, had, now = schema_change(first, schema)
+                where = f"stream position {position}" if isinstance(position, int) else f"batch {batches} of the run"
                 raise TransformError(
-                    f"host {host.host} of {host.hosts}: at stream position {position} the transforms gave column(s) "
+                    f"host {host.host} of {host.hosts}: at {where} the transforms gave column(s) "
                     f"{changed} as {now}, where the first batch had {had}. The first batch fixes every column's "
                     "dtype and row shape: cast to one dtype and pad to a fixed length in the transforms"
                 )
             position = chunk.end if chunk.end is not None else position + size * (chunk.rows // rows)
+            batches += chunk.rows // rows
             yield chunk
     finally:
         close_iterator(chunks)

@@ -28,9 +28,11 @@ from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.spec import parts
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.spec.state import make_state, restore
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
@@ -56,6 +58,34 @@ def all_host_states(local: dict[int, Any], pipeline: AnyPipeline) -> dict[int, A
     return everyone
 
 
+def all_parts(position: Position, local: np.ndarray | None) -> Position:
+    """A partitioned pipeline's own positions of every partition: in a multi-controller run
+    each process knows its own hosts' partitions (`local`), so they are gathered from all of
+    them (each calls `get_state` at the same step, as it saves a checkpoint). Other
+    positions are returned as they are."""
+    if not isinstance(position, np.ndarray) or local is None or jax.process_count() == 1:
+        return position
+    from jax.experimental import multihost_utils  # noqa: PLC0415 - multi-controller runs only
+
+    known = np.where(local, position, -1)  # the others' partitions: theirs to say (all know the phase)
+    return np.asarray(multihost_utils.process_allgather(known)).reshape(-1, len(position)).max(axis=0)
+
+
+def _check_partitions(pipeline: AnyPipeline, hosts: int) -> None:
+    """A partitioned packed or filtered pipeline runs on host counts that divide its
+    partitions, and in a multi-controller run only endlessly: no process knows when another
+    one's partitions run out (the stream's end)."""
+    if isinstance(pipeline, GrainPipeline) or not pipeline.partitioned:
+        return
+    pipeline.check_hosts(hosts)
+    if pipeline.epochs is not None and jax.process_count() > 1:
+        raise ConfigError(
+            f"epochs={pipeline.epochs} for a partitioned {'packed' if pipeline.pack is not None else 'filtered'} "
+            f"pipeline in a run of {jax.process_count()} processes: its stream ends when one partition runs out, "
+            "which only that partition's process sees. Give epochs=None and stop after the steps you want"
+        )
+
+
 def _closer(part: Any) -> Callable[[float], None]:
     """A lifecycle stop for a part whose `close()` takes no timeout (it stops at once)."""
     return lambda timeout: part.close()
@@ -67,7 +97,13 @@ class _Runner:
     loader, its finalizer closes this."""
 
     def __init__(
-        self, pipeline: AnyPipeline, backend: Backend, owner: Lifecycle, meters: LoaderMeters, prefetch: int, position: int
+        self,
+        pipeline: AnyPipeline,
+        backend: Backend,
+        owner: Lifecycle,
+        meters: LoaderMeters,
+        prefetch: int,
+        position: Position,
     ) -> None:
         self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
         self.prefetch = prefetch
@@ -101,9 +137,9 @@ class _Runner:
         """The meters' telemetry, with a mixture's records per component since `first`."""
         telemetry = self.meters.telemetry()
         pipeline = self.pipeline
-        if isinstance(pipeline, GrainPipeline):
+        if isinstance(pipeline, GrainPipeline) or isinstance(self.position, np.ndarray):  # one source: no components
             return telemetry
-        counts = pipeline.stream.component_records(pipeline, self.first, self.position)
+        counts = pipeline.stream.component_records(pipeline, int(self.first), self.position)
         return telemetry if counts is None else dataclasses.replace(telemetry, components=counts)
 
     def next(self) -> GlobalBatch:
@@ -158,8 +194,15 @@ class _Runner:
                 ) from e
             raise
         done = perf_counter()
-        records = self.pipeline.global_batch_size if batch.end is None else batch.end - self.position
-        self.position += records
+        end, records = batch.end, self.pipeline.global_batch_size
+        if isinstance(end, np.ndarray):  # a partitioned pipeline's position (-1: partitions of other processes)
+            assert isinstance(self.position, np.ndarray)
+            self.position, records = parts.advance(self.position, end)
+        elif end is not None:
+            records = end - int(self.position)
+            self.position = end
+        else:
+            self.position = int(self.position) + records
         if batch.states is not None:
             self.host_states.update(batch.states)
         self.meters.step(start, done, records, depth, batch.arrays)
@@ -247,9 +290,10 @@ class Loader:
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         self.hosts = self.backend.host_count(self.mesh, hosts)
-        pipeline, position = (pipeline, 0) if state is None else restore(pipeline, state, self.hosts)
+        pipeline, position = (pipeline, pipeline.at(0)) if state is None else restore(pipeline, state, self.hosts)
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
+        _check_partitions(pipeline, self.hosts)
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
         owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
         parts = owner.child("transport")  # what the transport starts: replaced with it (set_state of a Grain pipeline)
@@ -293,9 +337,11 @@ class Loader:
         worker count; give it to `set_state` or `Loader(..., state=)` to continue. For a
         `cd.GrainPipeline`, every host's Grain state at the last batch delivered (in a
         multi-controller run every process must call it at the same step: the states are
-        gathered from all of them)."""
+        gathered from all of them; so for a partitioned packed or filtered pipeline, whose
+        position is one per partition, each process knowing its own hosts')."""
         runner = self._runner
-        return make_state(self.pipeline, runner.position, self.hosts, all_host_states(runner.host_states, self.pipeline))
+        position = all_parts(runner.position, self.placement.local_partitions(self.pipeline))
+        return make_state(self.pipeline, position, self.hosts, all_host_states(runner.host_states, self.pipeline))
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; the next batch is the one that followed it.

@@ -50,6 +50,7 @@ class GrainPipeline:
     keep = None
     index_column = None
     variable_batches = False
+    partitioned = False
 
     def __post_init__(self) -> None:
         if not callable(self.make_dataset):
@@ -63,6 +64,10 @@ class GrainPipeline:
         object.__setattr__(self, "global_batch_size", size)
         if not isinstance(self.records, bool):
             raise ConfigError(f"records={self.records!r}: True (elements are records) or False (host batches)")
+
+    def at(self, position: int) -> int:
+        """The stream position itself: a Grain pipeline has one."""
+        return position
 
     def batches_from(self, position: int) -> int | None:
         """None: a Grain dataset's length is known only to it; its stream ends when the

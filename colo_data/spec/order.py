@@ -14,6 +14,9 @@ from colo_data.spec.integers import as_int
 from colo_data.spec.permute import partition_keys, permute, permute_within
 
 Shuffle = Literal["none", "global", "block"]
+# Where a stream stands: records delivered (a stream position), or for a partitioned packed
+# or filtered pipeline each partition's own records consumed (`Partitioning.stream`)
+Position = int | np.ndarray
 _SHUFFLES = ("none", "global", "block")
 
 
@@ -82,6 +85,21 @@ class Partitioning:
         """Positions of each partition in the stream positions `[first, stop)`."""
         every = np.arange(self.partitions, dtype=np.int64)
         return self.before(stop, every) - self.before(first, every)
+
+    def own(self, position: int) -> np.ndarray:
+        """Each partition's own position at stream position `position`: its positions before it."""
+        return self.before(position, np.arange(self.partitions, dtype=np.int64))
+
+    def stream(self, partition: np.ndarray | int, own: np.ndarray) -> np.ndarray:
+        """The stream positions of `partition`'s own positions `own` (its i-th position in
+        the stream is its own position i)."""
+        own = np.asarray(own, dtype=np.int64)
+        return (own // self.rows) * (self.rows * self.partitions) + np.asarray(partition) * self.rows + own % self.rows
+
+    def owned(self, host: int, hosts: int) -> range:
+        """The partitions host `host` of `hosts` owns (`hosts` dividing `partitions`)."""
+        share = self.partitions // hosts
+        return range(host * share, (host + 1) * share)
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
@@ -173,7 +191,7 @@ class GlobalOrder:
             stream: positions in the stream of epochs, `>= 0`.
         """
         epochs, positions = np.divmod(np.asarray(stream, dtype=np.int64), self._len)
-        if epochs[0] == epochs[-1]:  # the usual case: one epoch
+        if not len(epochs) or (epochs == epochs[0]).all():  # the usual case: one epoch (partitions' reads are not sorted)
             return self.indices(int(epochs[0]), positions)
         indices = np.empty_like(positions)
         for epoch in np.unique(epochs):

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from colo_data import defaults
 from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
 from colo_data.io.sources import Source, as_source
+from colo_data.spec import parts
 from colo_data.spec.integers import as_int
-from colo_data.spec.order import Order, Partitioning
+from colo_data.spec.order import Order, Partitioning, Position
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream, stream_of
 from colo_data.spec.transforms import BatchTransform
@@ -39,9 +41,10 @@ class Pipeline:
         keep: a filter: a function of a chunk of the records' columns (as read, with the
             index column; with `pack`, as its `keep` sees them) returning one bool per record.
             A global batch is then the next `global_batch_size` records it accepts, every
-            column kept; the ones it rejects are consumed, never placed, so the state stays
-            one stream position. Every host evaluates it on the whole global batch's
-            records, so it must give the same answer for a record wherever it runs.
+            column kept; the ones it rejects are consumed, never placed. With one
+            partition every host evaluates it on the whole global batch's records; with
+            several, each partition on its own records (its rows are its next accepted
+            ones). It must give the same answer for a record wherever it runs.
         partitions: the stream's partitions: partition k is rows
             `[k*B/partitions, (k+1)*B/partitions)` of every global batch, and the `block` and
             `global` orders give each partition its own slice of every window's (`global`:
@@ -50,7 +53,11 @@ class Pipeline:
             where with one partition every host reads every row group its rows are in. It
             must divide `global_batch_size`; one per batch row is the most. The batches do
             not depend on the host count; they do on `partitions`, which a state records
-            (docs/scaling.md).
+            (docs/scaling.md). With `pack` or `keep`, each partition reads, filters and
+            packs its own records at its own pace (a host only its own partitions'), the
+            state holds a position per partition, and the host count must divide
+            `partitions`; a finite stream ends at the first batch that one partition cannot
+            fill.
     """
 
     source: Source | Any
@@ -77,12 +84,6 @@ class Pipeline:
                 f"{size}/partitions rows of every batch), e.g. {size} (a partition a row) or 1"
             )
         object.__setattr__(self, "partitions", partitions)
-        if partitions > 1 and (self.pack is not None or self.keep is not None):
-            raise ConfigError(
-                f"partitions={partitions} with {'pack=' if self.pack is not None else 'keep='}: packed and filtered "
-                "pipelines are planned over the whole global batch for now, not partition by partition: leave "
-                "partitions at 1"
-            )
         if self.epochs is not None:
             epochs = as_int(self.epochs)
             if epochs is None or epochs < 1:
@@ -141,6 +142,40 @@ class Pipeline:
         """Whether a global batch takes other than `global_batch_size` records of the
         stream: packed (as many as fit) or filtered (rejected records consumed too)."""
         return self.pack is not None or self.keep is not None
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether each partition reads, filters and packs its own records at its own pace
+        (a packed or filtered pipeline of several partitions): its position is then one per
+        partition (`colo_data.host.partitioned`)."""
+        return self.partitions > 1 and self.variable_batches
+
+    def at(self, position: int) -> Position:
+        """Where the stream stands after `position` records: that position, or a
+        partitioned pipeline's own positions there (each partition's records before it)."""
+        return parts.start(self.partitioning.own(position)) if self.partitioned else position
+
+    @property
+    def plan_batches(self) -> int:
+        """Global batches a partition of a partitioned packed pipeline plans at once: its
+        rows of that many batches, `defaults.PACK_PLAN_ROWS` or the global batch's rows if
+        fewer, packed together and handed out in turn (the fill of a plan grows with its
+        rows; one partition's rows of one batch alone would fill less). 1 otherwise."""
+        if not self.partitioned or self.pack is None:
+            return 1
+        return max(1, min(self.global_batch_size, defaults.PACK_PLAN_ROWS) // self.partitioning.rows)
+
+    def check_hosts(self, hosts: int) -> None:
+        """Raise ConfigError when `hosts` hosts cannot run this pipeline's partitions: a
+        partitioned packed or filtered pipeline's hosts own whole partitions."""
+        if self.partitioned and self.partitions % hosts:
+            fits = [h for h in range(1, self.partitions + 1) if self.partitions % h == 0]
+            raise ConfigError(
+                f"{hosts} hosts for a {'packed' if self.pack is not None else 'filtered'} pipeline of "
+                f"partitions={self.partitions}: each host owns whole partitions, so the host count must divide "
+                f"{self.partitions} ({', '.join(map(str, fits[:12]))}{', ...' if len(fits) > 12 else ''}); give "
+                "the pipeline a partition count that the host counts you run on divide (docs/scaling.md)"
+            )
 
     def batches_from(self, position: int) -> int | None:
         """Full global batches left in the stream from a stream position (a trailing partial

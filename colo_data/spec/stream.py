@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.spec.order import GlobalOrder, Order, Partitioning
+from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
+from colo_data.spec.parts import decode_parts, encode_parts
 from colo_data.spec.state_format import FORMAT
 
 if TYPE_CHECKING:
@@ -48,6 +49,17 @@ class PipelineView(Protocol):
 
     @property
     def partitioning(self) -> Partitioning: ...
+
+    @property
+    def partitioned(self) -> bool: ...
+
+    def at(self, position: int) -> Position: ...
+
+    @property
+    def plan_batches(self) -> int: ...
+
+    @property
+    def pack(self) -> Any: ...
 
     def with_source(self, source: Any) -> Any: ...
 
@@ -124,11 +136,12 @@ class Stream(Protocol):
         """Raise ConfigError for a pipeline setting this stream cannot run with."""
         ...
 
-    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
-        """The loader state after `position` records of the stream."""
+    def state(self, pipeline: PipelineView, position: Position) -> dict[str, Any]:
+        """The loader state after `position` records of the stream (a partitioned pipeline:
+        each partition's own records)."""
         ...
 
-    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, Position]:
         """The pipeline to continue with and the position `state` (of this format) points
         at; StateError when it does not belong to `pipeline`."""
         ...
@@ -201,11 +214,13 @@ class Single:
     def check(self, pipeline: PipelineView) -> None:
         return None
 
-    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
+    def state(self, pipeline: PipelineView, position: Position) -> dict[str, Any]:
+        if isinstance(position, np.ndarray):
+            return {"format": FORMAT, "parts": encode_parts(position), **_identity(pipeline)}
         epoch, within = divmod(position, pipeline.records_per_epoch)
         return {"format": FORMAT, "epoch": epoch, "position": within, **_identity(pipeline)}
 
-    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, Position]:
         if "mix" in state:
             raise StateError("the loader state was saved from a pipeline over a cd.Mix; this pipeline's source is not one")
         if "kind" in state:
@@ -224,11 +239,27 @@ class Single:
                 + (" The partitions (`/P x rows`) are part of the order: give the pipeline the partitions it was saved "
                    "with (a state saved without them: partitions=1)." if parts else "")
             )
+        if "parts" in state:
+            position = decode_parts(state["parts"])
+            count = len(position) - 1
+            if not pipeline.partitioned or count != pipeline.partitioning.partitions:
+                raise StateError(
+                    f"the loader state holds the positions of {count} partitions of a packed or filtered pipeline; "
+                    f"this pipeline is {_kind(pipeline)}: give it the partitions={count} and the pack= or keep= it "
+                    "was saved with"
+                )
+            if position[0] >= pipeline.plan_batches:
+                raise StateError(
+                    f"the loader state is {position[0]} batches into its partitions' packing plans, which span "
+                    f"{pipeline.plan_batches} here: it was saved from a pipeline of other batch rows or another "
+                    "packing; restore it into the pipeline that saved it"
+                )
+            return pipeline, position
         epoch, within = state.get("epoch"), state.get("position")
         records = ours["records"]
         if not (isinstance(epoch, int) and isinstance(within, int) and epoch >= 0 and 0 <= within < records):
             raise StateError(f"loader state has epoch={epoch!r}, position={within!r}: not a position in {records} records")
-        return pipeline, epoch * records + within
+        return pipeline, pipeline.at(epoch * records + within)  # partitioned: each partition's records before it
 
     def continues(self, other: Stream) -> bool:
         return True
@@ -256,3 +287,11 @@ def _identity(pipeline: PipelineView) -> dict[str, Any]:
         "records": pipeline.records_per_epoch,
         "source": pipeline.source.fingerprint(),
     }
+
+
+def _kind(pipeline: PipelineView) -> str:
+    if pipeline.partitioned:
+        return f"one of partitions={pipeline.partitioning.partitions}"
+    if pipeline.partitioning.partitions > 1:
+        return f"of partitions={pipeline.partitioning.partitions} but neither packed nor filtered"
+    return "of one partition"

@@ -15,6 +15,7 @@ from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.host.resources import Workers
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo, added_by_worker
 
@@ -60,7 +61,7 @@ class SidecarBackend:
                 owner.add(f"local sidecar pid {sidecar.process.pid}", sidecar.stop)
                 self._targets.append((sidecar.address, sidecar.process.pid))
 
-    def open(self, position: int, run: Lifecycle) -> Iterator[GlobalBatch]:
+    def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
         self._clients = []
         for address, pid in self._targets:
             client = SidecarClient(address, pid, timeout=self.timeout)

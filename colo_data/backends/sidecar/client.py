@@ -26,6 +26,7 @@ from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError, from_wire
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
 _POLL_S = 0.5
@@ -217,7 +218,7 @@ class SidecarClient:
         pipeline: AnyPipeline | None,
         host: int,
         hosts: int,
-        position: int,
+        position: Position,
         copy: bool = False,
     ) -> Iterator[HostChunk]:
         """Open a stream and yield this host's batches: views valid until the next one, or,

@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any, NamedTuple
 
 import cloudpickle
+import numpy as np
 import psutil
 
 from colo_data import defaults
@@ -36,6 +37,7 @@ from colo_data.host.resources import CpuBudget, Workers, choose_workers, cpu_bud
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 from colo_data.workers.pools import start_pool
 
@@ -63,7 +65,7 @@ class _Session:
         pipeline: AnyPipeline,
         host: int,
         hosts: int,
-        position: int,
+        position: Position,
         shm_dir: str,
         slots: int,
         copy_threads: int,
@@ -81,7 +83,7 @@ class _Session:
         try:
             first = next(self._chunks, None)
             chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
-            total = pipeline.batches_from(position)
+            total = None if isinstance(position, np.ndarray) else pipeline.batches_from(position)
             if first is None:  # an empty stream: a ring of one-byte slots announces its end
                 self.per_slot, size, limit = 1, 1, None
             else:

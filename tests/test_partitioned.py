@@ -1,0 +1,243 @@
+"""Partitioned packed and filtered pipelines (`cd.Pipeline(partitions=P, pack=... or keep=...)`):
+each partition reads, filters and packs its own records at its own pace, a host only its own
+partitions'. The global batches are the same for every host count that divides P, on every
+backend; a state (one position per partition) resumes exactly on any of them; every record
+comes at most once an epoch; and a host reads only its partitions' row groups."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
+from colo_data.ops import demo
+from colo_data.spec import parts
+from colo_data.spec.state import make_state
+from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
+
+from pipelines import BATCH, backend_of, make_pipeline
+
+
+def not_third(columns: dict) -> np.ndarray:
+    """Keeps the records whose id is not a multiple of 3."""
+    return np.asarray(columns["id"]) % 3 != 0
+
+
+def accept_all(columns: dict) -> np.ndarray:
+    return np.ones(len(columns["id"]), bool)
+
+
+def with_targets(columns: dict) -> dict:
+    """A second list column to pack beside `tokens`: each record's tokens plus one, and one more."""
+    tokens = columns["tokens"]
+    tokens = tokens.combine_chunks() if isinstance(tokens, pa.ChunkedArray) else tokens
+    targets = [[t + 1 for t in row] + [0] for row in tokens.to_pylist()]
+    return {**columns, "targets": pa.array(targets, pa.list_(pa.int32()))}
+
+
+KINDS: dict[str, Callable[[Path], cd.Pipeline]] = {
+    "packed best_fit": lambda corpus: make_pipeline(
+        corpus, transforms=[], pack=cd.Pack("tokens", 16), partitions=4, epochs=2
+    ),
+    "packed first_fit, two columns": lambda corpus: make_pipeline(
+        corpus,
+        transforms=[],
+        pack=cd.Pack(columns=("tokens", "targets"), length=20, method="first_fit", prepare=[with_targets]),
+        partitions=12,
+        epochs=2,
+    ),
+    "packed next_fit with the pack's keep": lambda corpus: make_pipeline(
+        corpus, transforms=[], pack=cd.Pack("tokens", 16, method="next_fit", keep=not_third), partitions=6, epochs=2
+    ),
+    "filtered": lambda corpus: make_pipeline(corpus, keep=not_third, partitions=12, epochs=2),
+    "filtered, global shuffle": lambda corpus: make_pipeline(corpus, "global", keep=not_third, partitions=4, epochs=2),
+}
+
+
+def _records(batches: list[dict[str, np.ndarray]]) -> np.ndarray:
+    indices = np.concatenate([b["_index"].ravel() for b in batches])
+    return indices[indices >= 0]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_batches_are_the_same_for_every_host_count(token_corpus: Path, kind: str) -> None:
+    """1 host and every other count that divides the partitions give the same batches; over
+    2 epochs no record comes more than twice, and most come (a finite stream ends at the first
+    batch one partition cannot make: the other partitions' last records do not come)."""
+    pipeline = KINDS[kind](token_corpus)
+    expected = read_all(cd.Loader(pipeline))
+    assert len(expected) >= 6, f"{kind}: {len(expected)} batches"
+    for hosts in [h for h in (2, 3, 4, 6, 12) if pipeline.partitions % h == 0]:
+        assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=hosts)), f"{kind}, {hosts} hosts")
+    values, counts = np.unique(_records(expected), return_counts=True)
+    assert counts.max() <= 2, f"{kind}: records {values[counts > 2].tolist()} came more than once an epoch"
+    kept = 120 if pipeline.pack is None or pipeline.pack.keep is None else 80
+    kept = kept if pipeline.keep is None else 80
+    assert counts.sum() >= 0.75 * 2 * kept, f"{kind}: {counts.sum()} records of {2 * kept} came"
+
+
+@pytest.mark.parametrize("kind", ["packed best_fit", "filtered"])
+def test_a_state_resumes_exactly_on_other_host_counts(token_corpus: Path, kind: str) -> None:
+    pipeline = KINDS[kind](token_corpus)
+    assert_resumes_identically(
+        lambda: cd.Loader(pipeline, hosts=2),
+        lambda k, state: cd.Loader(pipeline, hosts=(1, 4)[k % 2], state=state),
+        steps=7,
+    )
+
+
+@pytest.mark.parametrize("backend", ["sidecar", "colocated"])
+def test_every_backend_gives_the_same_batches_and_resumes(token_corpus: Path, backend: str) -> None:
+    """4 hosts through sidecars (a process and a source each) and through the colocated
+    backend read the one-host batches of a packed and a filtered partitioned pipeline, and
+    a state saved there resumes in process on 2 hosts."""
+    for kind in ("packed best_fit", "filtered"):
+        pipeline = KINDS[kind](token_corpus)
+        expected = read_all(cd.Loader(pipeline))
+        with cd.Loader(pipeline, hosts=4, backend=backend_of(backend)) as loader:
+            got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(3)]
+            state = json.loads(json.dumps(loader.get_state()))
+        assert_batches_equal(expected[:3], got, f"{kind}, {backend}")
+        assert_batches_equal(expected[3:], read_all(cd.Loader(pipeline, hosts=2, state=state)), f"{kind}, resumed")
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """40 texts in row groups of 7 and a tokenizer trained on the text demo."""
+    root = tmp_path_factory.mktemp("text")
+    demo.write_text_corpus(root, files=1, rows_per_file=40, row_group_size=7)
+    return root / "web", demo.train_tokenizer(root, vocab_size=400)
+
+
+def test_tokenized_then_packed(text_corpus: tuple[Path, Path]) -> None:
+    """Texts tokenized as they are read (`Pack(prepare=...)`), then packed, partition by
+    partition: the same batches on 1, 2 and 4 hosts, and through a resume."""
+    corpus, tokenizer = text_corpus
+    pipeline = cd.Pipeline(
+        source=cd.ArrowSource(str(corpus), columns=["text"]),
+        order=cd.Order("block", seed=3, window=2),
+        global_batch_size=8,
+        index_column="_index",
+        pack=cd.Pack("tokens", 64, prepare=[cd.tokenize("text", str(tokenizer), output="tokens")]),
+        partitions=4,
+        epochs=None,
+    )
+    expected = read_all(cd.Loader(pipeline), 6)
+    assert (expected[0]["segment_ids"] > 0).mean() > 0.5  # rows of tokens, not padding
+    for hosts in (2, 4):
+        assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=hosts), 6), f"{hosts} hosts")
+    with cd.Loader(pipeline, hosts=4) as loader:
+        next(loader), next(loader)
+        state = loader.get_state()
+    assert_batches_equal(expected[2:], read_all(cd.Loader(pipeline, state=state), 4), "resumed on 1 host")
+
+
+def test_a_filter_that_keeps_everything_is_the_padded_pipeline(token_corpus: Path) -> None:
+    """Partition by partition, a filter that rejects nothing gives each partition its next
+    rows: the batches of the same pipeline without the filter. A state that pipeline saved
+    (one stream position) restores into the filtered one where each partition stood."""
+    padded = make_pipeline(token_corpus, partitions=4, epochs=None)
+    filtered = make_pipeline(token_corpus, keep=accept_all, partitions=4, epochs=None)
+    expected = read_all(cd.Loader(padded), 12)
+    assert_batches_equal(expected, read_all(cd.Loader(filtered, hosts=2), 12), "keep everything")
+    with cd.Loader(padded) as loader:
+        for _ in range(5):
+            next(loader)
+        state = loader.get_state()
+    assert "parts" not in state
+    assert_batches_equal(expected[5:], read_all(cd.Loader(filtered, hosts=4, state=state), 7), "from a stream position")
+
+
+def test_states_name_what_they_need(token_corpus: Path) -> None:
+    def packed(shuffle: str, partitions: int) -> cd.Pipeline:
+        return make_pipeline(token_corpus, shuffle, transforms=[], pack=cd.Pack("tokens", 16), partitions=partitions, epochs=2)
+
+    with cd.Loader(packed("none", 4)) as loader:
+        next(loader)
+        state = loader.get_state()
+    assert state["parts"]["count"] == 4 and state["parts"]["phase"] == 1
+    with pytest.raises(cd.StateError, match=r"positions of 4 partitions.*this pipeline is of one partition.*partitions=4"):
+        cd.Loader(packed("none", 1), state=state)
+    with pytest.raises(cd.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
+        cd.Loader(packed("none", 6), state=state)
+    with pytest.raises(cd.StateError, match=r"order: state has 'block:2/4x3', pipeline has 'block:2'.*partitions it was saved"):
+        cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3"})
+    damaged = {**state, "parts": {**state["parts"], "deltas": "not base64!"}}
+    with pytest.raises(cd.StateError, match=r"partition positions \(`parts`\) are damaged"):
+        cd.Loader(packed("none", 4), state=damaged)
+    with pytest.raises(cd.StateError, match=r"5 batches into its partitions' packing plans, which span 4"):
+        cd.Loader(packed("none", 4), state={**state, "parts": {**state["parts"], "phase": 5}})
+    with pytest.raises(cd.ConfigError, match=r"3 hosts for a packed pipeline of partitions=4.*\(1, 2, 4\)"):
+        cd.Loader(packed("none", 4), hosts=3)
+
+
+def test_the_state_of_a_thousand_partitions_is_small() -> None:
+    """1,024 partitions' own positions, spread over 300 records, take under a fifth of
+    their JSON list in a state (about 8.2 bits each at the least), and come back as they were."""
+    rng = np.random.default_rng(0)
+    position = parts.start(10_000_000 + rng.integers(0, 300, 1024), phase=17)
+    encoded = parts.encode_parts(position)
+    assert len(json.dumps(encoded)) < len(json.dumps(position.tolist())) / 5, len(json.dumps(encoded))
+    np.testing.assert_array_equal(parts.decode_parts(json.loads(json.dumps(encoded))), position)
+
+
+def test_each_host_process_reads_its_share_of_the_row_groups(tmp_path: Path) -> None:
+    """Each of 4 host pipelines of a packed pipeline, with a source of its own (as in a
+    process of its own), decodes about a quarter of the row groups over the epoch with 16
+    partitions (and a row group more at each host boundary of a window: two partitions'
+    slices of a window meet inside a row group), and every row group with one partition."""
+    ids = np.arange(6400)
+    lengths = 1 + ids % 7
+    tokens = pa.array([[int(i)] * int(n) for i, n in zip(ids, lengths, strict=True)], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"id": ids, "tokens": tokens}), tmp_path / "data.parquet", row_group_size=100)
+
+    def decoded(partitions: int) -> int:
+        pipeline = cd.Pipeline(
+            source=cd.ArrowSource(str(tmp_path / "data.parquet")),
+            order=cd.Order(shuffle="block", seed=1, window=8),
+            global_batch_size=64,
+            pack=cd.Pack("tokens", 16),
+            partitions=partitions,
+        )
+        total = 0
+        for h in range(4):
+            own = pickle.loads(pickle.dumps(pipeline))  # a source, and its row-group cache, of its own
+            for _ in HostPipeline(own, h, 4).chunks(0):
+                pass
+            total += int(own.source.read_stats()[4])  # row groups decoded
+        return total
+
+    assert 64 <= decoded(16) <= 64 + 3 * 8, decoded(16)
+    assert decoded(1) >= 3.5 * 64, decoded(1)
+
+
+def test_a_thousand_and_twenty_four_hosts_make_the_one_host_batches(tmp_path: Path) -> None:
+    """A packed (next fit) and a filtered pipeline of 1,024 partitions over 8 files: hosts
+    0, 511 and 1023 of 1,024, each alone, make their rows of the one-host batches, and host 3
+    of 8 its 128 partitions' rows."""
+    corpus = demo.write_corpus(tmp_path, files=8, rows_per_file=5000, row_group_size=1000, min_tokens=1, max_tokens=6)
+    source = cd.ArrowSource(str(corpus), columns=["id", "tokens"])
+    assert len(source.files) == 8
+    common = dict(source=source, order=cd.Order("block", seed=4), global_batch_size=1024, index_column="_index")
+    for pipeline in (
+        cd.Pipeline(**common, pack=cd.Pack("tokens", 8, method="next_fit"), partitions=1024, epochs=None),
+        cd.Pipeline(**common, transforms=[cd.pad_or_truncate("tokens", 6)], keep=not_third, partitions=1024, epochs=None),
+    ):
+        start = pipeline.at(37 * 1024)
+        one = [c.columns for c, _ in zip(HostPipeline(pipeline).chunks(start), range(2), strict=False)]
+        for host, hosts in ((0, 1024), (511, 1024), (1023, 1024), (3, 8)):
+            own = pickle.loads(pickle.dumps(pipeline))
+            got = [c.columns for c, _ in zip(HostPipeline(own, host, hosts).chunks(start), range(2), strict=False)]
+            rows = slice(host * 1024 // hosts, (host + 1) * 1024 // hosts)
+            for batch, (want, have) in enumerate(zip(one, got, strict=True)):
+                for name in want:
+                    np.testing.assert_array_equal(have[name], want[name][rows], err_msg=f"host {host} of {hosts}, {batch}: {name}")
+        assert len(make_state(pipeline, start)["parts"]["deltas"]) < 100
