@@ -234,6 +234,44 @@ def test_a_grain_pipelines_state_gathers_every_processs_host(tmp_path: Path) -> 
                 np.testing.assert_array_equal(batch[name][h * rows : (h + 1) * rows], want, err_msg=f"batch {i}, host {h}, {name}")
 
 
+def _partitioned(corpus: Path, epochs: int | None) -> cd.Pipeline:
+    return make_pipeline(corpus, transforms=[], pack=cd.Pack("tokens", 16), partitions=4, epochs=epochs)
+
+
+def read_partitioned(args: dict[str, Any]) -> dict[str, Any]:
+    """A partitioned packed pipeline: `steps` batches from `state` (if given), the state
+    after them (gathered from every process), and the error a finite stream gets."""
+    corpus = Path(args["corpus"])
+    try:
+        cd.Loader(_partitioned(corpus, 2))
+        refused = None
+    except cd.ConfigError as e:
+        refused = str(e)
+    with cd.Loader(_partitioned(corpus, None), state=args.get("state")) as loader:
+        batches = [record(b) for b in itertools.islice(loader, args["steps"])]
+        state = loader.get_state()
+    return dict(batches=batches, info=dict(state=state, refused=refused))
+
+
+def test_a_partitioned_pipelines_state_gathers_every_processs_partitions(token_corpus: Path, tmp_path: Path) -> None:
+    """Two processes, each computing its host's 2 of 4 partitions of a packed pipeline: the
+    batches are the one-process batches, each process's get_state() holds every partition's
+    position (gathered), the same as one process's, and resuming from it in both continues
+    exactly. A finite stream is refused: no process can know when another's partitions end."""
+    pipeline = _partitioned(token_corpus, None)
+    expected = read_all(cd.Loader(pipeline), 6)
+    with cd.Loader(pipeline) as loader:
+        for _ in range(3):
+            next(loader)
+        one = loader.get_state()
+    first = run(read_partitioned, 2, dict(corpus=str(token_corpus), steps=3), tmp_path, timeout=TIMEOUT_S)
+    assert_batches_equal(expected[:3], merge(first), "2 processes")
+    assert [r.info["state"] for r in first] == [one, one]
+    assert all("epochs=2 for a partitioned packed pipeline in a run of 2 processes" in r.info["refused"] for r in first)
+    rest = run(read_partitioned, 2, dict(corpus=str(token_corpus), steps=3, state=one), tmp_path, timeout=TIMEOUT_S)
+    assert_batches_equal(expected[3:], merge(rest), "2 processes, resumed")
+
+
 # The harness itself: a failing or hanging group ends within its bounds, with every child's
 # output in the message and no process left behind.
 

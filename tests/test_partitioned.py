@@ -177,6 +177,8 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         cd.Loader(packed("none", 4), state={**state, "parts": {**state["parts"], "phase": 5}})
     with pytest.raises(cd.ConfigError, match=r"3 hosts for a packed pipeline of partitions=4.*\(1, 2, 4\)"):
         cd.Loader(packed("none", 4), hosts=3)
+    with pytest.raises(cd.ConfigError, match=r"partitions=4 with pack=: verify does not yet check"):
+        cd.verify(packed("none", 4))
 
 
 def test_the_state_of_a_thousand_partitions_is_small() -> None:

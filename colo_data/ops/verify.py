@@ -116,6 +116,13 @@ def _check_settings(
         )
     if not hosts or any(not isinstance(h, int) or h < 1 for h in hosts):
         raise ConfigError(f"hosts={tuple(hosts)!r}: give one or more positive host counts, e.g. (1, 2, 4)")
+    if pipeline.partitioned:
+        raise ConfigError(
+            f"partitions={pipeline.partitions} with {'pack=' if pipeline.pack is not None else 'keep='}: verify does "
+            "not yet check a partitioned packed or filtered pipeline (each partition reads at its own pace, so its "
+            "records are in no one stream order); verify the same source, order and packing with partitions=1, "
+            "in one stream"
+        )
     for name, value, least in (("steps", steps, 1), ("resume_at", resume_at, 0), ("resume_hosts", resume_hosts, 1)):
         if value is not None and (not isinstance(value, int) or value < least):
             raise ConfigError(f"{name}={value!r}: must be an int >= {least}")
