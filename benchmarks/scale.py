@@ -9,9 +9,12 @@ quarter of the work; 4.0: each does all of it). The LM path over the text demo
 (`demo.text_corpus()`: 15,000 texts in 30 row groups of 500), block shuffle (windows of 8 row
 groups, and of 16), batches of 64: `cd.tokenize` then padded to 512, with one partition and
 with a partition per batch row; the same filtered (`keep=`: 44% of the texts); packed
-(`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`). The filtered and packed pipelines are
-planned over the whole global batch on every host: partitions are not yet applied to them.
-Goals: at most 1.3x, CPU and bytes.
+(`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`); filtered and packed with a partition per
+batch row (each partition reads, filters and packs its own records: `colo_data.host.partitioned`).
+With one partition, the filtered and packed pipelines are planned over the whole global batch on
+every host. Goals: at most 1.3x, CPU and bytes. The packed pipelines' fill (tokens over row
+slots, one host, the epoch) with one partition and with 64 is reported beside: the goal is to stay
+within a point.
 
 A thousand hosts: hosts 0, 511 and 1023 of a 1,024-host job, each alone in a process of its
 own (`HostPipeline(pipeline, h, 1024)`, no loader), against one host reading every row: a
@@ -46,7 +49,15 @@ from colo_data.ops import demo
 
 HERE = Path(__file__).resolve().parent
 BATCH, SEQ_LEN = 64, 512
-KINDS = ("padded", "padded, partitions", "padded, partitions, window 16", "filtered", "packed")
+KINDS = (
+    "padded",
+    "padded, partitions",
+    "padded, partitions, window 16",
+    "filtered",
+    "filtered, partitions",
+    "packed",
+    "packed, partitions",
+)
 FOUR_GOAL = "<= 1.3"
 BIG_HOSTS, BIG_BATCH, BIG_ROW_GROUP, BIG_WINDOW = 1024, 1024, 40, 1024  # a window of the hosts' count (docs/scaling.md)
 SIMULATED = (0, 511, 1023)
@@ -62,10 +73,10 @@ def four_host_pipeline(kind: str, corpus: Path) -> cd.Pipeline:
         global_batch_size=BATCH,
     )
     padded = [cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", SEQ_LEN)]
+    settings["partitions"] = BATCH if "partitions" in kind else 1
     if kind.startswith("padded"):
         settings["transforms"] = padded
-        settings["partitions"] = BATCH if "partitions" in kind else 1
-    elif kind == "filtered":
+    elif kind.startswith("filtered"):
         settings["transforms"] = padded
         settings["keep"] = long_enough
     else:
@@ -115,17 +126,21 @@ def one_host_of(kind: str, corpus: str, host: int, hosts: int, batches: int | No
     made = cpu()  # the source's metadata read: start-up, apart
     chunks = HostPipeline(pipeline, host, hosts).chunks(0, batches=1)
     first = next(chunks)
-    first_s, count, end = time.perf_counter() - start, 1, first.end
+    first_s, count = time.perf_counter() - start, 1
+    filled = int((first.columns["segment_ids"] > 0).sum()) if pipeline.pack is not None else 0
     for chunk in chunks if batches is None else (next(chunks) for _ in range(batches - 1)):
-        count, end = count + 1, chunk.end
-    state = make_state(pipeline, end if end is not None else count * pipeline.global_batch_size)
-    return {
+        count += 1
+        filled += int((chunk.columns["segment_ids"] > 0).sum()) if pipeline.pack is not None else 0
+    out = {
         "batches": count,
         "cpu_s": cpu() - made,
         "decoded_bytes": int(pipeline.source.read_stats()[5]),
         "first_batch_s": first_s,
-        "state_bytes": len(json.dumps(state)),
+        "fill": filled / (count * len(first.columns.get("segment_ids", [0])) * SEQ_LEN),
     }
+    if kind == "thousand":  # a padded pipeline: its state is one stream position
+        out["state_bytes"] = len(json.dumps(make_state(pipeline, count * pipeline.global_batch_size)))
+    return out
 
 
 def in_child(kind: str, corpus: str, host: int, hosts: int, batches: int | None) -> harness.Measurement:
@@ -144,7 +159,8 @@ def four_hosts(kind: str, hosts: int, corpus: Path, batches: int | None) -> harn
     """The `hosts` hosts of pipeline `kind`, each alone in a process of its own, one after
     the other: their CPU seconds and decoded bytes, summed."""
     each = [in_child(kind, str(corpus), h, hosts, batches) for h in range(hosts)]
-    return {"cpu_s": sum(m["cpu_s"] for m in each), "decoded_bytes": sum(m["decoded_bytes"] for m in each)}
+    summed = {"cpu_s": sum(m["cpu_s"] for m in each), "decoded_bytes": sum(m["decoded_bytes"] for m in each)}
+    return {**summed, "fill": each[0]["fill"]} if hosts == 1 else summed
 
 
 def show_host(m: harness.Measurement) -> str:
@@ -181,6 +197,13 @@ def main() -> None:
         )
         ratios.append(harness.ratio_within_rounds(f"{kind}: CPU, 4 hosts / 1", four, one, "cpu_s", FOUR_GOAL))
         ratios.append(harness.ratio_within_rounds(f"{kind}: bytes decoded, 4 hosts / 1", four, one, "decoded_bytes", FOUR_GOAL))
+    fills = {kind: harness.median(runs[f"{kind}, 1 host(s)"], "fill") for kind in ("packed", "packed, partitions")}
+    lines += [
+        "",
+        f"Packing fill, one host, the epoch: one partition {100 * fills['packed']:.2f}%, {BATCH} partitions "
+        f"{100 * fills['packed, partitions']:.2f}% ({100 * (fills['packed, partitions'] - fills['packed']):+.2f} points; "
+        "goal: within 1)",
+    ]
     big = big_corpus()
     try:
         limit = 2 if args.quick else None

@@ -26,7 +26,12 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
   count does, so the goal compares the fixed runs of the two counts; auto's own runs against
   those of the count it picked (the same configuration twice) show the noise of the measure;
 - the CPU-bound pipeline through a sidecar with 2 workers at least 1.85x one in-process
-  thread (in process, no workers), steadily (every round).
+  thread (in process, no workers), steadily (every round);
+- CPU-bound packed and filtered pipelines (`cpu packed`: the same per-record work as the
+  records are read, then packed into rows of 256 tokens; `cpu filtered`: `cpu` keeping the
+  records of 40 tokens or more; 8 partitions each, whose slices the workers compute beside
+  the host's thread) with 2 workers at least 1.6x none in the steady state, in process and
+  through the sidecar.
 
 Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR]`.
 """
@@ -50,8 +55,9 @@ CHILD = "import json, sys, workers_child; workers_child.main(json.loads(sys.argv
 BATCH = 32
 WINDOW = 100  # batches
 NEIGHBOURS = 2  # windows on either side of one, for its rate
-BATCHES = {"light": 8000, "cpu": 4000}  # 1.3 to 10 s a run here (light through the sidecar the shortest)
-PIPELINES = ("light", "cpu")
+BATCHES = {"light": 8000, "cpu": 4000, "cpu packed": 1500, "cpu filtered": 2500}  # 1.3 to 10 s a run here
+PIPELINES = ("light", "cpu", "cpu packed", "cpu filtered")
+SLICED = ("cpu packed", "cpu filtered")  # partitioned: run with 0 and 2 workers
 BACKENDS = ("inprocess", "sidecar")
 COUNTS: tuple[int | str, ...] = (0, 1, 2, "auto")
 AGAIN = "0 (again)"
@@ -121,7 +127,7 @@ def main() -> None:
     for pipeline in PIPELINES:
         contenders = {}
         for backend in BACKENDS:
-            for workers in COUNTS:
+            for workers in (0, 2) if pipeline in SLICED else COUNTS:
                 spec = {"pipeline": pipeline, "backend": backend, "workers": workers, "corpus": str(corpus)}
                 spec["batches"] = 2 * WINDOW + 1 if args.quick else BATCHES[pipeline]
                 contenders[key(pipeline, backend, workers)] = partial(one_run, spec, env)
@@ -130,8 +136,9 @@ def main() -> None:
         runs |= harness.interleave(contenders, rounds_of(pipeline, args.rounds), show, retried)
 
     lines = [
-        f"Light and CPU-bound pipelines (block shuffle, 64-token pad, batch {BATCH}); {BATCHES['light']} and "
-        f"{BATCHES['cpu']} batches a run, each in a fresh process; windows of {WINDOW} batches after the first; "
+        f"Light and CPU-bound pipelines (block shuffle, 64-token pad, batch {BATCH}; CPU-bound packed and filtered ones); "
+        f"{', '.join(f'{BATCHES[p]}' for p in PIPELINES)} batches a run, each in a fresh process; windows of {WINDOW} "
+        "batches after the first; "
         f"medians of {rounds_of('light', args.rounds)} and {args.rounds} interleaved rounds; {os.cpu_count()} CPUs.",
         "",
         "| configuration | workers used (why) | first batch (s) | steady records/s | lowest window | first 3 windows |",
@@ -145,7 +152,13 @@ def main() -> None:
             f"{min(medians):,.0f} | {', '.join(f'{r:,.0f}' for r in medians[:3])} |"
         )
     ratios = []
-    for pipeline in PIPELINES:
+    for pipeline in SLICED:
+        for backend in BACKENDS:
+            name = f"{pipeline}, {backend}: 2 workers / none, steady"
+            two, none = runs[key(pipeline, backend, 2)], runs[key(pipeline, backend, 0)]
+            rate = harness.median(two, STEADY) / harness.median(none, STEADY)
+            ratios.append(harness.Ratio(name, rate, harness.Goal.of(">= 1.6")))
+    for pipeline in ("light", "cpu"):
         for backend in BACKENDS:
             two, none = (window_medians(runs[key(pipeline, backend, n)]) for n in (2, 0))
             per_window = [a / b for a, b in zip(two, none, strict=False)]

@@ -21,9 +21,9 @@ from colo_data.host.pipeline import HostPipeline
 from colo_data.ops import demo
 from colo_data.spec import parts
 from colo_data.spec.state import make_state
-from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
+from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
-from pipelines import BATCH, backend_of, make_pipeline
+from pipelines import BATCH, IdleHost, backend_of, make_pipeline, until_workers_made
 
 
 def not_third(columns: dict) -> np.ndarray:
@@ -178,7 +178,7 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
     with pytest.raises(cd.ConfigError, match=r"3 hosts for a packed pipeline of partitions=4.*\(1, 2, 4\)"):
         cd.Loader(packed("none", 4), hosts=3)
     with pytest.raises(cd.ConfigError, match=r"partitions=4 with pack=: verify does not yet check"):
-        cd.verify(packed("none", 4))
+        cd.verify.verify(packed("none", 4))
 
 
 def test_the_state_of_a_thousand_partitions_is_small() -> None:
@@ -243,3 +243,30 @@ def test_a_thousand_and_twenty_four_hosts_make_the_one_host_batches(tmp_path: Pa
                 for name in want:
                     np.testing.assert_array_equal(have[name], want[name][rows], err_msg=f"host {host} of {hosts}, {batch}: {name}")
         assert len(make_state(pipeline, start)["parts"]["deltas"]) < 100
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
+def test_worker_processes_compute_slices_of_the_partitions(token_corpus: Path, backend: str) -> None:
+    """With 2 workers, a host's partitions are cut into slices that the workers compute
+    (each going on ahead on its own) beside the host's thread: the batches of no workers, for
+    a packed and a filtered pipeline, and a state saved meanwhile resumes exactly."""
+    def pipelines(first: list) -> tuple[cd.Pipeline, cd.Pipeline]:
+        common = dict(epochs=None, global_batch_size=48)
+        return (
+            make_pipeline(token_corpus, transforms=first, pack=cd.Pack("tokens", 16), partitions=4, **common),
+            make_pipeline(
+                token_corpus, transforms=[*first, cd.pad_or_truncate("tokens", 8)], keep=not_third, partitions=12, **common
+            ),
+        )
+
+    # the host's thread leaves CPU unused: the workers are taken on (the batches are the same without it)
+    for pipeline, plain in zip(pipelines([IdleHost(0.01)]), pipelines([]), strict=True):
+        with cd.Loader(pipeline, hosts=2, backend=backend_of(backend, 2)) as loader:
+            got = until_workers_made(loader)
+            got += [to_numpy(next(loader)) for _ in range(30)]
+            state = loader.get_state()
+        kind = "packed" if pipeline.pack is not None else "filtered"
+        want = read_all(cd.Loader(plain), len(got) + 5)
+        assert_batches_equal(want[: len(got)], got, f"{kind}, 2 workers, {backend}, {len(got)} batches")
+        assert_batches_equal(want[len(got) :], read_all(cd.Loader(plain, state=state), 5), f"{kind}, resumed")

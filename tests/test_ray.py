@@ -323,6 +323,17 @@ def test_a_pool_whose_last_host_is_killed_stops(cluster: ray_cluster_utils.Clust
         member.kill()
 
 
+def test_ray_workers_compute_slices_of_a_partitioned_pipeline(cluster: ray_cluster_utils.Cluster, token_corpus: Path) -> None:
+    """A packed pipeline of 4 partitions on one host: an actor computes a slice of them beside
+    the host's thread, going on ahead on its own; the batches are those of no workers."""
+    ray = cd.RayWorkers(address=cluster.address, actors=1, num_cpus=0.25)
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[slow], pack=cd.Pack("tokens", 16), partitions=4)
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=ray)) as loader:
+        got = until_workers_made(loader)
+        got += [to_numpy(next(loader)) for _ in range(20)]
+    assert_batches_equal(read_all(cd.Loader(pipeline), len(got)), got, "Ray workers, partitioned")
+
+
 def test_actors_killed_mid_stream_lose_and_repeat_no_record(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -66,7 +66,8 @@ def schema_change(first: dict[str, str], other: dict[str, str]) -> tuple[list[st
 
 def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """One chunk from the shares of it that worker processes computed: each share's rows go
-    to their `places`, the stage counters add up (and are kept by worker).
+    to their `places`, the stage counters add up (and are kept by worker), and slices of a
+    partitioned pipeline's partitions say where they stand together.
 
     Raises:
         TransformError: the shares disagree on a column's name, dtype or row shape (a
@@ -74,10 +75,12 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """
     stages = [sum(values) for values in zip(*(s.stages for s in shares if s.stages is not None), strict=True)]
     by_worker = [s.stages for s in shares]
+    end = _slices_end(shares)
     filled = [s for s in shares if s.columns]
     if len(filled) == 1:  # one share holds every row, in order (places are ascending)
-        return HostChunk(filled[0].columns, stages=stages or None, worker_stages=by_worker)
-    height = sum(len(s.places) for s in shares if s.places is not None)
+        return HostChunk(filled[0].columns, end, stages=stages or None, worker_stages=by_worker)
+    # (slices of partitions that made fewer batches at the stream's end leave rows unfilled: cut off after)
+    height = max(int(s.places.max()) + 1 for s in filled if s.places is not None)
     first = filled[0].columns
     columns: HostBatch = {}
     for name, model in first.items():
@@ -99,7 +102,18 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
             f"columns {sorted(extra)} came out of the transforms for some records and not for others: "
             "transforms must give every record the same columns"
         )
-    return HostChunk(columns, stages=stages or None, worker_stages=by_worker)
+    return HostChunk(columns, end, stages=stages or None, worker_stages=by_worker)
+
+
+def _slices_end(shares: list[HostChunk]) -> np.ndarray | None:
+    """Where the slices of a partitioned pipeline's partitions that the shares computed
+    stand after each batch, put together in slice order (a row a batch, `[phase, own
+    positions...]`; the fewest batches any share made); None for other pipelines' shares."""
+    ends = [s.end for s in shares if isinstance(s.end, np.ndarray)]
+    if not ends:
+        return None
+    count = min(len(e) for e in ends)
+    return np.concatenate([ends[0][:count, :1], *(e[:count, 1:] for e in ends)], axis=1)
 
 
 def split_rows(

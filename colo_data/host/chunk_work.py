@@ -10,7 +10,7 @@ import contextlib
 import traceback
 from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -35,6 +35,18 @@ class Share(NamedTuple):
     workers: int
 
 
+class Resume(NamedTuple):
+    """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
+    the pipeline's position `start` (`colo_data.spec.parts`), `skip` batches on, the host's
+    partitions shared among its own thread and `parts` workers (`partitioned.cut`; a worker
+    computes the slice its `Share` numbers). A worker continues its slice's stream while the
+    requests follow on; any other is computed from `start` again, the same batches."""
+
+    start: np.ndarray
+    skip: int
+    parts: int
+
+
 class PoolStream(Protocol):
     """One stream's chunks computed by a pool: asked for by position, handed back whole, in
     the order they were asked for."""
@@ -48,9 +60,9 @@ class PoolStream(Protocol):
         """Whether the oldest chunk asked for has come (`take` would not wait)."""
         ...
 
-    def ask(self, position: int, count: int, workers: int) -> None:
-        """Ask for the chunk of `count` global batches at stream `position`, shared out to
-        `workers` of the pool's workers."""
+    def ask(self, position: int | Resume, count: int, workers: int) -> None:
+        """Ask for the chunk of `count` global batches at stream `position` (a partitioned
+        pipeline's: `Resume`), shared out to `workers` of the pool's workers."""
         ...
 
     def take(self) -> HostChunk:
@@ -125,6 +137,7 @@ class ChunkWork:
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
         self._read_once = False  # a chunk was read: the read-ahead may start before the next one's reads
         self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
+        self._slice: Any = None  # a partitioned pipeline's slice of partitions computed here (`SliceStream`)
 
     @property
     def order(self) -> BoundStream:
@@ -208,14 +221,17 @@ class ChunkWork:
         first chunk paid for its lazy imports, file opens and first decodes (the light
         pipeline of benchmarks/workers.py: 110 ms, then 2 ms a chunk) while the host waited
         for it. A worker warms before it says it is ready, with CPU that went unused. An
-        error here is left to the chunk that meets it."""
+        error here is left to the chunk that meets it. A partitioned pipeline's slices are
+        not known yet: nothing is warmed."""
+        if self.pipeline.partitioned:
+            return self
         with contextlib.suppress(Exception):
             self.compute(position, 1, StageTimes(), read_ahead=False)
         return self
 
     def compute(
         self,
-        batch_position: int,
+        batch_position: int | Resume,
         count: int = 1,
         stages: StageTimes | None = None,
         share: Share | None = None,
@@ -226,8 +242,14 @@ class ChunkWork:
         groups are that worker's (the chunk's `places` say where they belong; it has no
         columns when there are none). The stage timings go to `stages` (default: this
         work's). `read_ahead=False` leaves the decoding ahead to whoever computes the next
-        chunks."""
+        chunks. For a partitioned pipeline, `batch_position` is a `Resume`, and the chunk is
+        the slice of partitions that `share` numbers (`SliceStream`)."""
         stages = self.stages if stages is None else stages
+        if isinstance(batch_position, Resume):
+            from colo_data.host.partitioned import SliceStream  # noqa: PLC0415 - it builds on this module
+
+            self._slice = self._slice if isinstance(self._slice, SliceStream) else SliceStream(self)
+            return self._slice.compute(batch_position, count, stages, 0 if share is None else share.worker)
         t0 = perf_counter()
         stream = self.stream(batch_position, count)
         indices = self.stream_indices(stream)

@@ -6,6 +6,7 @@ in stream order."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -15,11 +16,11 @@ import numpy as np
 
 from colo_data import defaults
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
-from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream
+from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change, split_rows
+from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream, Resume
 from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
-from colo_data.host.partitioned import partitioned_batches
+from colo_data.host.partitioned import cut, partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
@@ -103,6 +104,8 @@ class HostPipeline:
             owner.add("row-group read-ahead", source.stop_read_ahead)
         if self.pipeline.partitioned:
             at = start if isinstance(start, np.ndarray) else parts.start(self.pipeline.partitioning.own(start))
+            if self.pool is not None and len(self.pipeline.partitioning.owned(self.host, self.hosts)) > 1:
+                return self._sliced(self.pool, at)
             return (HostChunk(columns, ends) for columns, ends in partitioned_batches(self.work, at))
         start_position = int(start)  # one stream position: the pipeline is not partitioned
         if self.pipeline.pack is not None:
@@ -179,21 +182,91 @@ class HostPipeline:
                 part = stream.take()
                 self.stages.add(POOL_WAIT, time.perf_counter() - waited, part.rows, 0)
                 asked, in_pool = asked - 1, in_pool - part.rows // len(self.rows)
-                if part.stages is not None:
-                    self.stages.merge(part.stages)
-                    part.stages = None
-                for i, values in enumerate(part.worker_stages or ()):
-                    if i == len(self.worker_stages):
-                        self.worker_stages.append(StageTimes())
-                    if values is not None:
-                        self.worker_stages[i].merge(values)
-                part.worker_stages = None
+                self._took(part)
             position += part.rows // len(self.rows) * size
             policy.delivered(part.rows, at)
             if frontier is not None and not policy.level and not claimed:  # given up, its chunks all taken
                 frontier = None
                 policy.released()
             yield part
+
+    def _took(self, part: HostChunk) -> None:
+        """The stage counters a chunk from the pool carries, added to this host's."""
+        if part.stages is not None:
+            self.stages.merge(part.stages)
+            part.stages = None
+        for i, values in enumerate(part.worker_stages or ()):
+            if i == len(self.worker_stages):
+                self.worker_stages.append(StageTimes())
+            if values is not None:
+                self.worker_stages[i].merge(values)
+        part.worker_stages = None
+
+    def _sliced(self, pool: ChunkPool, start: np.ndarray) -> Iterator[HostChunk]:
+        """A partitioned pipeline's batches with a pool: the host's partitions cut into
+        `level + 1` slices, the first `level` computed by as many workers, each going on
+        ahead on its own (`Resume`; `_POOL_AHEAD` chunks asked of the pool), the last here,
+        put together batch by batch. `PoolPolicy` decides the level, counting batches for
+        positions. At a change of level the chunks asked are taken and dropped, and the
+        slices cut again from where the stream stands: the batches do not depend on it."""
+        rows = len(self.rows)
+        chunk = max(1, defaults.CHUNK_RECORDS // rows)  # batches a request
+        owned = self.pipeline.partitioning.owned(self.host, self.hosts)
+        payload = cloudpickle.dumps(self.pipeline)
+        policy = PoolPolicy(pool, chunk * rows)
+        stream = pool.stream(payload, self.host, self.hosts, 0) if pool.remote else None
+        current = np.array(start, np.int64)  # the pipeline's position where the stream stands
+        level = delivered = 0  # the workers that compute slices; batches handed on
+        origin, frontier = 0, 0  # the batch the slices were cut at; the next asked of the pool
+        origin_position = current.copy()  # the position there
+        asked: deque[int] = deque()  # the first batch of each chunk in the pool's hands
+        here: Iterator[tuple[HostBatch, np.ndarray]] = partitioned_batches(self.work, current)
+        try:
+            while True:
+                ready = None if stream is None else stream.ready
+                if not level and policy.wants_stream(ready):
+                    stream = pool.stream(payload, self.host, self.hosts, 0)
+                    ready = stream.ready
+                policy.adjust(frontier if level else None, ready)
+                if min(policy.level, len(owned) - 1) != level:  # cut again, from here
+                    while asked:
+                        assert stream is not None
+                        asked.popleft()
+                        self._took(stream.take())
+                    close_iterator(here)
+                    if level and not policy.level:
+                        policy.released()
+                    level, origin, frontier = min(policy.level, len(owned) - 1), delivered, delivered
+                    origin_position = current.copy()
+                    here = partitioned_batches(self.work, current, cut(owned, level, 0) if level else None)
+                if not level:
+                    batch = next(here, None)
+                    if batch is None:
+                        return
+                    made: list[tuple[HostBatch, np.ndarray]] = [batch]
+                    at: int | None = None
+                else:
+                    assert stream is not None
+                    while len(asked) < _POOL_AHEAD:
+                        stream.ask(Resume(origin_position, frontier - origin, level), chunk, level)
+                        asked.append(frontier)
+                        frontier += chunk
+                    mine = list(itertools.islice(here, chunk))
+                    waited = time.perf_counter()
+                    part = stream.take()
+                    self.stages.add(POOL_WAIT, time.perf_counter() - waited, part.rows, 0)
+                    self._took(part)
+                    at = asked.popleft()
+                    made = _joined(mine, part, (owned.stop - cut(owned, level, 0).stop) * self.pipeline.partitioning.rows)
+                for columns, end in made:
+                    current[0], current[1 + owned.start : 1 + owned.stop] = end[0], end[1:]
+                    delivered += 1
+                    yield HostChunk(columns, end)
+                policy.delivered(len(made) * rows, at)
+                if level and len(made) < chunk:  # the stream ended
+                    return
+        finally:
+            close_iterator(here)
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:
         """Packed host batches, transformed, each with the stream position after it."""
@@ -202,6 +275,22 @@ class HostPipeline:
         for columns, end in packed_batches(self.work, self.pipeline.pack, start_position):
             yield HostChunk(self.work.transformed(columns, position), end)
             position = end
+
+
+def _joined(
+    mine: list[tuple[HostBatch, np.ndarray]], part: HostChunk, rows: int
+) -> list[tuple[HostBatch, np.ndarray]]:
+    """A chunk's batches put together from this thread's slice of the partitions (`mine`,
+    the first) and the workers' (`part`: `rows` rows and a row of `end` a batch): their rows
+    and positions in slice order. As many batches as both made (fewer at the stream's end)."""
+    assert isinstance(part.end, np.ndarray)
+    out = []
+    for i in range(min(len(part.end), len(mine))):
+        columns, end = mine[i]
+        theirs = slice(i * rows, (i + 1) * rows)
+        batch = {name: np.concatenate([column, part.columns[name][theirs]]) for name, column in columns.items()}
+        out.append((batch, np.concatenate([end, part.end[i, 1:]])))
+    return out
 
 
 def owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:

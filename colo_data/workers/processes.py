@@ -36,7 +36,7 @@ import cloudpickle
 from colo_data.errors import ColoDataError, TransformError, from_wire, to_wire
 from colo_data.host import frames
 from colo_data.host.chunk import HostChunk, merge_shares
-from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.cpu_use import IdleCpus
 from colo_data.host.resources import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_env
@@ -289,7 +289,7 @@ class ProcessStream:
         workers = self._asked[0]
         return self.ready(workers) and all(not w.replies.empty() for w in self._pool._workers[:workers])
 
-    def ask(self, position: int, count: int, workers: int) -> None:
+    def ask(self, position: int | Resume, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at stream `position`, shared out to
         the first `workers` workers (those not started yet start now)."""
         self._pool._grow(workers, self._set_up)

@@ -16,7 +16,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from colo_data.errors import RayClusterError, to_wire
-from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.telemetry.counters import StageTimes
 from colo_data.workers.processes import READY
 from colo_data.workers.ray_workers import RayWorkers
@@ -47,7 +47,14 @@ class ChunkActor:
             return to_wire(e)
 
     def compute(
-        self, key: StreamKey, payload: list[ray.ObjectRef], host: int, hosts: int, position: int, count: int, share: Share
+        self,
+        key: StreamKey,
+        payload: list[ray.ObjectRef],
+        host: int,
+        hosts: int,
+        position: int | Resume,
+        count: int,
+        share: Share,
     ) -> Any:
         """Share `share` of the chunk of `count` global batches at `position`, with its stage
         times, or the error as text."""

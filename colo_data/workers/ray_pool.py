@@ -28,7 +28,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from colo_data.errors import RayClusterError, TransformError, from_wire
 from colo_data.host.chunk import HostChunk, merge_shares
-from colo_data.host.chunk_work import ChunkWork, Share
+from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers import ray_shared
@@ -230,7 +230,7 @@ class _Asked(NamedTuple):
     asked of (of the pool's `actors`), and their results (None: not asked, the cluster
     being lost: computed here)."""
 
-    position: int
+    position: int | Resume
     batches: int
     actors: list[int]
     shares: list[ray.ObjectRef | None]
@@ -316,7 +316,7 @@ class RayStream:
             return True
         return len(done) == len(shares)
 
-    def ask(self, position: int, count: int, workers: int) -> None:
+    def ask(self, position: int | Resume, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at `position`, shared out to the
         first `workers` actors of this host (`RayPool.chosen`)."""
         chosen = self._pool.chosen(workers)
