@@ -38,7 +38,7 @@ class Share(NamedTuple):
 class Resume(NamedTuple):
     """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
     the pipeline's position `start` (`colo_data.spec.parts`), `skip` batches on, the host's
-    partitions shared among its own thread and `parts` workers (`partitioned.cut`; a worker
+    partitions shared among its own thread and `parts` workers (`slices.cut`; a worker
     computes the slice its `Share` numbers). A worker continues its slice's stream while the
     requests follow on; any other is computed from `start` again, the same batches."""
 
@@ -246,7 +246,7 @@ class ChunkWork:
         the slice of partitions that `share` numbers (`SliceStream`)."""
         stages = self.stages if stages is None else stages
         if isinstance(batch_position, Resume):
-            from colo_data.host.partitioned import SliceStream  # noqa: PLC0415 - it builds on this module
+            from colo_data.host.slices import SliceStream  # noqa: PLC0415 - it builds on this module
 
             self._slice = self._slice if isinstance(self._slice, SliceStream) else SliceStream(self)
             return self._slice.compute(batch_position, count, stages, 0 if share is None else share.worker)

@@ -12,7 +12,6 @@ rows, too few accepted to fill them)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from time import perf_counter
 
@@ -20,34 +19,16 @@ import numpy as np
 import pyarrow as pa
 
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostBatch, HostChunk
-from colo_data.host.chunk_work import ChunkWork, Resume
+from colo_data.host.chunk import HostBatch
+from colo_data.host.chunk_work import ChunkWork
 from colo_data.host.filtering import READ_RECORDS, read_at, verdict_of
 from colo_data.host.packing import Window, packed_rows, read_records
 from colo_data.io.columns import table_to_columns
 from colo_data.spec import parts
 from colo_data.spec.pack import Pack
-from colo_data.telemetry.counters import BATCH, StageTimes
+from colo_data.telemetry.counters import BATCH
 
 _BATCHES_AHEAD = 16  # a filtered partition reads its records of this many batches at most at once
-
-
-HOST_SHARE = 0.5  # the host's thread takes this much of a worker's share of the partitions: it also joins the batches
-
-
-def cut(owned: range, workers: int, part: int) -> range:
-    """Slice `part` of a host's partitions `owned` shared among its own thread (part 0, the
-    first: `HOST_SHARE` of a worker's share, at least one partition) and `workers` workers
-    (parts 1 to `workers`, the rest evenly; empty where there are fewer partitions than
-    slices)."""
-    count = len(owned)
-    here = min(count, max(1, round(HOST_SHARE * count / (workers + HOST_SHARE))))
-    if part == 0:
-        return range(owned.start, owned.start + here)
-    rest, first = count - here, owned.start + here
-    return range(first + (part - 1) * rest // workers, first + part * rest // workers)
-
-
 class _Mine:
     """The partitions host `work.host` owns (or a slice of them), their own streams' lengths
     (None: endless), and the stream positions of any of their own positions."""
@@ -196,45 +177,3 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
         yield work.transformed(columns, int(positions[0]), keys=keys), parts.start(ends)
         own = np.array(ends)
 
-
-class SliceStream:
-    """A worker's slice of a host's partitions (`cut`), computed on as the pool is asked for
-    it (`ChunkWork.compute` with a `Resume`): it continues its stream while the
-    requests follow on, and computes it from the start again (the same batches) when one does
-    not (another slicing, a lost worker's share computed elsewhere)."""
-
-    def __init__(self, work: ChunkWork) -> None:
-        self.work = work
-        self._at: tuple[Resume, int, int] | None = None  # the stream's request (skip: made so far), and its slice
-        self._batches: Iterator[tuple[HostBatch, np.ndarray]] = iter(())
-
-    def compute(self, resume: Resume, count: int, stages: StageTimes, part: int) -> HostChunk:
-        """`count` batches of worker `part`'s slice (`cut`) of the host's partitions among
-        `resume.parts` workers, `resume.skip` batches after `resume.start`, stacked; `places`
-        are their rows among the workers' (the rows after the host's own thread's slice), and
-        `end` the slice's position after each batch (a row a batch). Fewer batches at the
-        stream's end. Their stage counters go to `stages`."""
-        owned = self.work.pipeline.partitioning.owned(self.work.host, self.work.hosts)
-        mine = cut(owned, resume.parts, part + 1)
-        at = self._at
-        if at is None or at[1:] != (resume.parts, part) or at[0].skip != resume.skip or not np.array_equal(
-            at[0].start, resume.start
-        ):
-            self._batches = partitioned_batches(self.work, resume.start, mine)
-            for _ in itertools.islice(self._batches, resume.skip):
-                pass
-        before = list(self.work.stages.values)
-        made = list(itertools.islice(self._batches, count))
-        self._at = (resume._replace(skip=resume.skip + len(made)), resume.parts, part)
-        if stages is not self.work.stages:
-            stages.merge([a - b for a, b in zip(self.work.stages.values, before, strict=True)])
-        rows = len(mine) * self.work.pipeline.partitioning.rows
-        here = cut(owned, resume.parts, 0)
-        workers = (owned.stop - here.stop) * self.work.pipeline.partitioning.rows  # the workers' rows a batch
-        first = (mine.start - here.stop) * self.work.pipeline.partitioning.rows
-        places = (np.arange(len(made))[:, None] * workers + first + np.arange(rows)).ravel()
-        end = np.array([e for _, e in made], np.int64).reshape(len(made), 1 + len(mine))
-        if not made or not rows:
-            return HostChunk({}, end, places=places[:0])
-        columns = {name: np.concatenate([batch[name] for batch, _ in made]) for name in made[0][0]}
-        return HostChunk(columns, end, places=places)

@@ -20,8 +20,9 @@ from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_cha
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream, Resume
 from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
-from colo_data.host.partitioned import cut, partitioned_batches
+from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
+from colo_data.host.slices import cut
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
