@@ -6,9 +6,11 @@ its own running its host pipeline as its sidecar would (`HostPipeline(pipeline, 
 ring): the hosts' CPU seconds over 200 global batches after the first 5 of an endless
 stream (as issue 44 measured: a host's start-up, its tokenizer's load and first reads,
 apart), and, with a source of its own, the row-group bytes they decoded over one epoch
-(`epochs=1`: the corpus fits in a source's row-group cache, so over more than an epoch one
-host would decode it once), summed, 4 hosts over 1 (1.0: each host does a quarter of the
-work; 4.0: each does all of it). The LM path over the text demo
+(`epochs=1`: no reading ahead past its end; over more, one host would decode the corpus
+once: it fits in a source's row-group cache), each host up to the epoch's last batch as one
+host reads it (a partitioned stream ends at the first batch one partition cannot make, which
+a host of four sees only for its own partitions), summed, 4 hosts over 1 (1.0: each host
+does a quarter of the work; 4.0: each does all of it). The LM path over the text demo
 (`demo.text_corpus()`: 15,000 texts in 30 row groups of 500), block shuffle (windows of 8 row
 groups, and of 16), batches of 64: `cd.tokenize` then padded to 512, with one partition and
 with a partition per batch row; the same filtered (`keep=`: 44% of the texts); packed
@@ -117,13 +119,26 @@ def big_pipeline(corpus: str) -> cd.Pipeline:
     )
 
 
-def one_host_of(kind: str, corpus: str, host: int, hosts: int, batches: int | None) -> dict[str, Any]:
+def epoch_batches(kind: str, corpus: str) -> int:
+    """The global batches of one epoch (`epochs=1`) of pipeline `kind`, as one host reads
+    them: a partitioned stream ends at the first batch that one partition cannot make, which
+    a host of four sees only for its own partitions (a partitioned filtered stream's epoch
+    ends where one partition runs out of accepted records: on the text demo, with windows of
+    16, after one batch)."""
+    from colo_data.host.pipeline import HostPipeline
+
+    return sum(1 for _ in HostPipeline(four_host_pipeline(kind, Path(corpus), epochs=1)).chunks(0, batches=1))
+
+
+def one_host_of(
+    kind: str, corpus: str, host: int, hosts: int, batches: int | None, epoch: int | None = None
+) -> dict[str, Any]:
     """In a process of its own: host `host` of `hosts` of the pipeline `kind` ("thousand"
     or one of `KINDS`) reads alone, as its sidecar would, without the ring: "thousand" an
     epoch (or `batches`), its CPU from its first chunk on (the imports and the source's
     metadata read apart); the others `SKIPPED` batches and `MEASURED` more of an endless
     stream (or one and `batches`), their CPU over the `MEASURED`, then, with a source of
-    their own, one epoch (not with `batches`). Its CPU seconds, the row-group bytes it
+    their own, the first `epoch` batches (`epoch_batches`; none with `batches`). Its CPU seconds, the row-group bytes it
     decoded (over that epoch), the time to its first batch, a packed pipeline's fill (over
     the measured batches), and a padded one's state size."""
     from colo_data.host.pipeline import HostPipeline
@@ -152,11 +167,11 @@ def one_host_of(kind: str, corpus: str, host: int, hosts: int, batches: int | No
     count += kind == "thousand"  # its first batch counts
     spent = cpu() - made
     decoded = int(pipeline.source.read_stats()[5])
-    if kind != "thousand":  # the bytes of one epoch, with a source (and a row-group cache) of its own
-        epoch = four_host_pipeline(kind, Path(corpus), epochs=1)
-        for _ in HostPipeline(epoch, host, hosts).chunks(0) if batches is None else ():
+    if kind != "thousand" and epoch:  # the bytes of the epoch's batches, with a source of its own
+        alone = four_host_pipeline(kind, Path(corpus), epochs=1)
+        for _ in zip(HostPipeline(alone, host, hosts).chunks(0, batches=1), range(epoch), strict=False):
             pass
-        decoded = int(epoch.source.read_stats()[5]) if batches is None else decoded
+        decoded = int(alone.source.read_stats()[5])
     out = {
         "batches": count,
         "cpu_s": spent,
@@ -169,9 +184,9 @@ def one_host_of(kind: str, corpus: str, host: int, hosts: int, batches: int | No
     return out
 
 
-def in_child(kind: str, corpus: str, host: int, hosts: int, batches: int | None) -> harness.Measurement:
+def in_child(kind: str, corpus: str, host: int, hosts: int, batches: int | None, epoch: int | None = None) -> harness.Measurement:
     """`one_host_of` in a fresh interpreter."""
-    call = f"scale.one_host_of({kind!r}, {corpus!r}, {host}, {hosts}, {batches!r})"
+    call = f"scale.one_host_of({kind!r}, {corpus!r}, {host}, {hosts}, {batches!r}, {epoch!r})"
     code = f"import json, scale; print(json.dumps({call}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600)
     if done.returncode:
@@ -181,10 +196,10 @@ def in_child(kind: str, corpus: str, host: int, hosts: int, batches: int | None)
     return {**m, **per_batch}
 
 
-def four_hosts(kind: str, hosts: int, corpus: Path, batches: int | None) -> harness.Measurement:
+def four_hosts(kind: str, hosts: int, corpus: Path, batches: int | None, epoch: int | None) -> harness.Measurement:
     """The `hosts` hosts of pipeline `kind`, each alone in a process of its own, one after
-    the other: their CPU seconds and decoded bytes, summed."""
-    each = [in_child(kind, str(corpus), h, hosts, batches) for h in range(hosts)]
+    the other: their CPU seconds and decoded bytes (over `epoch` batches), summed."""
+    each = [in_child(kind, str(corpus), h, hosts, batches, epoch) for h in range(hosts)]
     summed = {"cpu_s": sum(m["cpu_s"] for m in each), "decoded_bytes": sum(m["decoded_bytes"] for m in each)}
     return {**summed, "fill": each[0]["fill"]} if hosts == 1 else summed
 
@@ -200,10 +215,11 @@ def main() -> None:
     batches = harness.QUICK_BATCHES if args.quick else None
     corpus = demo.text_corpus()
 
+    epochs = {kind: None if batches else epoch_batches(kind, str(corpus)) for kind in KINDS}  # (a few seconds each)
     contenders: dict[str, Callable[[], harness.Measurement]] = {}
     for kind in KINDS:
         for hosts in (1, 4):
-            contenders[f"{kind}, {hosts} host(s)"] = lambda k=kind, h=hosts: four_hosts(k, h, corpus, batches)
+            contenders[f"{kind}, {hosts} host(s)"] = lambda k=kind, h=hosts: four_hosts(k, h, corpus, batches, epochs[k])
     runs = harness.interleave(
         contenders, args.rounds, lambda m: f"{m['cpu_s']:.2f} CPU-s, {m['decoded_bytes'] / 1e6:.0f} MB decoded"
     )

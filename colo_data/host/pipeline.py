@@ -205,11 +205,11 @@ class HostPipeline:
 
     def _sliced(self, pool: ChunkPool, start: np.ndarray) -> Iterator[HostChunk]:
         """A partitioned pipeline's batches with a pool: the host's partitions cut into
-        `level + 1` slices, the first `level` computed by as many workers, each going on
-        ahead on its own (`Resume`; `_POOL_AHEAD` chunks asked of the pool), the last here,
-        put together batch by batch. `PoolPolicy` decides the level, counting batches for
-        positions. At a change of level the chunks asked are taken and dropped, and the
-        slices cut again from where the stream stands: the batches do not depend on it."""
+        `level + 1` slices (`slices.cut`), the first computed here, the others by as many
+        workers, each going on ahead on its own (`Resume`; `_POOL_AHEAD` chunks asked of
+        the pool), put together batch by batch. `PoolPolicy` decides the level, counting
+        batches for positions. At a change of level the chunks asked are taken and dropped,
+        and the slices cut again from where the stream stands: the batches do not depend on it."""
         rows = len(self.rows)
         chunk = max(1, defaults.CHUNK_RECORDS // rows)  # batches a request
         owned = self.pipeline.partitioning.owned(self.host, self.hosts)
