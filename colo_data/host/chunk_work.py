@@ -10,7 +10,7 @@ import contextlib
 import traceback
 from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -137,7 +137,6 @@ class ChunkWork:
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
         self._read_once = False  # a chunk was read: the read-ahead may start before the next one's reads
         self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
-        self._slice: Any = None  # a partitioned pipeline's slice of partitions computed here (`SliceStream`)
 
     @property
     def order(self) -> BoundStream:
@@ -231,7 +230,7 @@ class ChunkWork:
 
     def compute(
         self,
-        batch_position: int | Resume,
+        batch_position: int,
         count: int = 1,
         stages: StageTimes | None = None,
         share: Share | None = None,
@@ -242,14 +241,8 @@ class ChunkWork:
         groups are that worker's (the chunk's `places` say where they belong; it has no
         columns when there are none). The stage timings go to `stages` (default: this
         work's). `read_ahead=False` leaves the decoding ahead to whoever computes the next
-        chunks. For a partitioned pipeline, `batch_position` is a `Resume`, and the chunk is
-        the slice of partitions that `share` numbers (`SliceStream`)."""
+        chunks. A partitioned pipeline's slices are `slices.compute`'s."""
         stages = self.stages if stages is None else stages
-        if isinstance(batch_position, Resume):
-            from colo_data.host.slices import SliceStream  # noqa: PLC0415 - it builds on this module
-
-            self._slice = self._slice if isinstance(self._slice, SliceStream) else SliceStream(self)
-            return self._slice.compute(batch_position, count, stages, 0 if share is None else share.worker)
         t0 = perf_counter()
         stream = self.stream(batch_position, count)
         indices = self.stream_indices(stream)

@@ -7,12 +7,13 @@ records only, the batches are the same for any slicing."""
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
 
 from colo_data.host.chunk import HostBatch, HostChunk
-from colo_data.host.chunk_work import ChunkWork, Resume
+from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.telemetry.counters import StageTimes
 
@@ -34,7 +35,7 @@ def cut(owned: range, workers: int, part: int) -> range:
 
 class SliceStream:
     """A worker's slice of a host's partitions (`cut`), computed on as the pool is asked for
-    it (`ChunkWork.compute` with a `Resume`): it continues its stream while the
+    it (`compute` with a `Resume`): it continues its stream while the
     requests follow on, and computes it from the start again (the same batches) when one does
     not (another slicing, a lost worker's share computed elsewhere)."""
 
@@ -73,3 +74,20 @@ class SliceStream:
             return HostChunk({}, end, places=places[:0])
         columns = {name: np.concatenate([batch[name] for batch, _ in made]) for name in made[0][0]}
         return HostChunk(columns, end, places=places)
+
+
+_STREAMS: weakref.WeakKeyDictionary[ChunkWork, SliceStream] = weakref.WeakKeyDictionary()  # a worker's, by its work
+
+
+def compute(
+    work: ChunkWork, position: int | Resume, count: int, stages: StageTimes, share: Share, read_ahead: bool = True
+) -> HostChunk:
+    """What a worker computes when asked: `work.compute` at a stream position, or for a
+    partitioned pipeline's `Resume` the slice that `share` numbers (its `SliceStream`,
+    kept as long as `work`)."""
+    if isinstance(position, Resume):
+        stream = _STREAMS.get(work)
+        if stream is None:
+            stream = _STREAMS[work] = SliceStream(work)
+        return stream.compute(position, count, stages, share.worker)
+    return work.compute(position, count, stages, share, read_ahead)

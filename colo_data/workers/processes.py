@@ -34,7 +34,7 @@ from typing import Any, cast
 import cloudpickle
 
 from colo_data.errors import ColoDataError, TransformError, from_wire, to_wire
-from colo_data.host import frames
+from colo_data.host import frames, slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.cpu_use import IdleCpus
@@ -75,7 +75,7 @@ def _serve(conn: socket.socket) -> None:
                 continue
             stages = StageTimes()
             try:
-                reply = jobs[job].compute(position, count, stages, Share(*share))
+                reply = slices.compute(jobs[job], position, count, stages, Share(*share))
                 reply.stages = stages.values
             except BaseException as e:  # handed to the parent, raised there
                 reply = to_wire(e)

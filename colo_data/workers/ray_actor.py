@@ -16,6 +16,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from colo_data.errors import RayClusterError, to_wire
+from colo_data.host import slices
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.telemetry.counters import StageTimes
 from colo_data.workers.processes import READY
@@ -64,7 +65,7 @@ class ChunkActor:
                 work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts)
             self._keep(key, work)
             stages = StageTimes()
-            chunk = work.compute(position, count, stages, Share(*share))
+            chunk = slices.compute(work, position, count, stages, Share(*share))
             chunk.stages = stages.values
             return chunk
         except BaseException as e:

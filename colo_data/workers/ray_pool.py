@@ -27,6 +27,7 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from colo_data.errors import RayClusterError, TransformError, from_wire
+from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.runtime.lifecycle import Lifecycle
@@ -393,6 +394,6 @@ class RayStream:
         if self._here is None:
             self._here = ChunkWork(cloudpickle.loads(self._payload), self._host, self._hosts)
         stages = StageTimes()
-        chunk = self._here.compute(asked.position, asked.batches, stages, share, read_ahead=False)
+        chunk = slices.compute(self._here, asked.position, asked.batches, stages, share, read_ahead=False)
         chunk.stages = stages.values
         return chunk
