@@ -270,3 +270,15 @@ def test_worker_processes_compute_slices_of_the_partitions(token_corpus: Path, b
         want = read_all(cd.Loader(plain), len(got) + 5)
         assert_batches_equal(want[: len(got)], got, f"{kind}, 2 workers, {backend}, {len(got)} batches")
         assert_batches_equal(want[len(got) :], read_all(cd.Loader(plain, state=state), 5), f"{kind}, resumed")
+
+
+def reject_all(columns: dict) -> np.ndarray:
+    return np.zeros(len(columns["id"]), bool)
+
+
+def test_a_filter_that_rejects_everything_is_named_not_read_forever(token_corpus: Path) -> None:
+    """An endless partitioned stream whose filter rejects an epoch's worth of a partition's
+    records in a row is a TransformError naming the partition, not a read that never ends."""
+    pipeline = make_pipeline(token_corpus, keep=reject_all, partitions=4, epochs=None)
+    with pytest.raises(cd.TransformError, match=r"rejected every one of the [\d,]+ records of partition 0 .*an epoch.s worth.*check the filter"):
+        read_all(cd.Loader(pipeline, hosts=2), 1)

@@ -158,7 +158,7 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
                 tables[i].append(table.slice(at, stop - first).filter(pa.array(accepted)))
                 places[i].append(first + np.flatnonzero(accepted))
                 at, read[i] = at + stop - first, stop
-                if mine.totals is None and read[i] - own[i] >= pipeline.records_per_epoch and not np.any(accepted):
+                if mine.totals is None and read[i] - own[i] >= pipeline.records_per_epoch and not any(map(len, places[i])):
                     raise TransformError(
                         f"cd.Pipeline keep={pipeline.keep!r} rejected every one of the {read[i] - own[i]:,} records of "
                         f"partition {mine.partitions[i]} from its own position {own[i]} on (an epoch's worth): check the filter"
