@@ -142,3 +142,19 @@ def read_while_given_up(loader: cd.Loader, settled_s: float, watched_s: float) -
         got.append(to_numpy(next(loader)))
     assert pool_records(loader) == made, "the pool was asked again within its retry time"
     return got
+
+
+def row_groups_decoded(pipeline: cd.Pipeline, hosts: int) -> int:
+    """The row groups the `hosts` host pipelines of `pipeline` decode over its stream, each
+    with a source (and row-group cache) of its own, as in a process of its own; summed."""
+    import pickle
+
+    from colo_data.host.pipeline import HostPipeline
+
+    total = 0
+    for h in range(hosts):
+        own = pickle.loads(pickle.dumps(pipeline))
+        for _ in HostPipeline(own, h, hosts).chunks(0):
+            pass
+        total += int(own.source.read_stats()[4])  # row groups decoded
+    return total

@@ -23,7 +23,7 @@ from colo_data.spec import parts
 from colo_data.spec.state import make_state
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
-from pipelines import BATCH, IdleHost, backend_of, make_pipeline, until_workers_made
+from pipelines import IdleHost, backend_of, make_pipeline, row_groups_decoded, until_workers_made
 
 
 def not_third(columns: dict) -> np.ndarray:
@@ -209,13 +209,7 @@ def test_each_host_process_reads_its_share_of_the_row_groups(tmp_path: Path) -> 
             pack=cd.Pack("tokens", 16),
             partitions=partitions,
         )
-        total = 0
-        for h in range(4):
-            own = pickle.loads(pickle.dumps(pipeline))  # a source, and its row-group cache, of its own
-            for _ in HostPipeline(own, h, 4).chunks(0):
-                pass
-            total += int(own.source.read_stats()[4])  # row groups decoded
-        return total
+        return row_groups_decoded(pipeline, 4)
 
     assert 64 <= decoded(16) <= 64 + 3 * 8, decoded(16)
     assert decoded(1) >= 3.5 * 64, decoded(1)

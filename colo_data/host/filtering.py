@@ -95,6 +95,13 @@ def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table
 def read_at(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> pa.Table:
     """The records at stream positions `stream` with the index columns; a source that reads
     ahead starts on `ahead`'s meanwhile."""
+    indices, table = taken(work, stream, ahead)
+    return with_index(work, table, indices)
+
+
+def taken(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> tuple[np.ndarray, pa.Table]:
+    """The record indices at stream positions `stream` and their records, read (the order
+    and read stages counted); a source that reads ahead starts on `ahead`'s meanwhile."""
     t0 = perf_counter()
     indices = work.stream_indices(stream)
     t1 = perf_counter()
@@ -105,7 +112,7 @@ def read_at(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> pa.Table:
     work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
     work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
     work.count_reads(work.stages)
-    return with_index(work, table, indices)
+    return indices, table
 
 
 def verdict_of(work: ChunkWork, table: pa.Table) -> np.ndarray:

@@ -19,13 +19,12 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import kept
+from colo_data.host.filtering import kept, taken
 from colo_data.io.columns import Columns, table_to_columns
-from colo_data.io.sources import ReadAhead
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream
 from colo_data.spec.transforms import draws
-from colo_data.telemetry.counters import BATCH, ORDER, READ, TRANSFORM
+from colo_data.telemetry.counters import BATCH, TRANSFORM
 
 
 def plan(
@@ -207,16 +206,7 @@ class Records(NamedTuple):
 def read_records(work: ChunkWork, pack: Pack, stream: np.ndarray, ahead: np.ndarray) -> Records:
     """The records at stream positions `stream`, read, prepared (`pack.prepare`), measured
     and judged by `keep`; a source that reads ahead starts on `ahead`'s meanwhile."""
-    source = work.pipeline.source
-    t0 = perf_counter()
-    indices = work.stream_indices(stream)
-    t1 = perf_counter()
-    if isinstance(source, ReadAhead) and len(ahead):  # the next read's row groups decode meanwhile
-        source.prefetch(work.stream_indices(ahead))
-    table = source.take(indices)
-    work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
-    work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
-    work.count_reads(work.stages)
+    indices, table = taken(work, stream, ahead)
     columns = table_to_columns(table)
     t2 = perf_counter()
     keys = work.order.record_keys(stream, indices) if draws(pack.prepare) else None
