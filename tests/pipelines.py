@@ -144,17 +144,21 @@ def read_while_given_up(loader: cd.Loader, settled_s: float, watched_s: float) -
     return got
 
 
-def row_groups_decoded(pipeline: cd.Pipeline, hosts: int) -> int:
-    """The row groups the `hosts` host pipelines of `pipeline` decode over its stream, each
-    with a source (and row-group cache) of its own, as in a process of its own; summed."""
+def row_groups_decoded(pipeline: cd.Pipeline, hosts: int, batches: int | None = None) -> int:
+    """The row groups the `hosts` host pipelines of `pipeline` decode over its stream (or
+    its first `batches` batches), each with a source (and row-group cache) of its own, as in
+    a process of its own; summed."""
+    import itertools
     import pickle
+    from contextlib import closing
 
     from colo_data.host.pipeline import HostPipeline
 
     total = 0
     for h in range(hosts):
         own = pickle.loads(pickle.dumps(pipeline))
-        for _ in HostPipeline(own, h, hosts).chunks(0):
-            pass
+        with closing(HostPipeline(own, h, hosts).chunks(0, batches=None if batches is None else 1)) as chunks:
+            for _ in itertools.islice(chunks, batches):
+                pass
         total += int(own.source.read_stats()[4])  # row groups decoded
     return total

@@ -168,8 +168,8 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         cd.Loader(packed("none", 1), state=state)
     with pytest.raises(cd.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
         cd.Loader(packed("none", 6), state=state)
-    with pytest.raises(cd.StateError, match=r"order: state has 'block:2/4x3', pipeline has 'block:2'.*partitions it was saved"):
-        cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3"})
+    with pytest.raises(cd.StateError, match=r"order: state has 'block:2/4x3 own', pipeline has 'block:2'.*partitions it was saved"):
+        cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3 own"})
     damaged = {**state, "parts": {**state["parts"], "deltas": "not base64!"}}
     with pytest.raises(cd.StateError, match=r"partition positions \(`parts`\) are damaged"):
         cd.Loader(packed("none", 4), state=damaged)

@@ -38,8 +38,7 @@ class _Mine:
         self.parts = pipeline.partitioning
         self.owned = self.parts.owned(work.host, work.hosts) if owned is None else owned
         self.partitions = np.arange(self.owned.start, self.owned.stop, dtype=np.int64)
-        total = pipeline.total_records
-        self.totals = None if total is None else self.parts.before(total, self.partitions)
+        self.totals = pipeline.own_totals(self.partitions)
         self.rows = self.parts.rows
 
     def stop(self, i: int, first: int, count: int) -> int:

@@ -137,9 +137,9 @@ class _Runner:
         """The meters' telemetry, with a mixture's records per component since `first`."""
         telemetry = self.meters.telemetry()
         pipeline = self.pipeline
-        if isinstance(pipeline, GrainPipeline) or isinstance(self.position, np.ndarray):  # one source: no components
+        if isinstance(pipeline, GrainPipeline):
             return telemetry
-        counts = pipeline.stream.component_records(pipeline, int(self.first), self.position)
+        counts = pipeline.stream.component_records(pipeline, self.first, self.position)
         return telemetry if counts is None else dataclasses.replace(telemetry, components=counts)
 
     def next(self) -> GlobalBatch:

@@ -547,31 +547,42 @@ def _shares_check(pipeline: Pipeline, runs: list[_Run], expected: _Expected) -> 
         return [Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")]
     weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(stream.names, stream.shares, strict=True) if s)
     passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
+    if pipeline.partitions > 1:  # each partition runs the schedule from its own slot on: a difference of two prefixes
+        passed = (
+            f"in every prefix of each of the {pipeline.partitions} partitions' records in stream positions 0-{end - 1} "
+            f"each component is within two records of its share ({weights})"
+        )
     return [_per_run("shares", runs, lambda run: _shares(pipeline, stream.shares or (), run), passed)]
 
 
 def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | None:
     """The first prefix of the run in which a component's record count is more than one
-    record from its exact share, `records * share / DENOMINATOR` (counted in integers)."""
+    record from its exact share, `records * share / DENOMINATOR` (counted in integers); with
+    partitions, of a partition's own records, more than two."""
     delivered = _delivered(run)
     unknown = _outside(pipeline, delivered)[1]
     if unknown:
         return unknown
-    prefix = np.arange(1, len(delivered.components) + 1, dtype=np.int64)
-    first: tuple[int, int, int] | None = None  # (record, component, its count there)
-    for c, share in enumerate(shares):
-        counts = np.cumsum(delivered.components == c)
-        off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > DENOMINATOR)
-        if len(off) and (first is None or off[0] < first[0]):
-            first = (int(off[0]), c, int(counts[off[0]]))
-    if first is None:
-        return None
-    i, c, count = first
-    exact = (i + 1) * shares[c] / DENOMINATOR
-    return (
-        f"component {pipeline.stream.names[c]!r} has {count} of the first {i + 1} records (through "
-        f"{_place(delivered.places[i])}), its share ({shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"
-    )
+    rows = pipeline.partitioning.rows
+    partition_of = delivered.places[:, 1] // rows
+    for k in range(pipeline.partitions):
+        mine = np.flatnonzero(partition_of == k)
+        prefix = np.arange(1, len(mine) + 1, dtype=np.int64)
+        first: tuple[int, int, int] | None = None  # (its record, component, its count there)
+        for c, share in enumerate(shares):
+            counts = np.cumsum(delivered.components[mine] == c)
+            off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > min(pipeline.partitions, 2) * DENOMINATOR)
+            if len(off) and (first is None or off[0] < first[0]):
+                first = (int(off[0]), c, int(counts[off[0]]))
+        if first is not None:
+            i, c, count = first
+            exact = (i + 1) * shares[c] / DENOMINATOR
+            whose = f" of partition {k}'s" if pipeline.partitions > 1 else ""
+            return (
+                f"component {pipeline.stream.names[c]!r} has {count} of the first {i + 1} records{whose} (through "
+                f"{_place(delivered.places[mine[i]])}), its share ({shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"
+            )
+    return None
 
 
 def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:

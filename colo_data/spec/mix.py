@@ -5,7 +5,10 @@ share to within one record. Each component runs through its own epochs in the pi
 order (reseeded by the component's name), so the records a component yields, in their
 order, do not depend on the weights: the weights only interleave them. `start` says where
 the current weights took effect, so that a state restores under new weights with every
-component continuing where it stopped."""
+component continuing where it stopped. With partitions (`Pipeline(partitions=P)`), each
+partition runs the schedule over its own positions, partition k from `k * rows` slots on
+(so a global batch's rows are B slots in a row of it), and reads its own partition of each
+component (its slice of every window): a host reads its own row groups of every component."""
 
 from __future__ import annotations
 
@@ -20,10 +23,11 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError, StateError
 from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
-from colo_data.spec.order import GlobalOrder, Order, Partitioning
+from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
+from colo_data.spec.parts import encode_parts
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.spec.state_format import FORMAT
-from colo_data.spec.stream import PipelineView, Stream
+from colo_data.spec.stream import PipelineView, Stream, order_name, parts_position
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
 _VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
@@ -171,9 +175,9 @@ class Mix:
     # -- the order --
 
     def bind(self, order: Order, partitioning: Partitioning | None = None) -> MixOrder:
-        """The stream order of this mixture under the pipeline's `order` (a mixture has one
-        partition: `check` refuses more)."""
-        return MixOrder(self, order)
+        """The stream order of this mixture under the pipeline's `order` and its stream's
+        `partitioning`."""
+        return MixOrder(self, order, partitioning)
 
     def rebased(self, position: int, component_positions: list[int]) -> Mix:
         """This mixture with its weights taking effect at stream `position`, where each
@@ -198,10 +202,17 @@ class Mix:
         return {**named, self.component_column: components}
 
     def check(self, pipeline: PipelineView) -> None:
-        if pipeline.partitioning.partitions > 1:
+        partitions = pipeline.partitioning.partitions
+        for name, size, share in zip(self.names, self.sizes, self.shares, strict=True):
+            if partitions > 1 and share and size < partitions:
+                raise ConfigError(
+                    f"Mix: component {name!r} has {size} records, fewer than partitions={partitions}: each partition "
+                    "reads its own slice of every component; give fewer partitions, or more records"
+                )
+        if partitions > 1 and self.start is not None:
             raise ConfigError(
-                f"partitions={pipeline.partitioning.partitions}: a cd.Mix is read as one partition for now (its "
-                "components' orders do not yet give each partition its own row groups): leave partitions at 1"
+                f"partitions={pipeline.partitioning.partitions} over a cd.Mix rebased at stream position "
+                f"{self.start[0]}: a partitioned mixture's weights are the ones it started with"
             )
         if pipeline.epochs is not None:
             raise ConfigError(
@@ -214,17 +225,22 @@ class Mix:
                 "index column: choose another name"
             )
 
-    def state(self, pipeline: PipelineView, position: int) -> dict[str, Any]:
+    def state(self, pipeline: PipelineView, position: Position) -> dict[str, Any]:
         """The stream position, where it falls in the schedule's period (`phase`), and each
-        component's name, data fingerprint and own position there."""
+        component's name, data fingerprint and records delivered there (a partitioned
+        packed or filtered pipeline: its partitions' own positions, `parts`)."""
         start = self.start[0] if self.start is not None else 0
-        at = self.bind(pipeline.order).component_positions(position)
+        at = self.bind(pipeline.order, pipeline.partitioning).component_positions(position)
+        where: dict[str, Any]
+        if isinstance(position, np.ndarray):
+            where = {"parts": encode_parts(position)}
+        else:
+            where = {"position": position, "phase": (position - start) % DENOMINATOR}
         return {
             "format": FORMAT,
-            "position": position,
-            "phase": (position - start) % DENOMINATOR,
+            **where,
             "seed": pipeline.order.seed,
-            "order": pipeline.order.describe(),
+            "order": order_name(pipeline),
             "global_batch_size": pipeline.global_batch_size,
             "weights": self._weights_id(),
             "mix": [[n, f, q] for n, f, q in zip(self.names, self.component_fingerprints(), at, strict=True)],
@@ -233,10 +249,11 @@ class Mix:
     def _weights_id(self) -> str:
         return hashlib.sha256(repr(self.shares).encode()).hexdigest()[:8]
 
-    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, int]:
+    def restore(self, pipeline: PipelineView, state: dict[str, Any]) -> tuple[Any, Position]:
         """`pipeline` over this mixture rebased at the state's position, so that every
         component continues where it stopped: in the same interleaving under the same
-        weights, and from there on under new ones.
+        weights, and from there on under new ones (a partitioned mixture: the same weights,
+        from the same position).
 
         Raises:
             StateError: the state is not a mixture's, its seed or order differ, or a
@@ -244,7 +261,7 @@ class Mix:
         """
         if "mix" not in state:
             raise StateError("the loader state was saved from a pipeline without a cd.Mix; this pipeline's source is one")
-        ours = {"seed": pipeline.order.seed, "order": pipeline.order.describe()}
+        ours = {"seed": pipeline.order.seed, "order": order_name(pipeline)}
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {v!r}" for k, v in ours.items() if state.get(k) != v]
         saved = {entry[0]: entry for entry in state["mix"]}
         fingerprints = dict(zip(self.names, self.component_fingerprints(), strict=True))
@@ -262,12 +279,23 @@ class Mix:
                 "the loader state does not fit this mixture (" + "; ".join(differences) + "). Restore it into the "
                 "pipeline that saved it (weights may change), or start without a state."
             )
+        if pipeline.partitioning.partitions > 1:
+            if state.get("weights") != self._weights_id():
+                raise StateError(
+                    f"the loader state was saved under other weights of this mixture; a mixture of "
+                    f"partitions={pipeline.partitioning.partitions} continues under the weights it was saved with "
+                    "(each partition's schedule would start anew): give those weights"
+                )
+            if "parts" in state:
+                return pipeline, parts_position(pipeline, state)
         position, phase = state.get("position"), state.get("phase")
         at = [saved[n][2] for n in self.names]
         if not (isinstance(position, int) and isinstance(phase, int) and position >= 0 and 0 <= phase < DENOMINATOR):
             raise StateError(f"loader state has position={position!r}, phase={phase!r}: not a position of a mixture")
         if not all(isinstance(q, int) and q >= 0 for q in at):
             raise StateError(f"loader state has component positions {at!r}: each must be an int >= 0")
+        if pipeline.partitioning.partitions > 1:
+            return pipeline, pipeline.at(position)
         if state.get("weights") == self._weights_id():  # the same interleaving goes on
             comp, _ = schedule(self.shares)
             before = np.bincount(comp[:phase], minlength=len(self.names))
@@ -304,25 +332,32 @@ class Mix:
             return f"{self.names[component]!r} record {index}"
         return f"record {index} of component {component} (no such component)"
 
-    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
-        order = self.bind(pipeline.order)
+    def component_records(self, pipeline: PipelineView, first: Position, position: Position) -> dict[str, int] | None:
+        order = self.bind(pipeline.order, pipeline.partitioning)
         now, then = order.component_positions(position), order.component_positions(first)
         return {name: q - p for name, q, p in zip(self.names, now, then, strict=True)}
 
 
 class MixOrder:
-    """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices."""
+    """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices.
+    With partitions, a component's own position is a stream position of its partitioned
+    order (`Partitioning(P, 1)`: partition k's i-th record of the component is `i * P + k`)."""
 
-    def __init__(self, mix: Mix, order: Order) -> None:
+    def __init__(self, mix: Mix, order: Order, partitioning: Partitioning | None = None) -> None:
         self.mix = mix
+        self._parts = partitioning if partitioning is not None and partitioning.partitions > 1 else None
+        each = None if self._parts is None else Partitioning(self._parts.partitions, 1)
         self.orders: list[GlobalOrder] = [
             GlobalOrder(
-                Order(order.shuffle, component_seed(order.seed, name), order.window), np.asarray(s.row_group_sizes, np.int64)
+                Order(order.shuffle, component_seed(order.seed, name), order.window),
+                np.asarray(s.row_group_sizes, np.int64),
+                each,
             )
             for name, s in zip(mix.names, mix.sources, strict=True)
         ]
         self._comp, self._rank = schedule(mix.shares)
         self._shares = np.asarray(mix.shares, dtype=np.int64)
+        self._slots = [np.flatnonzero(self._comp == c) for c in range(len(mix.names))]
         start, positions = mix.start if mix.start is not None else (0, (0,) * len(mix.names))
         self._start, self._begin = start, np.asarray(positions, dtype=np.int64)
 
@@ -330,17 +365,39 @@ class MixOrder:
     def locality(self) -> int:
         return max(o.locality for o in self.orders)
 
+    def _before(self, component: int, slot: np.ndarray) -> np.ndarray:
+        """The component's slots before schedule positions `slot` (any periods)."""
+        periods, within = np.divmod(slot, DENOMINATOR)
+        return periods * self._shares[component] + np.searchsorted(self._slots[component], within)
+
     def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The component of each stream position, and that component's own position."""
-        periods, slots = np.divmod(np.asarray(stream, dtype=np.int64) - self._start, DENOMINATOR)
+        stream = np.asarray(stream, dtype=np.int64)
+        if self._parts is None:
+            periods, slots = np.divmod(stream - self._start, DENOMINATOR)
+            comps = self._comp[slots]
+            return comps, self._begin[comps] + periods * self._shares[comps] + self._rank[slots]
+        partition = self._parts.of(stream)
+        shift = partition * self._parts.rows  # partition k's schedule begins k * rows slots on
+        periods, slots = np.divmod(self._parts.before(stream, partition) + shift, DENOMINATOR)
         comps = self._comp[slots]
-        return comps, self._begin[comps] + periods * self._shares[comps] + self._rank[slots]
+        own = periods * self._shares[comps] + self._rank[slots]
+        for c in np.unique(comps):
+            mask = comps == c
+            own[mask] -= self._before(int(c), shift[mask])
+        return comps, own * self._parts.partitions + partition
 
-    def component_positions(self, position: int) -> list[int]:
-        """Records each component has delivered before stream `position`."""
-        periods, slot = divmod(position - self._start, DENOMINATOR)
-        counts = np.bincount(self._comp[:slot], minlength=len(self._shares))
-        return [int(q) for q in self._begin + periods * self._shares + counts]
+    def component_positions(self, position: Position) -> list[int]:
+        """Records each component has delivered before stream `position` (a partitioned
+        packed or filtered pipeline's position: before its partitions' own positions)."""
+        if self._parts is None:
+            periods, slot = divmod(int(position) - self._start, DENOMINATOR)
+            counts = np.bincount(self._comp[:slot], minlength=len(self._shares))
+            return [int(q) for q in self._begin + periods * self._shares + counts]
+        every = np.arange(self._parts.partitions, dtype=np.int64)
+        own = np.maximum(position[1:], 0) if isinstance(position, np.ndarray) else self._parts.before(position, every)
+        shift = every * self._parts.rows
+        return [int((self._before(c, shift + own) - self._before(c, shift)).sum()) for c in range(len(self._shares))]
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         comps, own = self.positions(stream)
@@ -359,9 +416,12 @@ class MixOrder:
 
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         components, own = self.positions(stream)
-        sizes = np.array(self.mix.sizes, dtype=np.int64)
+        epochs = np.empty_like(own)
+        for c in np.unique(components):
+            mask = components == c
+            epochs[mask] = self.orders[c].stream_epochs(own[mask])
         local = self.mix.locate(indices)[1]
-        return np.stack([components.astype(np.int64) + 1, own // sizes[components], local], axis=1)
+        return np.stack([components.astype(np.int64) + 1, epochs, local], axis=1)
 
     def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         comps, own = self.positions(stream)

@@ -64,9 +64,10 @@ class Partitioning:
     """The stream cut into `partitions` partitions, `rows` consecutive positions at a time in
     turn: position p is partition `(p // rows) % partitions`'s. With `rows` a global batch's
     rows over `partitions`, partition k is rows `[k*rows, (k+1)*rows)` of every global batch,
-    and host h of H (H dividing `partitions`) serves whole partitions. The `block` and
-    `global` orders give each partition its own slice of the data (its own row groups), so
-    that a host reads only its partitions' row groups."""
+    and host h of H (H dividing `partitions`) serves whole partitions. Under the `block` and
+    `global` orders each partition runs through epochs of its own, its slice of every
+    window's records (`GlobalOrder`), so that a host reads only its partitions' row
+    groups."""
 
     partitions: int = 1
     rows: int = 1
@@ -96,6 +97,17 @@ class Partitioning:
         own = np.asarray(own, dtype=np.int64)
         return (own // self.rows) * (self.rows * self.partitions) + np.asarray(partition) * self.rows + own % self.rows
 
+    def bounds(self, records: np.ndarray | int, partition: np.ndarray | int) -> np.ndarray:
+        """Where partition `partition`'s slice of `records` records begins when they are
+        cut into P slices as evenly as integers allow (`partition` P: the end): its own
+        records of each epoch (`GlobalOrder`) are its slice."""
+        return np.asarray(partition, dtype=np.int64) * np.asarray(records, dtype=np.int64) // self.partitions
+
+    def epoch_records(self, records: int, partition: np.ndarray | int) -> np.ndarray:
+        """Records in each of partition `partition`'s own epochs, of an epoch of `records`:
+        `records / P`, rounded down or up."""
+        return self.bounds(records, np.asarray(partition) + 1) - self.bounds(records, partition)
+
     def owned(self, host: int, hosts: int) -> range:
         """The partitions host `host` of `hosts` owns (`hosts` dividing `partitions`)."""
         share = self.partitions // hosts
@@ -117,27 +129,31 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
 
 
 class GlobalOrder:
-    """`Order` bound to a source's row-group layout: maps (epoch, positions) to record indices.
+    """`Order` bound to a source's row-group layout: maps stream positions to record indices.
 
     Args:
         order: the order to apply.
         row_group_sizes: records in each of the source's row groups, in global order.
-        partitioning: the stream's partitions, if it has more than one: `block` and `global`
-            then give each partition's positions in a window (`global`: the epoch) their own
-            slice of the window's records in row-group order, shuffled, so that the
-            partitions of one host read their own row groups. One partition is the plain
-            order.
+        partitioning: the stream's partitions, if it has more than one. Under `block` and
+            `global` each partition then runs through epochs of its own (`_own_indices`):
+            its own positions take, window after window, its slice of each window's records
+            (`global`: of the epoch's) in row-group order, the P slices cut as evenly as
+            integers allow, each shuffled apart. A host's partitions are neighbours, so it
+            reads its own row groups, and where a window splits evenly at row-group
+            boundaries no row group is read by two hosts. A window of fewer records than
+            partitions is joined to the one before. `none` is file order, partitions or not.
     """
 
     _WINDOW_CACHE = 4
 
     def __init__(self, order: Order, row_group_sizes: np.ndarray, partitioning: Partitioning | None = None) -> None:
         self.order = order
-        self._parts = partitioning if partitioning is not None and partitioning.partitions > 1 else None
+        many = partitioning is not None and partitioning.partitions > 1 and order.shuffle != "none"
+        self._own = partitioning if many else None
         self._sizes = row_group_sizes
         self._rg_start = np.concatenate([[0], np.cumsum(row_group_sizes)]).astype(np.int64)
         self._len = int(self._rg_start[-1])
-        self._epoch_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._epoch_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._windows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
@@ -151,7 +167,8 @@ class GlobalOrder:
         return {"none": largest, "block": self.order.window * largest, "global": 0}[self.order.shuffle]
 
     def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Record index at each position of `epoch`.
+        """Record index at each position of `epoch`; with partitions of their own epochs,
+        position `Partitioning.bounds(len, k) + j` is partition k's j-th record of its epoch.
 
         Args:
             epoch: the epoch; each has its own permutation.
@@ -160,65 +177,85 @@ class GlobalOrder:
         positions = np.asarray(positions, dtype=np.int64)
         if self.order.shuffle == "none":
             return positions.copy()
+        if self._own is not None:
+            every = np.arange(self._own.partitions + 1, dtype=np.int64)
+            partition = np.searchsorted(self._own.bounds(self._len, every), positions, side="right") - 1
+            return self._own_indices(epoch, partition, positions - self._own.bounds(self._len, partition))
         if self.order.shuffle == "global":
-            seed = int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
-            return permute(positions, self._len, seed) if self._parts is None else self._global_parts(seed, epoch, positions)
+            return permute(positions, self._len, self._global_seed(epoch))
         return self._block(epoch, positions)
 
-    def _slots(self, first: int, size: int, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For stream positions in a window of `size` records from stream position `first`:
-        their partitions, each one's rank among its partition's positions in the window, and
-        where each partition's slice of the window's records (in row-group order) begins (and
-        the end)."""
-        assert self._parts is not None
-        partition = self._parts.of(stream)
-        rank = self._parts.before(stream, partition) - self._parts.before(first, partition)
-        pieces = np.concatenate([[0], np.cumsum(self._parts.counts(first, first + size))]).astype(np.int64)
-        return partition, rank, pieces
-
-    def _global_parts(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """`global` over partitions: each partition's positions in the epoch take a slice of
-        the records in file order, permuted by a keyed bijection of its own (O(1) memory)."""
-        first = epoch * self._len
-        partition, rank, pieces = self._slots(first, self._len, first + positions)
-        sizes = pieces[partition + 1] - pieces[partition]
-        return pieces[partition] + permute_within(rank, sizes, partition_keys(seed, partition))
+    def _global_seed(self, epoch: int) -> int:
+        return int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        """Record index at each stream position (epoch after epoch, each in its own order).
+        """Record index at each stream position (epoch after epoch, each in its own order;
+        with partitions of their own epochs, each partition's).
 
         Args:
             stream: positions in the stream of epochs, `>= 0`.
         """
-        epochs, positions = np.divmod(np.asarray(stream, dtype=np.int64), self._len)
-        if not len(epochs) or (epochs == epochs[0]).all():  # the usual case: one epoch (partitions' reads are not sorted)
-            return self.indices(int(epochs[0]), positions)
-        indices = np.empty_like(positions)
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
-            indices[mask] = self.indices(int(epoch), positions[mask])
+        stream = np.asarray(stream, dtype=np.int64)
+        indices = np.empty_like(stream)
+        if self._own is not None:
+            partition = self._own.of(stream)
+            epochs, within = np.divmod(self._own.before(stream, partition), self._own.epoch_records(self._len, partition))
+            for epoch, mask in _by_epoch(epochs):
+                indices[mask] = self._own_indices(epoch, partition[mask], within[mask])
+            return indices
+        epochs, positions = np.divmod(stream, self._len)
+        for epoch, mask in _by_epoch(epochs):
+            indices[mask] = self.indices(epoch, positions[mask])
         return indices
+
+    def stream_epochs(self, stream: np.ndarray) -> np.ndarray:
+        """The epoch of each stream position (with partitions of their own epochs, its
+        partition's)."""
+        stream = np.asarray(stream, dtype=np.int64)
+        if self._own is None:
+            return stream // self._len
+        partition = self._own.of(stream)
+        return self._own.before(stream, partition) // self._own.epoch_records(self._len, partition)
 
     def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """`group_ranks` of the records at stream positions `stream` (any epochs)."""
-        epochs = np.asarray(stream, dtype=np.int64) // self._len
         ranks = np.empty_like(indices)
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
-            ranks[mask] = self.group_ranks(int(epoch), indices[mask])
+        for epoch, mask in _by_epoch(self.stream_epochs(stream)):
+            ranks[mask] = self.group_ranks(epoch, indices[mask])
         return ranks
 
-    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This epoch's row-group permutation, the first position of each window, and each
-        group's place in the permutation."""
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """This epoch's row-group permutation, the first position of each window (and the
+        end), the first place in the permutation of each window's groups (and the end), and
+        each group's place in the permutation."""
         if self._epoch_layout is None or self._epoch_layout[0] != epoch:
             perm = np.random.default_rng(epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
-            window_sizes = np.add.reduceat(self._sizes[perm], np.arange(0, len(perm), self.order.window))
+            firsts = np.arange(0, len(perm), self.order.window)
+            if self._own is not None:
+                firsts = self._joined(firsts, np.add.reduceat(self._sizes[perm], firsts))
+            window_sizes = np.add.reduceat(self._sizes[perm], firsts)
             starts = np.concatenate([[0], np.cumsum(window_sizes)]).astype(np.int64)
             ranks = np.empty_like(perm)
             ranks[perm] = np.arange(len(perm))
-            self._epoch_layout = (epoch, perm, starts, ranks)
+            self._epoch_layout = (epoch, perm, starts, np.append(firsts, len(perm)), ranks)
         return self._epoch_layout[1:]
+
+    def _joined(self, firsts: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """Window firsts with every window of fewer records than partitions joined to the
+        one before (the first to the next), so that each partition has records in each."""
+        assert self._own is not None
+        if (records >= self._own.partitions).all():
+            return firsts
+        kept: list[int] = []
+        held = self._own.partitions  # records in the window being built
+        for first, count in zip(firsts.tolist(), records.tolist(), strict=True):
+            if held >= self._own.partitions:
+                kept.append(first)
+                held = 0
+            held += count
+        if held < self._own.partitions and len(kept) > 1:
+            kept.pop()
+        return np.array(kept, dtype=np.int64)
 
     def group_ranks(self, epoch: int, indices: np.ndarray) -> np.ndarray:
         """Where the row group of each record comes in `epoch`'s reading order: `block`
@@ -233,7 +270,7 @@ class GlobalOrder:
         groups = np.searchsorted(self._rg_start, indices, side="right") - 1
         if self.order.shuffle != "block":
             return groups
-        return self._layout(epoch)[2][groups]
+        return self._layout(epoch)[3][groups]
 
     def _window_perm(self, epoch: int, window: int, size: int, pieces: np.ndarray | None = None) -> np.ndarray:
         """The window's shuffle: a permutation of its records (in row-group order); with
@@ -251,25 +288,66 @@ class GlobalOrder:
                 self._windows.popitem(last=False)
         return perm
 
+    def _in_window(self, epoch: int, window: int, local: np.ndarray) -> np.ndarray:
+        """The record indices of positions `local` of a window's records in row-group order."""
+        perm, _, firsts, _ = self._layout(epoch)
+        groups = perm[firsts[window] : firsts[window + 1]]
+        group_starts = np.concatenate([[0], np.cumsum(self._sizes[groups])])
+        k = np.searchsorted(group_starts, local, side="right") - 1
+        return self._rg_start[groups[k]] + local - group_starts[k]
+
     def _block(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        perm, starts, _ = self._layout(epoch)
+        _, starts, _, _ = self._layout(epoch)
         windows = np.searchsorted(starts, positions, side="right") - 1
         out = np.empty_like(positions)
-        w_size = self.order.window
         for window in np.unique(windows):
             mask = windows == window
-            groups = perm[window * w_size : (window + 1) * w_size]
             size = int(starts[window + 1] - starts[window])
-            if self._parts is None:
-                local = self._window_perm(epoch, int(window), size)[positions[mask] - starts[window]]
-            else:
-                first = epoch * self._len + int(starts[window])
-                partition, rank, pieces = self._slots(first, size, epoch * self._len + positions[mask])
-                local = self._window_perm(epoch, int(window), size, pieces)[pieces[partition] + rank]
-            group_starts = np.concatenate([[0], np.cumsum(self._sizes[groups])])
-            k = np.searchsorted(group_starts, local, side="right") - 1
-            out[mask] = self._rg_start[groups[k]] + local - group_starts[k]
+            perm = self._window_perm(epoch, int(window), size)
+            out[mask] = self._in_window(epoch, int(window), perm[positions[mask] - starts[window]])
         return out
+
+    def _own_indices(self, epoch: int, partition: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """The records of partitions' own positions `within` their epoch `epoch`: `global`
+        permutes each partition's slice of the epoch by a keyed bijection of its own (O(1)
+        memory); `block` gives it, window after window, its slice of the window
+        (`Partitioning.bounds` of the window's records), shuffled."""
+        parts = self._own
+        assert parts is not None
+        if self.order.shuffle == "global":
+            size = parts.epoch_records(self._len, partition)
+            keys = partition_keys(self._global_seed(epoch), partition)
+            return parts.bounds(self._len, partition) + permute_within(within, size, keys)
+        _, starts, _, _ = self._layout(epoch)
+
+        def before(window: np.ndarray) -> np.ndarray:  # the partition's own positions in the windows before
+            return parts.bounds(starts[window], partition + 1) - parts.bounds(starts[window], partition)
+
+        # windows hold at least P records, so a partition's share of those before lies
+        # within a record or two of (their records) / P: start there, step to the right one
+        windows = np.clip(np.searchsorted(starts, within * parts.partitions, side="right") - 1, 0, len(starts) - 2)
+        while True:
+            low, high = within < before(windows), within >= before(windows + 1)
+            if not (low.any() or high.any()):
+                break
+            windows += high.astype(np.int64) - low
+        slice_start = parts.bounds(starts[windows + 1], partition) - parts.bounds(starts[windows], partition)
+        offset = slice_start + within - before(windows)
+        every = np.arange(parts.partitions + 1, dtype=np.int64)
+        out = np.empty_like(within)
+        for window in np.unique(windows):
+            mask = windows == window
+            pieces = parts.bounds(starts[window + 1], every) - parts.bounds(starts[window], every)
+            perm = self._window_perm(epoch, int(window), int(starts[window + 1] - starts[window]), pieces)
+            out[mask] = self._in_window(epoch, int(window), perm[offset[mask]])
+        return out
+
+
+def _by_epoch(epochs: np.ndarray) -> list[tuple[int, np.ndarray | slice]]:
+    """The epochs among stream positions' `epochs`, each with where its positions are."""
+    if not len(epochs) or (epochs == epochs[0]).all():  # the usual case: one epoch
+        return [(int(epochs[0]) if len(epochs) else 0, slice(None))]
+    return [(int(e), epochs == e) for e in np.unique(epochs)]
 
 
 def host_rows(global_batch_size: int, host: int, hosts: int) -> tuple[int, int]:

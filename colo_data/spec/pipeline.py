@@ -134,8 +134,32 @@ class Pipeline:
 
     @property
     def total_records(self) -> int | None:
-        """Records in the whole stream, or None when it repeats forever."""
-        return None if self.epochs is None else self.epochs * len(self.source)
+        """Stream positions in the whole stream, or None when it repeats forever: its epochs'
+        records, or where partitions of their own epochs (`own_epochs`) have `epochs` times
+        `len // partitions` positions each, as many as the shortest has (a partition's epoch
+        is `len / partitions` records rounded down or up: the rest are dropped, as a partial
+        batch is)."""
+        if self.epochs is None:
+            return None
+        if self.own_epochs:
+            return self.epochs * self.partitions * (len(self.source) // self.partitions)
+        return self.epochs * len(self.source)
+
+    @property
+    def own_epochs(self) -> bool:
+        """Whether each partition runs through epochs of its own, its slice of each shuffle
+        window (`colo_data.spec.order.GlobalOrder`): several partitions under a `block` or
+        `global` order."""
+        return self.partitions > 1 and self.order.shuffle != "none"
+
+    def own_totals(self, partitions: np.ndarray) -> np.ndarray | None:
+        """Own positions in each of these partitions' streams (None: endless): their
+        epochs' records, or their positions before the stream's end in file order."""
+        if self.epochs is None:
+            return None
+        if self.own_epochs:
+            return self.epochs * self.partitioning.epoch_records(len(self.source), partitions)
+        return self.partitioning.before(self.epochs * len(self.source), partitions)
 
     @property
     def variable_batches(self) -> bool:

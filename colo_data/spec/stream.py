@@ -7,6 +7,7 @@ source with an order of its own (one that defines `bind`) implements `Stream` to
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -63,6 +64,9 @@ class PipelineView(Protocol):
 
     def with_source(self, source: Any) -> Any: ...
 
+    @property
+    def stream(self) -> Stream: ...
+
 
 class BoundStream(Protocol):
     """A stream bound to the pipeline's order: stream positions -> records. A record is
@@ -87,8 +91,8 @@ class BoundStream(Protocol):
         """The record index within its component at each (component, own position)."""
         ...
 
-    def component_positions(self, position: int) -> list[int]:
-        """Records each component has delivered before stream `position`."""
+    def component_positions(self, position: Position) -> list[int]:
+        """Records each component has delivered before `position`."""
         ...
 
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -163,8 +167,8 @@ class Stream(Protocol):
         """A record named in a message."""
         ...
 
-    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
-        """Each component's records between two stream positions (None: one source)."""
+    def component_records(self, pipeline: PipelineView, first: Position, position: Position) -> dict[str, int] | None:
+        """Each component's records between two positions (None: one source)."""
         ...
 
 
@@ -184,11 +188,13 @@ class SingleOrder(GlobalOrder):
     def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
         return self.stream_indices(own)
 
-    def component_positions(self, position: int) -> list[int]:
+    def component_positions(self, position: Position) -> list[int]:
+        if isinstance(position, np.ndarray):  # a partitioned pipeline's own positions: their sum
+            return [int(np.maximum(position[1:], 0).sum())]
         return [position]
 
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        return np.stack([np.zeros_like(stream), stream // len(self), indices], axis=1)
+        return np.stack([np.zeros_like(stream), self.stream_epochs(stream), indices], axis=1)
 
 
 @dataclass(frozen=True)
@@ -230,6 +236,13 @@ class Single:
             )
         ours = _identity(pipeline)
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
+        if re.fullmatch(r"(block:\d+|global)/\d+x\d+", str(state.get("order"))):
+            raise StateError(
+                f"the loader state was saved with partitions under an order ({state['order']!r}) whose partitions "
+                "shared each shuffle window by stream position; this colo-data gives each partition epochs of its own "
+                f"({ours['order']!r}), so the state's position names other records here. Restore it with the "
+                "colo-data that saved it, or start without a state."
+            )
         if differences:
             parts = "/" in str(state.get("order")) or "/" in ours["order"]  # the partitions are in the order's name
             raise StateError(
@@ -240,21 +253,7 @@ class Single:
                    "with (a state saved without them: partitions=1)." if parts else "")
             )
         if "parts" in state:
-            position = decode_parts(state["parts"])
-            count = len(position) - 1
-            if not pipeline.partitioned or count != pipeline.partitioning.partitions:
-                raise StateError(
-                    f"the loader state holds the positions of {count} partitions of a packed or filtered pipeline; "
-                    f"this pipeline is {_kind(pipeline)}: give it the partitions={count} and the pack= or keep= it "
-                    "was saved with"
-                )
-            if position[0] >= pipeline.plan_batches:
-                raise StateError(
-                    f"the loader state is {position[0]} batches into its partitions' packing plans, which span "
-                    f"{pipeline.plan_batches} here: it was saved from a pipeline of other batch rows or another "
-                    "packing; restore it into the pipeline that saved it"
-                )
-            return pipeline, position
+            return pipeline, parts_position(pipeline, state)
         epoch, within = state.get("epoch"), state.get("position")
         records = ours["records"]
         if not (isinstance(epoch, int) and isinstance(within, int) and epoch >= 0 and 0 <= within < records):
@@ -273,16 +272,43 @@ class Single:
     def record_label(self, component: int, index: int) -> str:
         return f"record {index}"
 
-    def component_records(self, pipeline: PipelineView, first: int, position: int) -> dict[str, int] | None:
+    def component_records(self, pipeline: PipelineView, first: Position, position: Position) -> dict[str, int] | None:
         return None
 
 
+def order_name(pipeline: PipelineView) -> str:
+    """The pipeline's order as a state names it: with partitions that change it (the block
+    and global orders, where each partition has epochs of its own; a mixture's schedule),
+    `/P x rows own` after it."""
+    parts = pipeline.partitioning
+    named = parts.partitions > 1 and (pipeline.order.shuffle != "none" or pipeline.stream.shares is not None)
+    return pipeline.order.describe() + (f"/{parts.partitions}x{parts.rows} own" if named else "")
+
+
+def parts_position(pipeline: PipelineView, state: dict[str, Any]) -> np.ndarray:
+    """The partitions' own positions a state saved by a partitioned packed or filtered
+    pipeline holds; StateError when this pipeline's partitions or packing differ."""
+    position = decode_parts(state["parts"])
+    count = len(position) - 1
+    if not pipeline.partitioned or count != pipeline.partitioning.partitions:
+        raise StateError(
+            f"the loader state holds the positions of {count} partitions of a packed or filtered pipeline; "
+            f"this pipeline is {_kind(pipeline)}: give it the partitions={count} and the pack= or keep= it "
+            "was saved with"
+        )
+    if position[0] >= pipeline.plan_batches:
+        raise StateError(
+            f"the loader state is {position[0]} batches into its partitions' packing plans, which span "
+            f"{pipeline.plan_batches} here: it was saved from a pipeline of other batch rows or another "
+            "packing; restore it into the pipeline that saved it"
+        )
+    return position
+
+
 def _identity(pipeline: PipelineView) -> dict[str, Any]:
-    parts = pipeline.partitioning  # they change the block and global orders, not file order
-    named = parts.partitions > 1 and pipeline.order.shuffle != "none"
     return {
         "seed": pipeline.order.seed,
-        "order": pipeline.order.describe() + (f"/{parts.partitions}x{parts.rows}" if named else ""),
+        "order": order_name(pipeline),
         "global_batch_size": pipeline.global_batch_size,
         "records": pipeline.records_per_epoch,
         "source": pipeline.source.fingerprint(),
