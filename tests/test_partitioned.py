@@ -266,6 +266,32 @@ def test_worker_processes_compute_slices_of_the_partitions(token_corpus: Path, b
         assert_batches_equal(want[len(got) :], read_all(cd.Loader(plain, state=state), 5), f"{kind}, resumed")
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
+def test_the_hosts_share_moving_mid_stream_keeps_the_batches(token_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `SliceBalance` deciding at every chunk, the host's thread's share moves again and
+    again while the workers compute the rest (each move joins the chunks asked, then cuts the
+    slices again): the batches are those of no workers, and a state saved meanwhile resumes."""
+    from colo_data.host import slice_balance
+
+    monkeypatch.setattr(slice_balance, "_DECIDE_S", 0.0)
+    monkeypatch.setattr(slice_balance, "_DECIDE_CHUNKS", 1)
+    moves = []
+    restart = slice_balance.SliceBalance.restart
+    monkeypatch.setattr(slice_balance.SliceBalance, "restart", lambda self: (moves.append(self.here), restart(self)))
+    first = [IdleHost(0.01)]
+    pipeline = make_pipeline(token_corpus, transforms=first, pack=cd.Pack("tokens", 16), partitions=12, epochs=None, global_batch_size=48)
+    plain = make_pipeline(token_corpus, transforms=[], pack=cd.Pack("tokens", 16), partitions=12, epochs=None, global_batch_size=48)
+    with cd.Loader(pipeline, backend=cd.InProcess(workers=2)) as loader:
+        got = until_workers_made(loader)
+        while len(moves) < 3:
+            got += [to_numpy(next(loader)) for _ in range(10)]
+            assert len(got) < 2000, f"the share moved {len(moves)} times in {len(got)} batches"
+        state = loader.get_state()
+    want = read_all(cd.Loader(plain), len(got) + 5)
+    assert_batches_equal(want[: len(got)], got, f"{len(got)} batches, the share moved to {moves}")
+    assert_batches_equal(want[len(got) :], read_all(cd.Loader(plain, state=state), 5), "resumed")
+
+
 def reject_all(columns: dict) -> np.ndarray:
     return np.zeros(len(columns["id"]), bool)
 

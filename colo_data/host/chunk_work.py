@@ -38,13 +38,15 @@ class Share(NamedTuple):
 class Resume(NamedTuple):
     """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
     the pipeline's position `start` (`colo_data.spec.parts`), `skip` batches on, the host's
-    partitions shared among its own thread and `parts` workers (`slices.cut`; a worker
-    computes the slice its `Share` numbers). A worker continues its slice's stream while the
-    requests follow on; any other is computed from `start` again, the same batches."""
+    partitions shared among its own thread (the first `here`) and `parts` workers
+    (`slices.cut`; a worker computes the slice its `Share` numbers). A worker continues its
+    slice's stream while the requests follow on; any other is computed from `start` again,
+    the same batches."""
 
     start: np.ndarray
     skip: int
     parts: int
+    here: int
 
 
 class PoolStream(Protocol):

@@ -22,6 +22,7 @@ from colo_data.host.filtering import filtered_batches
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
+from colo_data.host.slice_balance import SliceBalance
 from colo_data.host.slices import cut
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
@@ -208,8 +209,10 @@ class HostPipeline:
         `level + 1` slices (`slices.cut`), the first computed here, the others by as many
         workers, each going on ahead on its own (`Resume`; `_POOL_AHEAD` chunks asked of
         the pool), put together batch by batch. `PoolPolicy` decides the level, counting
-        batches for positions. At a change of level the chunks asked are taken and dropped,
-        and the slices cut again from where the stream stands: the batches do not depend on it."""
+        batches for positions, and `SliceBalance` this thread's share. At a change of level
+        the chunks asked are taken and dropped; at a change of share, the pool is asked for
+        no more and the chunks asked are joined first. Either way the slices are cut again
+        from where the stream stands: the batches do not depend on it."""
         rows = len(self.rows)
         chunk = max(1, defaults.CHUNK_RECORDS // rows)  # batches a request
         owned = self.pipeline.partitioning.owned(self.host, self.hosts)
@@ -218,6 +221,9 @@ class HostPipeline:
         stream = pool.stream(payload, self.host, self.hosts, 0) if pool.remote else None
         current = np.array(start, np.int64)  # the pipeline's position where the stream stands
         level = delivered = 0  # the workers that compute slices; batches handed on
+        balance: SliceBalance | None = None  # this thread's share while the workers compute slices
+        share: int | None = None  # a share to cut the slices to, once the chunks asked are joined
+        mine_count = 0  # the partitions of this thread's slice as cut (the balance may have moved on)
         origin, frontier = 0, 0  # the batch the slices were cut at; the next asked of the pool
         origin_position = current.copy()  # the position there
         asked: deque[int] = deque()  # the first batch of each chunk in the pool's hands
@@ -229,7 +235,8 @@ class HostPipeline:
                     stream = pool.stream(payload, self.host, self.hosts, 0)
                     ready = stream.ready
                 policy.adjust(frontier if level else None, ready)
-                if min(policy.level, len(owned) - 1) != level:  # cut again, from here
+                wanted = min(policy.level, len(owned) - 1)
+                if wanted != level or (share is not None and not asked):  # cut again, from here
                     while asked:
                         assert stream is not None
                         asked.popleft()
@@ -237,10 +244,14 @@ class HostPipeline:
                     close_iterator(here)
                     if level and not policy.level:
                         policy.released()
-                    level, origin, frontier = min(policy.level, len(owned) - 1), delivered, delivered
-                    origin_position = current.copy()
-                    here = partitioned_batches(self.work, current, cut(owned, level, 0) if level else None)
-                if not level:
+                    if wanted != level:
+                        level, balance = wanted, SliceBalance(len(owned), wanted) if wanted else None
+                    elif balance is not None:
+                        balance.restart()
+                    share, origin, frontier = None, delivered, delivered
+                    origin_position, mine_count = current.copy(), balance.here if balance else 0
+                    here = partitioned_batches(self.work, current, cut(owned, level, 0, mine_count) if balance else None)
+                if balance is None:
                     batch = next(here, None)
                     if batch is None:
                         return
@@ -248,17 +259,20 @@ class HostPipeline:
                     at: int | None = None
                 else:
                     assert stream is not None
-                    while len(asked) < _POOL_AHEAD:
-                        stream.ask(Resume(origin_position, frontier - origin, level), chunk, level)
+                    while share is None and len(asked) < _POOL_AHEAD:
+                        stream.ask(Resume(origin_position, frontier - origin, level, mine_count), chunk, level)
                         asked.append(frontier)
                         frontier += chunk
                     mine = list(itertools.islice(here, chunk))
                     waited = time.perf_counter()
                     part = stream.take()
-                    self.stages.add(POOL_WAIT, time.perf_counter() - waited, part.rows, 0)
+                    waited = time.perf_counter() - waited
+                    self.stages.add(POOL_WAIT, waited, part.rows, 0)
                     self._took(part)
                     at = asked.popleft()
-                    made = _joined(mine, part, (owned.stop - cut(owned, level, 0).stop) * self.pipeline.partitioning.rows)
+                    theirs = (owned.stop - cut(owned, level, 0, mine_count).stop) * self.pipeline.partitioning.rows
+                    made = _joined(mine, part, theirs)
+                    share = balance.record(len(made), waited) if share is None else share
                 for columns, end in made:
                     current[0], current[1 + owned.start : 1 + owned.stop] = end[0], end[1:]
                     delivered += 1

@@ -1,8 +1,9 @@
 """Slices of a host's partitions for its worker pool: a partitioned packed or filtered
 pipeline's work is shared out by partitions. The host's own thread computes the first
-slice, each worker the next ones (`cut`), and a worker goes on ahead with its slice on its
-own (`SliceStream`), asked by `Resume`s; since each partition's rows depend on its own
-records only, the batches are the same for any slicing."""
+slice (as many partitions as `SliceBalance` finds pay), each worker the next ones (`cut`),
+and a worker goes on ahead with its slice on its own (`SliceStream`), asked by `Resume`s;
+since each partition's rows depend on its own records only, the batches are the same for
+any slicing."""
 
 from __future__ import annotations
 
@@ -17,16 +18,13 @@ from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.telemetry.counters import StageTimes
 
-HOST_SHARE = 0.5  # the host's thread takes this much of a worker's share of the partitions: it also joins the batches
 
-
-def cut(owned: range, workers: int, part: int) -> range:
+def cut(owned: range, workers: int, part: int, here: int) -> range:
     """Slice `part` of a host's partitions `owned` shared among its own thread (part 0, the
-    first: `HOST_SHARE` of a worker's share, at least one partition) and `workers` workers
-    (parts 1 to `workers`, the rest evenly; empty where there are fewer partitions than
-    slices)."""
+    first `here` of them) and `workers` workers (parts 1 to `workers`, the rest evenly;
+    empty where there are fewer partitions than slices)."""
     count = len(owned)
-    here = min(count, max(1, round(HOST_SHARE * count / (workers + HOST_SHARE))))
+    here = min(count, here)
     if part == 0:
         return range(owned.start, owned.start + here)
     rest, first = count - here, owned.start + here
@@ -41,7 +39,7 @@ class SliceStream:
 
     def __init__(self, work: ChunkWork) -> None:
         self.work = work
-        self._at: tuple[Resume, int, int] | None = None  # the stream's request (skip: made so far), and its slice
+        self._at: tuple[Resume, int] | None = None  # the stream's request (skip: made so far), and its slice
         self._batches: Iterator[tuple[HostBatch, np.ndarray]] = iter(())
 
     def compute(self, resume: Resume, count: int, stages: StageTimes, part: int) -> HostChunk:
@@ -51,21 +49,19 @@ class SliceStream:
         `end` the slice's position after each batch (a row a batch). Fewer batches at the
         stream's end. Their stage counters go to `stages`."""
         owned = self.work.pipeline.partitioning.owned(self.work.host, self.work.hosts)
-        mine = cut(owned, resume.parts, part + 1)
+        mine = cut(owned, resume.parts, part + 1, resume.here)
         at = self._at
-        if at is None or at[1:] != (resume.parts, part) or at[0].skip != resume.skip or not np.array_equal(
-            at[0].start, resume.start
-        ):
+        if at is None or at[1] != part or at[0][1:] != resume[1:] or not np.array_equal(at[0].start, resume.start):
             self._batches = partitioned_batches(self.work, resume.start, mine)
             for _ in itertools.islice(self._batches, resume.skip):
                 pass
         before = list(self.work.stages.values)
         made = list(itertools.islice(self._batches, count))
-        self._at = (resume._replace(skip=resume.skip + len(made)), resume.parts, part)
+        self._at = (resume._replace(skip=resume.skip + len(made)), part)
         if stages is not self.work.stages:
             stages.merge([a - b for a, b in zip(self.work.stages.values, before, strict=True)])
         rows = len(mine) * self.work.pipeline.partitioning.rows
-        here = cut(owned, resume.parts, 0)
+        here = cut(owned, resume.parts, 0, resume.here)
         workers = (owned.stop - here.stop) * self.work.pipeline.partitioning.rows  # the workers' rows a batch
         first = (mine.start - here.stop) * self.work.pipeline.partitioning.rows
         places = (np.arange(len(made))[:, None] * workers + first + np.arange(rows)).ravel()
