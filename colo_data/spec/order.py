@@ -82,11 +82,6 @@ class Partitioning:
         span = self.rows * self.partitions
         return (stream // span) * self.rows + np.clip(stream % span - partition * self.rows, 0, self.rows)
 
-    def counts(self, first: int, stop: int) -> np.ndarray:
-        """Positions of each partition in the stream positions `[first, stop)`."""
-        every = np.arange(self.partitions, dtype=np.int64)
-        return self.before(stop, every) - self.before(first, every)
-
     def own(self, position: int) -> np.ndarray:
         """Each partition's own position at stream position `position`: its positions before it."""
         return self.before(position, np.arange(self.partitions, dtype=np.int64))
