@@ -134,11 +134,10 @@ class Pipeline:
 
     @property
     def total_records(self) -> int | None:
-        """Stream positions in the whole stream, or None when it repeats forever: its epochs'
-        records, or where partitions of their own epochs (`own_epochs`) have `epochs` times
-        `len // partitions` positions each, as many as the shortest has (a partition's epoch
-        is `len / partitions` records rounded down or up: the rest are dropped, as a partial
-        batch is)."""
+        """Stream positions in the whole stream, or None when it repeats forever: `epochs`
+        times the source's records; with partitions of their own epochs (`own_epochs`), the
+        shortest partition's epochs, `epochs * (len // partitions)` positions of each (the
+        longer partitions' last records are dropped, as a partial batch is)."""
         if self.epochs is None:
             return None
         if self.own_epochs:
