@@ -277,6 +277,13 @@ def uneven(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
     return grain.MapDataset.range(18 - 6 * shard.shard_index).map(lambda i: {"x": np.int32(i)}).batch(6)
 
 
+def none_element(shard: grain.sharding.ShardOptions) -> grain.IterDataset:
+    """The second element of each host is None (a map that returns None on an IterDataset
+    yields it): an error, not the end of the stream."""
+    batches = grain.MapDataset.range(60).map(lambda i: {"x": np.int32(i)}).batch(6).to_iter_dataset()
+    return batches.map(lambda b: None if b["x"][0] in (6, 36) else b)
+
+
 def ragged(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
     """Host 1's rows are longer than host 0's."""
     return grain.MapDataset.range(60).map(lambda i: {"x": np.zeros(4 + shard.shard_index, np.int32)}).batch(6)
@@ -288,6 +295,7 @@ BAD = {
     "wrong-size": (wrong_size, cd.GrainError, r"host 0 of 2: .*'x' with leading size 4; a host's batch is .* 6 rows.*\.batch\(6"),
     "uneven": (uneven, cd.GrainError, r"host\(s\) \[1\] came to the end of their data while host\(s\) \[0\] had more"),
     "ragged": (ragged, cd.TransformError, r"host 0 and host 1 made different columns \['x'\]"),
+    "none-element": (none_element, cd.GrainError, r"host [01] of 2: the Grain dataset gave a NoneType element"),
 }
 # every case on the in-process and colocated backends; through sidecars (4 s each to import Grain), those whose
 # error crosses the socket differently: a host's traceback, the hosts' streams ending apart
@@ -301,6 +309,15 @@ def test_bad_datasets_are_named_errors_on_every_backend(backend: str, case: str)
     with loader_for(pipeline, backend, 2) as loader, pytest.raises(error, match=match):
         for _ in range(4):
             next(loader)
+
+
+def test_a_none_element_is_an_error_in_verifys_own_reading_too() -> None:
+    """`colo-data verify` reads each host's Grain dataset itself, as the reference: a None
+    element there is the same named error, not the end of the reference."""
+    from colo_data.ops.verify_grain import grain_batches
+
+    with pytest.raises(cd.GrainError, match="gave a NoneType element"):
+        grain_batches(cd.GrainPipeline(make_dataset=none_element, global_batch_size=6), 1, 4)
 
 
 def test_bad_settings_are_config_errors() -> None:

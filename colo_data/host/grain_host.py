@@ -132,12 +132,12 @@ class GrainHost:
         (a trailing partial batch of records is dropped)."""
         rows = len(self.rows)
         if not self.pipeline.records:
-            element = next(iterator, None)
-            return None if element is None else _host_batch(element, rows, self._where())
+            element = next(iterator, _END)
+            return None if element is _END else _host_batch(element, rows, self._where())
         records = []
         for _ in range(rows):
-            record = next(iterator, None)
-            if record is None:
+            record = next(iterator, _END)
+            if record is _END:
                 return None
             records.append(_columns(record, self._where(), "record"))
         t0 = time.perf_counter()
@@ -157,6 +157,9 @@ class GrainHost:
             ) from e
         self.stages.add(BATCH, time.perf_counter() - t0, rows, 0)
         return batch
+
+
+_END = object()  # the end of a Grain iterator (an element may be None: it is a GrainError, not the end)
 
 
 def _columns(element: Any, where: str, what: str) -> HostBatch:

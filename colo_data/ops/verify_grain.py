@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from colo_data.errors import ConfigError
+from colo_data.errors import ConfigError, GrainError
 from colo_data.loader.loader import Loader
 from colo_data.ops.verify import Check
 from colo_data.spec.grain_pipeline import GrainPipeline
 
 Batch = dict[str, np.ndarray]
 DEFAULT_STEPS = 8  # batches a run, where no --steps is given (a Grain dataset may be endless)
+_END = object()  # the end of a Grain iterator (an element may be None: a GrainError, as in the loader)
 BACKENDS = ("inprocess", "sidecar")
 
 
@@ -67,8 +68,8 @@ def grain_batches(pipeline: GrainPipeline, hosts: int, steps: int) -> list[list[
                         break
                     batches.append({name: np.stack([r[name] for r in records]) for name in records[0]})
                 else:
-                    element = next(iterator, None)
-                    if element is None:
+                    element = next(iterator, _END)
+                    if element is _END:
                         break
                     batches.append(_numpy(element))
         finally:
@@ -80,6 +81,11 @@ def grain_batches(pipeline: GrainPipeline, hosts: int, steps: int) -> list[list[
 
 
 def _numpy(batch: Any) -> Batch:
+    if not isinstance(batch, dict):
+        raise GrainError(
+            f"the Grain dataset gave a {type(batch).__name__} element; colo-data batches dicts of arrays (name -> numpy "
+            "array): end the dataset with a .map that returns one"
+        )
     return {name: np.asarray(value) for name, value in batch.items()}
 
 
