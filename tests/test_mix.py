@@ -198,6 +198,10 @@ def test_the_state_stays_small_for_16_components(tmp_path: Path) -> None:
         (lambda c: cd.Mix(c, {"web": 1, "code": 1}), "one weight for each component"),
         (lambda c: cd.Mix(c, {"web": -1, "code": 1, "math": 1}), "'web' is -1"),
         (lambda c: cd.Mix(c, {"web": 0, "code": 0, "math": 0}), "every weight is 0"),
+        (  # more weighted components than the schedule's slots: refused, none left out silently
+            lambda c: cd.Mix(dict.fromkeys(map(str, range(DENOMINATOR + 1)), c["web"]), dict.fromkeys(map(str, range(DENOMINATOR + 1)), 1)),
+            r"65,537 components have a weight above 0; a mixture's schedule has 65,536 slots",
+        ),
     ],
 )
 def test_bad_mixtures_are_config_errors(mix_corpora: dict[str, Path], make: object, match: str) -> None:

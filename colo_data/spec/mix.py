@@ -75,6 +75,13 @@ class Mix:
             weights.append(float(w))
         if sum(weights) <= 0:
             raise ConfigError("Mix(weights=...): every weight is 0; give at least one component a weight above 0")
+        weighted = sum(1 for w in weights if w > 0)
+        if weighted > DENOMINATOR:  # each needs a slot of the schedule's period, or it would be left out
+            raise ConfigError(
+                f"Mix: {weighted:,} components have a weight above 0; a mixture's schedule has {DENOMINATOR:,} slots a "
+                f"period, one at least for each: give at most {DENOMINATOR:,} components a weight (join small "
+                "sources into one component)"
+            )
         sources = tuple(as_source(self.components[n]) for n in names)
         for name, source in zip(names, sources, strict=True):
             if len(source) == 0:
