@@ -202,3 +202,17 @@ def test_tf_examples_parse_without_tensorflow(tmp_path: Path) -> None:
     assert sorted(ids.tolist()) == list(range(40))
     with pytest.raises(cd.SourceError, match="record 1 of the chunk is not a tf.train.Example"):
         cd.parse_tf_example([tf_example_bytes(1), b"\xff\xff\xff"])
+
+
+def test_brackets_in_a_file_name_are_its_name(tmp_path: Path) -> None:
+    """`data[1].array_record` is that file, never `data1.array_record`; missing, it is the
+    missing-file error."""
+    for name, count in (("data[1].array_record", 2), ("data1.array_record", 5)):
+        writer = ArrayRecordWriter(str(tmp_path / name), "group_size:1")
+        for i in range(count):
+            writer.write(json.dumps(record(i)).encode())
+        writer.close()
+    assert len(cd.ArrayRecordSource(str(tmp_path / "data[1].array_record"))) == 2
+    (tmp_path / "data[1].array_record").unlink()
+    with pytest.raises(cd.SourceError, match=r"no file matches \['.*data\[1\]\.array_record'\]"):
+        cd.ArrayRecordSource(str(tmp_path / "data[1].array_record"))

@@ -903,3 +903,19 @@ def test_a_uri_with_a_filesystem_of_its_kind_reads_and_of_another_kind_is_a_conf
         cd.ArrowSource("s3://bucket/data/*.parquet", filesystem=pafs.LocalFileSystem())
     with pytest.raises(cd.ConfigError, match="give the path inside that filesystem"):
         cd.ArrowSource(f"file://{tmp_path}", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
+
+
+def test_brackets_in_a_path_are_its_name_not_a_pattern(tmp_path: Path) -> None:
+    """`data[1].parquet` is that file, never `data1.parquet`; missing, it is the missing-file
+    error. A glob under a directory with brackets lists that directory; `*` and `?` make a
+    glob, and a bracket class counts after them."""
+    table = pa.table({"id": np.arange(3)})
+    for name in ("data[1].parquet", "data1.parquet", "run[1]/a.parquet", "run1/b.parquet", "run1/c.parquet"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        pq.write_table(table, tmp_path / name)
+    assert cd.ArrowSource(str(tmp_path / "data[1].parquet")).files == (str(tmp_path / "data[1].parquet"),)
+    assert cd.ArrowSource(str(tmp_path / "run[1]" / "*.parquet")).files == (str(tmp_path / "run[1]" / "a.parquet"),)
+    assert cd.ArrowSource(str(tmp_path / "run1" / "[b]*.parquet")).files == (str(tmp_path / "run1" / "b.parquet"),)
+    (tmp_path / "data[1].parquet").unlink()
+    with pytest.raises(cd.SourceError, match=r"data\[1\]\.parquet.*no such file"):
+        cd.ArrowSource(str(tmp_path / "data[1].parquet"))

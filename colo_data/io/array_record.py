@@ -23,6 +23,7 @@ import pyarrow.json as pajson
 
 from colo_data.errors import RecordIndexError, SourceError, TransformError
 from colo_data.io.columns import to_arrow
+from colo_data.io.listing import is_glob
 
 Parse = Callable[[list[bytes]], Mapping[str, Any]]
 GROUP = 1024  # records a block-shuffle group: ArrayRecord files have no row groups to permute
@@ -80,7 +81,7 @@ class ArrayRecordSource:
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], parse: Parse = parse_json) -> None:
         patterns = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]
-        matched = {pattern: glob.glob(pattern) if glob.has_magic(pattern) else [pattern] for pattern in patterns}
+        matched = {pattern: glob.glob(pattern) if is_glob(pattern) else [pattern] for pattern in patterns}  # data[1]: a name
         unmatched = [p for p, found in matched.items() if not found or not all(os.path.isfile(f) for f in found)]
         if unmatched:
             raise SourceError(

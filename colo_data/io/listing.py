@@ -21,7 +21,7 @@ from colo_data.io.fsspec_store import describe, is_fsspec, schemes
 from colo_data.io.retry import Exhausted, transient, with_retries
 
 DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
-GLOB_CHARS = "*?["
+GLOB_CHARS = "*?"  # what makes a path a glob; "[" alone does not (file names hold brackets: data[1].parquet)
 INDEX_NAME = "_colo_data_index.json"  # a dataset index, in the directory it describes
 
 
@@ -57,7 +57,8 @@ def relative(path: str, base: str) -> str:
 
 
 def is_glob(path: str) -> bool:
-    """Whether `path` is a glob (has `*`, `?` or `[`)."""
+    """Whether `path` is a glob: it has `*` or `?` (a bracket class counts only in a part
+    after the first of those; elsewhere brackets are the file's name)."""
     return any(c in path for c in GLOB_CHARS)
 
 
@@ -74,10 +75,14 @@ def data_file(path: str) -> bool:
 
 
 def selects(pattern: str, path: str) -> bool:
-    """Whether the glob `pattern` selects the file `path` (never the dataset index)."""
+    """Whether the glob `pattern` selects the file `path` (never the dataset index): the
+    directory it lists (`glob_base`) literally, the rest as a pattern."""
     if posixpath.basename(path) == INDEX_NAME:
         return False
-    pattern, path = pattern.lstrip("/"), path.lstrip("/")  # filesystems differ on whether paths start with "/"
+    base = glob_base(pattern)
+    if base.strip("/") and not path.lstrip("/").startswith(base.strip("/") + "/"):
+        return False
+    pattern, path = relative(pattern, base), relative(path, base)
     patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
     return any(fnmatch.fnmatchcase(path, p) for p in patterns) and ("**" in pattern or path.count("/") == pattern.count("/"))
 
