@@ -91,10 +91,6 @@ class BoundStream(Protocol):
         """The record index within its component at each (component, own position)."""
         ...
 
-    def component_positions(self, position: Position) -> list[int]:
-        """Records each component has delivered before `position`."""
-        ...
-
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Each record's (component + 1, the component's epoch, index within the component)
         at stream positions `stream` (the source's records `indices`): what seeds
@@ -187,11 +183,6 @@ class SingleOrder(GlobalOrder):
 
     def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
         return self.stream_indices(own)
-
-    def component_positions(self, position: Position) -> list[int]:
-        if isinstance(position, np.ndarray):  # a partitioned pipeline's own positions: their sum
-            return [int(np.maximum(position[1:], 0).sum())]
-        return [position]
 
     def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return np.stack([np.zeros_like(stream), self.stream_epochs(stream), indices], axis=1)
