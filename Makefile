@@ -15,7 +15,7 @@ SETUP ?= uv
 # the machine's Python, never one that uv would download
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: bench test docs benchmarks lock clean
+.PHONY: bench test train docs benchmarks lock clean
 
 .uv/bin/uv:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --target .uv 'uv==$(UV_VERSION)'
@@ -26,15 +26,24 @@ $(VENV)/.installed-%: pyproject.toml requirements/%.txt
 	$(VENV)/bin/python -m pip install -q -r requirements/$*.txt -e .
 	touch $@
 else
-# --locked: a uv.lock that no longer matches pyproject.toml is an error (run `make lock`)
+# --locked: a uv.lock that no longer matches pyproject.toml is an error (run `make lock`). Each
+# sync first removes every stamp: where $(PYTHON) is not the path of the venv's own interpreter (a
+# pyenv shim), uv replaces the whole environment, and what another target installed is gone.
 $(VENV)/.installed-bench: pyproject.toml uv.lock | $(UV)
+	rm -f $(VENV)/.installed-*
 	$(UV) sync -q --locked --inexact --python $(PYTHON)
 	touch $@
 # --compile-bytecode (about 40 s here): the suite starts hundreds of Python processes, and where
 # nothing may write bytecode caches (PYTHONDONTWRITEBYTECODE, as on CI) each would compile JAX
 # and its neighbours from source again (8 s an import instead of 3 s). `pip install` compiles too.
+# The test extra holds the train extra (tests/test_train_lm.py): `make train` needs no more.
 $(VENV)/.installed-test: pyproject.toml uv.lock | $(UV)
+	rm -f $(VENV)/.installed-*
 	$(UV) sync -q --locked --extra test --compile-bytecode --python $(PYTHON)
+	touch $@ $(VENV)/.installed-train
+$(VENV)/.installed-train: pyproject.toml uv.lock | $(UV)
+	rm -f $(VENV)/.installed-*
+	$(UV) sync -q --locked --inexact --extra train --python $(PYTHON)
 	touch $@
 endif
 
@@ -48,6 +57,11 @@ bench: $(VENV)/.installed-bench
 TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25
+
+# examples/train_lm.py on its embedded defaults (docs/training.md): a small transformer trained on
+# the LM demo corpus, checkpointed into .train/ (run it again to resume), its steps logged there.
+train: $(VENV)/.installed-train
+	$(VENV)/bin/python examples/train_lm.py
 
 # The documentation site from docs/ into site/; tests/test_docs.py builds it the same way.
 docs: $(VENV)/.installed-test
@@ -76,6 +90,7 @@ lock: | $(UV)
 	$(UV) lock --python $(PYTHON)
 	$(UV) export -q --frozen --no-hashes --no-emit-project -o requirements/bench.txt
 	$(UV) export -q --frozen --no-hashes --no-emit-project --extra test -o requirements/test.txt
+	$(UV) export -q --frozen --no-hashes --no-emit-project --extra train -o requirements/train.txt
 
 clean:
-	rm -rf $(VENV) .uv .pytest_cache .mypy_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) .uv .train .pytest_cache .mypy_cache .ruff_cache .hypothesis site

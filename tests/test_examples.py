@@ -1,6 +1,6 @@
 """The programs of examples/, run as a user would: `examples/multihost.py` (whose worker
 docs/multi-host.md shows) starts two `jax.distributed` processes on the demo corpus, each
-computing only its own host."""
+computing only its own host. `examples/train_lm.py` has tests/test_train_lm.py."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def test_the_lock_matches_pyproject(uv: str) -> None:
     run_uv(uv, "lock", "--check", "--offline")
 
 
-@pytest.mark.parametrize("name, extras", [("bench", []), ("test", ["--extra", "test"])])
+@pytest.mark.parametrize("name, extras", [("bench", []), ("test", ["--extra", "test"]), ("train", ["--extra", "train"])])
 def test_the_pip_fallbacks_requirements_are_the_locks_pins(uv: str, name: str, extras: list[str]) -> None:
     exported = run_uv(uv, "export", "-q", "--frozen", "--no-hashes", "--no-emit-project", *extras)
     committed = (ROOT / "requirements" / f"{name}.txt").read_text()
