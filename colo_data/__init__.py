@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
+    from colo_data.ops.skip import skip
     from colo_data.spec.grain_pipeline import GrainPipeline
     from colo_data.spec.mix import Mix
     from colo_data.spec.order import GlobalOrder, Order, host_rows
@@ -91,6 +92,7 @@ _NAMES = {
     "per_record": "colo_data.spec.transforms",
     "random_map": "colo_data.spec.transforms",
     "select": "colo_data.spec.transforms",
+    "skip": "colo_data.ops.skip",
     "tokenize": "colo_data.spec.tokenize",
     "write_index": "colo_data.io.dataset_index",
 }
@@ -153,6 +155,7 @@ __all__ = [
     "per_record",
     "random_map",
     "select",
+    "skip",
     "tokenize",
     "verify",
     "write_index",

@@ -1,0 +1,125 @@
+"""`cd.skip(pipeline, state, batches=N)`: the state N global batches later, without a
+loader producing them. A loader from it yields exactly what the original would have
+yielded from batch N on, for padded, packed, filtered and mixture pipelines, with and
+without partitions, on another host count than the one that saved the state. Real Parquet
+corpora, real loaders."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import grain_pipelines as gp
+import numpy as np
+import pytest
+
+import colo_data as cd
+from colo_data.testing import assert_batches_equal, to_numpy
+
+SAVED, SKIPPED, AFTER = 3, 5, 4  # batches read before the state, skipped, compared after
+WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
+
+
+def short(columns: dict) -> np.ndarray:
+    """The filter: records of 6 tokens or fewer."""
+    return np.array([len(t) <= 6 for t in columns["tokens"].to_pylist()])
+
+
+def pipeline_of(kind: str, token_corpus: Path, mix_corpora: dict[str, Path], partitions: int = 1) -> cd.Pipeline:
+    """A pipeline of `kind` ("padded", "packed", "filtered", "mixture", "packed mixture")."""
+    if "mixture" in kind:
+        source = cd.Mix({n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}, WEIGHTS)
+    else:
+        source = cd.ArrowSource(str(token_corpus), columns=["id", "tokens"])
+    settings: dict = dict(
+        source=source,
+        order=cd.Order(shuffle="block", seed=5, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=8,
+        epochs=None,
+        index_column="_index",
+        partitions=partitions,
+    )
+    if "packed" in kind:
+        settings.update(transforms=[], pack=cd.Pack("tokens", 16))
+    if kind == "filtered":
+        settings.update(keep=short)
+    return cd.Pipeline(**settings)
+
+
+def read(pipeline: cd.Pipeline, count: int, **loader: object) -> tuple[list[dict[str, np.ndarray]], dict]:
+    """`count` batches of a loader, and its state after them."""
+    with cd.Loader(pipeline, **loader) as source:  # type: ignore[arg-type]
+        batches = [to_numpy(next(source)) for _ in range(count)]
+        return batches, source.get_state()
+
+
+@pytest.mark.parametrize(
+    "kind, partitions",
+    [("padded", 1), ("packed", 1), ("packed", 4), ("filtered", 4), ("mixture", 1), ("packed mixture", 4)],
+)
+def test_a_loader_from_a_skipped_state_yields_the_batches_after_the_skip(
+    token_corpus: Path, mix_corpora: dict[str, Path], kind: str, partitions: int
+) -> None:
+    """Saved on 1 host after 3 batches; 5 skipped; read on 2 hosts: batches 8 to 11 of the
+    stream straight through."""
+    pipeline = pipeline_of(kind, token_corpus, mix_corpora, partitions)
+    straight, _ = read(pipeline, SAVED + SKIPPED + AFTER)
+    _, state = read(pipeline, SAVED)
+    skipped = cd.skip(pipeline, state, batches=SKIPPED)
+    after, _ = read(pipeline, AFTER, hosts=2, state=skipped)
+    assert_batches_equal(straight[SAVED + SKIPPED :], after, f"{kind}, {partitions} partitions, after the skip")
+
+
+def test_skipping_from_the_start_and_nothing(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """No state: from the stream's start; 0 batches: the same position."""
+    pipeline = pipeline_of("packed", token_corpus, mix_corpora, 4)
+    straight, state = read(pipeline, 6)
+    from_start, _ = read(pipeline, 2, state=cd.skip(pipeline, None, batches=4))
+    assert_batches_equal(straight[4:], from_start, "skipped from the start")
+    assert cd.skip(pipeline, state, batches=0) == state
+
+
+def test_skips_add_up(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """Two skips of 2 and 3 are one of 5, mixture shares and all."""
+    pipeline = pipeline_of("mixture", token_corpus, mix_corpora)
+    _, state = read(pipeline, 1)
+    assert cd.skip(pipeline, cd.skip(pipeline, state, batches=2), batches=3) == cd.skip(pipeline, state, batches=5)
+
+
+def test_bad_skips_are_named_errors(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """Past a finite stream's end (to its very end is fine), a negative count, a state of another pipeline."""
+    finite = cd.Pipeline(
+        source=cd.ArrowSource(str(token_corpus), columns=["id", "tokens"]),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=8,
+        epochs=1,
+    )  # 120 records: 15 batches
+    _, state = read(finite, 2)
+    with pytest.raises(cd.ConfigError, match=r"batches=14: the stream has only 13 more global batches"):
+        cd.skip(finite, state, batches=14)
+    end = cd.skip(finite, state, batches=13)
+    assert (end["epoch"], end["position"]) == (1, 0), end  # the stream's end: nothing left to read
+    with cd.Loader(finite, state=end) as loader:
+        assert next(loader, None) is None
+    with pytest.raises(cd.ConfigError, match="batches=-1"):
+        cd.skip(finite, state, batches=-1)
+    packed = cd.Pipeline(
+        source=cd.ArrowSource(str(token_corpus), columns=["id", "tokens"]),
+        global_batch_size=4,
+        epochs=1,
+        pack=cd.Pack("tokens", 64),
+    )
+    with pytest.raises(cd.ConfigError, match=r"batches=1000: the stream has only \d+ more global batches"):
+        cd.skip(packed, None, batches=1000)
+    other = pipeline_of("padded", token_corpus, mix_corpora)
+    with pytest.raises(cd.StateError):
+        cd.skip(other, state, batches=1)
+
+
+def test_a_grain_pipeline_is_refused_with_what_to_do_instead(tmp_path: Path) -> None:
+    """A Grain pipeline's position is its iterators' state: no skip without reading."""
+    paths = gp.write_records(tmp_path)
+    pipeline = cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths), global_batch_size=gp.BATCH)
+    with pytest.raises(cd.ConfigError, match=r"cd.skip takes a cd.Pipeline, not GrainPipeline.*next\(loader\)"):
+        cd.skip(pipeline, None, batches=1)
