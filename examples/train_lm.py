@@ -43,6 +43,7 @@ from colo_data.ops.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "lm.toml"
+PRINT_EVERY = 20  # steps between the lines printed (every step is in the log)
 
 
 class Block(nnx.Module):
@@ -179,6 +180,7 @@ def train(args: argparse.Namespace) -> int:
         manager.save(step, args=ocp.args.Composite(model=ocp.args.StandardSave(state), data=cd.checkpoint.save_args(loader)))
 
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+    waits: list[float] = []  # the input waits of the steps since the last printed line
     with cd.Loader(pipeline, backend=args.backend, mesh=mesh, state=data_state) as loader, open(args.log, "a") as log:
         while step < args.steps and stop.signal is None:
             started = time.perf_counter()
@@ -191,6 +193,11 @@ def train(args: argparse.Namespace) -> int:
             line |= {"step_s": time.perf_counter() - started, "fill": fill}
             log.write(json.dumps(line) + "\n")
             log.flush()
+            waits.append(waited)
+            if step % PRINT_EVERY == 0 or step == args.steps:
+                wait_ms = 1000 * sum(waits) / len(waits)
+                print(f"step {step}/{args.steps}: loss {float(loss):.3f}, input wait {wait_ms:.1f} ms a step", flush=True)
+                waits.clear()
             if step % args.save_every == 0 or step == args.steps or stop.signal is not None:
                 save()
         if stop.signal is not None and manager.latest_step() != step:
