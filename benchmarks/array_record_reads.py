@@ -6,7 +6,9 @@ against the per-record path a Grain source took before (`cd.RecordSource` over
 record, as Grain itself reads). Every contender reads the same chunks of 512 indices of a
 global shuffle over 8 files of JSON records (about 150 bytes each), written once; records/s,
 medians of interleaved rounds. Goals (issue 22): take at least 0.8x `__getitems__` and at
-least 10x the per-record path. Run: `.venv/bin/python benchmarks/array_record_reads.py [--rounds N]
+least 10x the per-record path. Also the cost of opening the files (making the source) and of
+its fingerprint from their content, which the first state saved or restored pays, per file
+(the files in the page cache). Run: `.venv/bin/python benchmarks/array_record_reads.py [--rounds N]
 [--quick] [--out DIR]`.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -25,6 +28,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from grain.sources import ArrayRecordDataSource
 
 import colo_data as cd
+from colo_data.io import content
 
 FILES, PER_FILE = 8, 8_000
 CHUNK = 512  # records a read: a host pipeline's chunk
@@ -75,6 +79,26 @@ def per_record(files: list[str], indices: list[np.ndarray]) -> Iterator[int]:
         yield source.take(idx).num_rows
 
 
+def opening(files: list[str], rounds: int) -> tuple[list[str], dict[str, float]]:
+    """Seconds to make the source and then to take its fingerprint, medians of `rounds`
+    fresh sources: a line for the table, and the figures."""
+    made, printed = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        source = cd.ArrayRecordSource(files)
+        opened = time.perf_counter()
+        source.fingerprint()
+        made.append(opened - start)
+        printed.append(time.perf_counter() - opened)
+    figures = {"open_s": float(np.median(made)), "fingerprint_s": float(np.median(printed))}
+    line = (
+        f"Opening the {len(files)} files: {figures['open_s'] * 1e3:.1f} ms ({figures['open_s'] / len(files) * 1e3:.2f} ms a "
+        f"file); then the fingerprint ({content.WINDOWS} windows of {content.WINDOW:,} bytes a file): "
+        f"{figures['fingerprint_s'] * 1e3:.1f} ms ({figures['fingerprint_s'] / len(files) * 1e3:.2f} ms a file)."
+    )
+    return [line], figures
+
+
 def main() -> None:
     """Run the three readers in interleaved rounds; write the table and the goals."""
     args = harness.parse(harness.parser(__doc__))
@@ -103,7 +127,9 @@ def main() -> None:
         harness.ratio_within_rounds("take / `__getitems__` with the same parse", ours, batched, WHOLE, ">= 0.8"),
         harness.ratio_within_rounds("take / the per-record path", ours, single, WHOLE, ">= 10"),
     ]
-    harness.write_results("array_record_reads", args, [*lines, "", *harness.ratio_table(ratios)], runs, ratios)
+    opened, figures = opening(files, args.rounds)
+    table = [*lines, "", *harness.ratio_table(ratios), "", *opened]
+    harness.write_results("array_record_reads", args, table, runs, ratios, details=figures)
 
 
 if __name__ == "__main__":

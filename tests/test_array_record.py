@@ -134,6 +134,30 @@ def test_bad_input_is_a_named_error(array_records: Path, tmp_path: Path) -> None
         cd.parse_json([b"[1, 2]"])
 
 
+def test_a_damaged_chunk_is_a_corrupt_file_error_naming_file_and_record(array_records: Path, tmp_path: Path) -> None:
+    """A record whose chunk no longer matches its hash (bytes of the file changed after it
+    was written) is a CorruptFileError naming the file and the record, from `take` and from a
+    loader reading the source; the records of other chunks still read."""
+    damaged = tmp_path / "part-1.array_record"
+    writer = ArrayRecordWriter(str(damaged), "group_size:1,uncompressed")  # a chunk a record, stored as it is
+    for i in range(700, 800):
+        writer.write(json.dumps(record(i)).encode())
+    writer.close()
+    data = bytearray(damaged.read_bytes())
+    at = data.find(json.dumps(record(750)).encode())
+    assert at > 0
+    data[at + 8 : at + 12] = b"XXXX"  # the record's own bytes: its chunk's hash no longer matches
+    damaged.write_bytes(bytes(data))
+    source = cd.ArrayRecordSource([str(array_records / "part-0.array_record"), str(damaged)])
+    assert source.take([3, 749, 751]).column("id").to_pylist() == [3, 749, 751]
+    with pytest.raises(cd.CorruptFileError) as caught:
+        source.take([3, 700 + 50, 760])
+    message = str(caught.value)
+    assert str(damaged) in message and "record 50 of the file (record 750 of the source)" in message, message
+    with pytest.raises(cd.CorruptFileError, match=re.escape(str(damaged))):
+        read_all(cd.Loader(pipeline(source, "none")))
+
+
 def test_a_thousand_files_read_under_ulimit_256(tmp_path: Path) -> None:
     """More files than the process may open at once: the source keeps a bounded set of
     readers open (here under `ulimit -n 256`, in a child process)."""

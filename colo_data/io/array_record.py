@@ -21,9 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from colo_data.errors import RecordIndexError, SourceError, TransformError
+from colo_data.errors import CorruptFileError, RecordIndexError, SourceError, TransformError
 from colo_data.io.columns import to_arrow
+from colo_data.io.content import file_digest
 from colo_data.io.listing import is_glob
+from colo_data.io.redact import redacted
 
 Parse = Callable[[list[bytes]], Mapping[str, Any]]
 GROUP = 1024  # records a block-shuffle group: ArrayRecord files have no row groups to permute
@@ -85,8 +87,9 @@ class ArrayRecordSource:
         unmatched = [p for p, found in matched.items() if not found or not all(os.path.isfile(f) for f in found)]
         if unmatched:
             raise SourceError(
-                f"ArrayRecordSource: no file matches {unmatched} (of the paths given, {patterns}): a source reads every "
-                "path it is given or none; fix these paths (the name, the glob) or leave them out"
+                f"ArrayRecordSource: no file matches {redacted(str(unmatched))} (of the paths given, "
+                f"{redacted(str(patterns))}): a source reads every path it is given or none; fix these paths (the "
+                "name, the glob) or leave them out"
             )
         files = sorted({f for found in matched.values() for f in found})
         if not callable(parse):
@@ -96,6 +99,7 @@ class ArrayRecordSource:
         self._counts = np.array([_count(f) for f in self.files], dtype=np.int64)
         self._sizes = tuple(os.path.getsize(f) for f in self.files)
         self._starts = np.concatenate([[0], np.cumsum(self._counts)])
+        self._fingerprint: str | None = None
         self._readers: OrderedDict[int, Any] = OrderedDict()  # opened on first use, in each process, the last used last
         self._lock = threading.Lock()  # the host pipelines of one process share the source: one read at a time
 
@@ -123,6 +127,8 @@ class ArrayRecordSource:
 
         Raises:
             RecordIndexError: an index is outside `[0, len(self))`.
+            CorruptFileError: a record cannot be read (its chunk is damaged), naming the file
+                and the record.
             TransformError: `parse` did not give one value per record in every column.
         """
         idx = np.asarray(indices, dtype=np.int64)
@@ -134,7 +140,7 @@ class ArrayRecordSource:
         for f in np.unique(which).tolist():
             at = np.flatnonzero(which == f)
             with self._lock:
-                got = self._reader(f).read((idx[at] - self._starts[f]).tolist())
+                got = self._read(f, (idx[at] - self._starts[f]).tolist())
             for place, record in zip(at.tolist(), got, strict=True):
                 records[place] = record
         columns = self.parse(records)
@@ -148,9 +154,39 @@ class ArrayRecordSource:
         return pa.table({column: to_arrow(values, column) for column, values in columns.items()})
 
     def fingerprint(self) -> str:
-        """A hash of the files' names, sizes and record counts."""
-        parts = [f"{os.path.basename(f)}:{size}:{n}" for f, size, n in zip(self.files, self._sizes, self._counts, strict=True)]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+        """A hash of the files' names, record counts and content (`file_digest`: a few
+        windows of each file's bytes), so that shards swapped or rewritten with records of
+        the same size give another; taken once, when a state is first saved or restored."""
+        if self._fingerprint is None:
+            parts = [f"{os.path.basename(f)}:{n}:{file_digest(f)}" for f, n in zip(self.files, self._counts, strict=True)]
+            self._fingerprint = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+        return self._fingerprint
+
+    def _read(self, f: int, local: list[int]) -> list[bytes]:
+        """Records `local` of file `f`, in one batched read; a record that cannot be read is a
+        CorruptFileError naming the file and the record (ArrayRecord's own error names
+        neither, only the chunk's offset)."""
+        reader = self._reader(f)
+        try:
+            return reader.read(local)
+        except (RuntimeError, OSError, ValueError) as e:
+            bad = next((i for i in sorted(set(local)) if not _readable(reader, i)), None)
+            del self._readers[f]  # a reader that failed is not trusted with the next read
+            reader.close()
+            raise self._damaged(f, bad, e) from e
+
+    def _damaged(self, f: int, bad: int | None, error: Exception) -> CorruptFileError:
+        """The error for file `f`, whose record `bad` (None: one of those read) cannot be read."""
+        path = self.files[f]
+        where = "a record" if bad is None else f"record {bad} of the file (record {bad + int(self._starts[f])} of the source)"
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = None
+        then = "" if size == self._sizes[f] else f" It had {self._sizes[f]} bytes when the source was made, {size} now."
+        return CorruptFileError(
+            f"{path}: {where} cannot be read ({error}).{then} The file is truncated or damaged: rewrite or remove it."
+        )
 
     def _reader(self, f: int) -> Any:
         """File `f`'s reader in this process (opened on first use; at most `OPEN_FILES`
@@ -176,6 +212,15 @@ def _open(path: str) -> Any:
         return ArrayRecordReader(path, _READER_OPTIONS)
     except (OSError, RuntimeError, ValueError) as e:
         raise _unreadable(path, e) from e
+
+
+def _readable(reader: Any, record: int) -> bool:
+    """Whether `reader` reads `record` alone (an error path: one read a record)."""
+    try:
+        reader.read([record])
+    except (RuntimeError, OSError, ValueError):
+        return False
+    return True
 
 
 def _count(path: str) -> int:

@@ -25,6 +25,7 @@ from colo_data.errors import ConfigError, SourceError, StaleIndexError
 from colo_data.io.files import MACHINE, DataFile, object_uri
 from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.listing import INDEX_NAME, Found, default_retries, inspect_all, listed, relative, select, split_uri
+from colo_data.io.redact import redacted
 from colo_data.io.retry import Exhausted, with_retries
 
 FORMAT = 1  # the index's own format version
@@ -178,7 +179,8 @@ def write_index(
         filesystem: the filesystem to find them in, as for `cd.ArrowSource`.
 
     Returns:
-        The indexes written, one per directory.
+        The indexes written, one per directory, as a message shows them (a URI's credentials
+        `redacted`: the command line prints them).
 
     Raises:
         ConfigError: a path is not a directory.
@@ -193,12 +195,14 @@ def write_index(
         fs, directory = split_uri(pattern, fs_given)
         if fs.get_file_info(directory).type != pafs.FileType.Directory:
             raise ConfigError(
-                f"write_index({pattern!r}): not a directory on {describe(fs)}. An index lives beside the data: give the "
-                "directory that holds the files (a source of that directory, or of a glob in it, reads the index)."
+                f"write_index({redacted(repr(pattern))}): not a directory on {describe(fs)}. An index lives beside the "
+                "data: give the directory that holds the files (a source of that directory, or of a glob in it, reads "
+                "the index)."
             )
         found = listed(fs, directory, retries)
         if not found.files:
-            raise SourceError(f"write_index({pattern!r}): the directory holds no Parquet or Arrow IPC file to index")
+            shown = redacted(repr(pattern))
+            raise SourceError(f"write_index({shown}): the directory holds no Parquet or Arrow IPC file to index")
         paths_found = sorted(f.path for f in found.files)
         inspected = inspect_all(fs, paths_found, retries, defaults.IO_CONCURRENCY, {})
         data = _encode(directory, inspected, {f.path: f.mtime_ns for f in found.files})
@@ -211,5 +215,5 @@ def write_index(
         else:
             with fs.open_output_stream(target) as out:
                 out.write(data)
-        written.append(pattern.rstrip("/") + "/" + INDEX_NAME if "://" in pattern else target)
+        written.append(redacted(pattern.rstrip("/") + "/" + INDEX_NAME) if "://" in pattern else target)
     return written

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from colo_data.errors import CorruptFileError, ResourceError, SourceError
 from colo_data.io.fsspec_store import StoreHandler, schemes
 from colo_data.io.range_file import range_file
+from colo_data.io.redact import redacted
 from colo_data.io.retry import transient
 
 _PARQUET_MAGIC = b"PAR1"
@@ -163,9 +164,10 @@ def object_version(fs: pafs.FileSystem, path: str, handle: pa.NativeFile) -> str
 
 
 def object_uri(fs: pafs.FileSystem, path: str) -> str:
-    """An object's name as a user writes it (`gs://bucket/key`, `s3://bucket/key`)."""
+    """An object's name as a user writes it (`gs://bucket/key`, `s3://bucket/key`), for a
+    message: `redacted`."""
     known = [scheme for scheme in schemes(fs) if scheme != "file"]
-    return f"{known[0]}://{path}" if known else path
+    return redacted(f"{known[0]}://{path}" if known else path)
 
 
 def open_object(fs: pafs.FileSystem, path: str) -> pa.NativeFile:

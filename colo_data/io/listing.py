@@ -18,6 +18,7 @@ from colo_data import defaults
 from colo_data.errors import ConfigError, SourceError
 from colo_data.io.files import DataFile, Kept, inspect_file, object_uri
 from colo_data.io.fsspec_store import describe, is_fsspec, schemes
+from colo_data.io.redact import redacted
 from colo_data.io.retry import Exhausted, transient, with_retries
 
 DATA_SUFFIXES = (".parquet", ".pq", ".arrow", ".ipc", ".feather")
@@ -34,13 +35,19 @@ def split_uri(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileS
         scheme, inner = path.split("://", 1)
         if scheme.lower() not in schemes(filesystem):
             raise ConfigError(
-                f"{path!r} is a {scheme}:// URI but filesystem= is a {describe(filesystem)}: "
+                f"{redacted(repr(path))} is a {scheme}:// URI but filesystem= is a {describe(filesystem)}: "
                 "give the path inside that filesystem (e.g. 'bucket/dir/*.parquet'), "
                 "or the URI without filesystem= to use the URI's own"
             )
         return filesystem, inner if scheme.lower() != "file" else posixpath.abspath(inner)
     if "://" in path:
-        fs, inner = pafs.FileSystem.from_uri(path)
+        try:
+            fs, inner = pafs.FileSystem.from_uri(path)
+        except (pa.ArrowException, OSError) as e:  # pyarrow's message repeats the URI, secrets and all
+            raise SourceError(
+                f"{redacted(repr(path))} names no filesystem that pyarrow can open ({redacted(str(e))}): check its "
+                "scheme, its query and its characters, or give the filesystem as filesystem="
+            ) from None
         return fs, inner
     return pafs.LocalFileSystem(), posixpath.abspath(path)
 

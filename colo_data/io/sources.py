@@ -26,6 +26,7 @@ from colo_data.errors import (
     SourceError,
 )
 from colo_data.io.columns import from_records, table_to_columns, to_arrow, to_records
+from colo_data.io.content import records_digest, sampled_records
 from colo_data.io.dataset_index import DatasetIndex, read_index
 from colo_data.io.disk_cache import DiskCache
 from colo_data.io.files import (
@@ -43,6 +44,7 @@ from colo_data.io.files import (
 from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.gather import gather
 from colo_data.io.listing import default_retries, inspect_all, listed, split_uri, why_nothing
+from colo_data.io.redact import redacted
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.rowgroup_cache import RowGroupCache
 from colo_data.io.shared_metadata import read_once
@@ -159,7 +161,7 @@ class ArrowSource:
             pattern_fs, inner = split_uri(pattern, filesystem)
             if fs is not None and pattern_fs.type_name != fs.type_name:
                 raise SourceError(
-                    f"{pattern!r} is on {describe(pattern_fs)}, the paths before it on {describe(fs)}: "
+                    f"{redacted(repr(pattern))} is on {describe(pattern_fs)}, the paths before it on {describe(fs)}: "
                     "one ArrowSource reads from one filesystem; make one source per filesystem."
                 )
             fs = pattern_fs
@@ -167,7 +169,7 @@ class ArrowSource:
         assert fs is not None
         kept: dict[str, Kept] = {}
         key = json.dumps([fs.type_name, targets, None if columns is None else list(columns)])
-        what = "the source of " + ", ".join(map(repr, patterns[:3])) + (" ..." if len(patterns) > 3 else "")
+        what = "the source of " + redacted(", ".join(map(repr, patterns[:3]))) + (" ..." if len(patterns) > 3 else "")
         files, schema = read_once(what, key, lambda: self._discover(fs, patterns, targets, columns, reading, kept))
         by_index = {i: kept[f.path] for i, f in enumerate(files) if f.path in kept}
         self._setup(fs, files, schema, reading, by_index)
@@ -192,7 +194,7 @@ class ArrowSource:
         for pattern, inner in zip(patterns, targets, strict=True):
             found = listed(fs, inner, reading.retries)
             if not found.files:
-                unmatched.append(f"{pattern!r} ({why_nothing(fs, inner)})")
+                unmatched.append(f"{redacted(repr(pattern))} ({why_nothing(fs, inner)})")
             elif found.index is not None:
                 index = indexes.get(found.index.path)
                 if index is None:
@@ -488,6 +490,7 @@ class RecordSource:
             )
         self._records = records
         self._len = len(records)
+        self._fingerprint: str | None = None
 
     def __len__(self) -> int:
         return self._len
@@ -537,8 +540,14 @@ class RecordSource:
         return pa.table({name: to_arrow(column, name) for name, column in from_records(rows).items()})
 
     def fingerprint(self) -> str:
-        """A hash of the collection's type name and length: its values are not read."""
-        return hashlib.sha256(f"{type(self._records).__name__}:{self._len}".encode()).hexdigest()[:16]
+        """A hash of the collection's type name, length and content (`records_digest` of a
+        few records spread over it), so that a collection of other records of the same
+        length gives another; taken once, when a state is first saved or restored. A
+        collection whose records differ from read to read gives another at each restore."""
+        if self._fingerprint is None:
+            sampled = records_digest(self.take(sampled_records(self._len)))
+            self._fingerprint = hashlib.sha256(f"{type(self._records).__name__}:{self._len}:{sampled}".encode()).hexdigest()[:16]
+        return self._fingerprint
 
 
 def grain_stages(dataset: Any) -> Iterator[Any]:
