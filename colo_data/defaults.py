@@ -14,8 +14,8 @@ CHUNK_RECORDS = 512  # records of one host computed per call, so that per-call c
 WORKER_CHUNKS = 4
 LOCAL_SIDECAR_DIR_PREFIX = "colo-data-sidecar-"  # a trainer's own sidecar's socket directory, in the temp dir
 # A sidecar that works (opens a stream, computes a batch) sends a heartbeat this often when
-# it has nothing else to send; a trainer that hears nothing for the Loader's
-# `sidecar_timeout` while it waits takes the sidecar for frozen.
+# it has nothing else to send; a trainer that hears nothing for `cd.Sidecar(timeout=...)`
+# (SIDECAR_TIMEOUT_S by default) while it waits takes the sidecar for frozen.
 HEARTBEAT_S = 1.0
 SIDECAR_TIMEOUT_S = 20.0
 # Object storage (ArrowSource): row-group reads in flight per reading process (a request

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -411,6 +412,44 @@ def test_an_unreachable_cluster_is_named_within_30_s(token_corpus: Path) -> None
     with pytest.raises(cd.RayClusterError, match=r"127\.0\.0\.1:9.*cannot reach the Ray cluster"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
     assert time.monotonic() - started < 30, "the unreachable cluster took longer than 30 s to name"
+
+
+SILENT_HEAD = """
+import json, sys, time
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+import colo_data as cd
+
+corpus, address, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+pipeline = cd.Pipeline(source=cd.ArrowSource(corpus), transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=12)
+started = time.monotonic()
+try:
+    cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=cd.RayWorkers(address=address, connect_timeout=timeout)))
+except cd.RayClusterError as e:
+    print(json.dumps({"error": str(e), "took": time.monotonic() - started}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"], ids=["gcs", "ray-client"])
+def test_a_head_that_does_not_answer_is_named_within_the_connect_timeout(token_corpus: Path, tmp_path: Path, scheme: str) -> None:
+    """A port that accepts connections and never answers, as a stopped (SIGSTOP) or hung
+    head's does (the kernel completes the connection, nothing reads it): the error comes
+    within `connect_timeout` and a margin. Ray itself waited on it for minutes (its GCS
+    client) or 30 s (Ray Client), whatever the timeout."""
+    timeout, margin = 3.0, 5.0
+    script = tmp_path / "connect.py"
+    script.write_text(SILENT_HEAD)
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen(64)  # and never accepts
+        address = f"{scheme}127.0.0.1:{head.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, str(script), str(token_corpus), address, str(timeout)], capture_output=True, text=True, timeout=60
+        )  # the old wait on the GCS ends here, as a failure
+    assert done.returncode == 0 and done.stdout, done.stderr
+    report = json.loads(done.stdout)
+    assert f"RayWorkers(address={address!r})" in report["error"] and "does not answer" in report["error"], report
+    assert report["took"] < timeout + margin, report
 
 
 def test_a_ray_client_server_that_failed_to_start_is_asked_again(

@@ -4,7 +4,8 @@ stop it; `close()` stops them newest first within one deadline (parts registered
 `first`, such as a connection that a thread of a newer part reads, before the others, so
 that the thread is not waited for while what would wake it stays open), and runs exactly once:
 when the user calls it, when the loader becomes unreachable (`weakref.finalize`), or at
-interpreter exit, before JAX, XLA and Arrow tear down their own threads.
+interpreter exit, before JAX, XLA and Arrow tear down their own threads. The parts belong
+to the process that made the lifecycle: a forked child's exit (or close) stops none of them.
 
 Why exit matters: a daemon thread that is inside C++ (an XLA transfer, an Arrow
 decode) when the interpreter finalises is killed by CPython with a forced
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +57,7 @@ class Lifecycle:
     def __init__(self, name: str) -> None:
         self.name = name
         self._id = next(_ids)
+        self._pid = os.getpid()  # the process whose parts these are
         self._lock = threading.RLock()
         self._parts: dict[int, tuple[str, Stop, bool]] = {}
         self._keys = itertools.count()
@@ -103,11 +106,16 @@ class Lifecycle:
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
         """Stop every part and close for good; a second call does nothing. Returns the parts
-        that did not stop within `timeout` seconds (empty when all did).
+        that did not stop within `timeout` seconds (empty when all did). In a forked child
+        (its exit hook runs this) nothing is stopped: the sidecar, its socket directory,
+        the worker processes and their sockets are the parent's, which goes on using them,
+        and the parent's threads are not in the child.
 
         Args:
             timeout: seconds for all parts together.
         """
+        if os.getpid() != self._pid:  # before the lock, which a thread of the parent may have held at the fork
+            return []
         with self._lock:
             if self._state == "closed":
                 return []

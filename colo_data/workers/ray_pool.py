@@ -22,8 +22,10 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import cloudpickle
+import grpc  # type: ignore[import-untyped]  # Ray's own dependency, without type hints
 import ray
 import ray.exceptions
+from ray._private.grpc_utils import init_grpc_channel
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from colo_data.errors import RayClusterError, TransformError, from_wire
@@ -58,9 +60,12 @@ _connecting = threading.Lock()
 
 
 def _reachable(address: str, timeout: float) -> None:
-    """Raise RayClusterError unless a TCP connection to `address` ("HOST:PORT" or
-    "ray://HOST:PORT") opens within `timeout` seconds: Ray itself retries an unreachable
-    cluster for minutes."""
+    """Raise RayClusterError unless the Ray head at `address` ("HOST:PORT", its GCS, or
+    "ray://HOST:PORT", its Ray Client server) accepts a TCP connection and answers gRPC's
+    handshake within `timeout` seconds in all. Ray itself retries an unreachable cluster for
+    minutes, and waits on a head that accepts connections but does not answer (stopped,
+    hung, or another program on its port) for minutes too (30 s through Ray Client), whatever
+    the timeout."""
     parts = urlsplit(address if "://" in address else f"tcp://{address}")
     host, port = parts.hostname, parts.port
     if not host or not port:
@@ -69,7 +74,7 @@ def _reachable(address: str, timeout: float) -> None:
     while True:
         try:
             socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
-            return
+            break
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise RayClusterError(
@@ -77,7 +82,26 @@ def _reachable(address: str, timeout: float) -> None:
                     "check that its head node runs and that this machine can reach that port "
                     "(`ray status` on the head; `colo-data doctor` here)"
                 ) from e
-            time.sleep(0.2)
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    _answers(address, parts.netloc.rpartition("@")[2], deadline, timeout)
+
+
+def _answers(address: str, target: str, deadline: float, timeout: float) -> None:
+    """Raise RayClusterError unless the gRPC server at `target` ("HOST:PORT") completes its
+    handshake by `deadline` (a channel as Ray makes it: with TLS and a token where Ray's
+    settings say so)."""
+    channel = init_grpc_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
+    except grpc.FutureTimeoutError as e:
+        raise RayClusterError(
+            f"RayWorkers(address={address!r}): the port accepts connections but does not answer as a Ray head "
+            f"(no gRPC handshake in {timeout:g} s): the head may be stopped or hung, or another program listens there. "
+            "Check it (`ray status` on the head; `colo-data doctor` here), or give a larger connect_timeout if it is "
+            "only slow to answer"
+        ) from e
+    finally:
+        channel.close()
 
 
 def connect(address: str, timeout: float) -> bool:

@@ -160,7 +160,7 @@ class SidecarClient:
             f"the sidecar at {self.address} sent nothing for {silence or self.timeout:g} s while the trainer {doing}, not even "
             f"the heartbeat it sends every {defaults.HEARTBEAT_S:g} s while it works: it is stopped or hung, or its "
             f"host is overloaded.{state} If its pipeline is only slow, a batch is not the cause (the heartbeat goes "
-            "on while it works); if its host is that busy, give the Loader a larger sidecar_timeout."
+            "on while it works); if its host is that busy, give it a larger cd.Sidecar(timeout=...)."
         )
 
     def _send(self, message: dict[str, Any]) -> None:

@@ -121,32 +121,51 @@ def check_directory(directory: str) -> None:
 
 def sweep_stale(directory: str) -> list[str]:
     """Remove the ring segments in `directory` that no live writer holds; return their names.
-    Files not named like segments are never touched."""
+    Only this user's regular files named like segments are segments: in a shared /dev/shm
+    another user's file, a directory, a FIFO or a link of that name is someone else's, left
+    as it is, and nothing is opened in a way that could block."""
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:  # nothing to sweep; the capacity check says what to do
         return []
-    removed = []
-    for name in names:
-        if not _NAME.fullmatch(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # removed meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its writer is alive
-            os.close(fd)
-            continue
-        try:
-            if os.fstat(fd).st_nlink:  # not already removed by a concurrent sweep
-                os.unlink(path)
-                removed.append(name)
-        finally:
-            os.close(fd)
-    return removed
+    return [name for name in names if _NAME.fullmatch(name) and _remove_if_stale(os.path.join(directory, name))]
+
+
+def _remove_if_stale(path: str) -> bool:
+    """Remove `path` if it is a segment of this user's that no live writer locks."""
+    fd = _open_segment(path)
+    if fd is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_nlink:  # not already removed by a concurrent sweep
+            os.unlink(path)
+            return True
+    except OSError:  # its writer is alive (BlockingIOError), or another sweep removed it meanwhile
+        pass
+    finally:
+        os.close(fd)
+    return False
+
+
+def _open_segment(path: str) -> int | None:
+    """`path` opened read-only, without following a link and without blocking (a FIFO's
+    open waits for a writer), if it is a regular file of this user's; else None."""
+    try:
+        if not _ours(os.lstat(path)):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:  # removed meanwhile, replaced by a link, or closed to this user
+        return None
+    if _ours(os.fstat(fd)):  # the same kind of file still (it may have been replaced since the lstat)
+        return fd
+    os.close(fd)
+    return None
+
+
+def _ours(info: os.stat_result) -> bool:
+    """Whether a file is what a segment of this user's is: a regular file it owns."""
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def _unmap(segment: mmap.mmap) -> None:
