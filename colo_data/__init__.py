@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from colo_data.errors import (
+    ArgumentError,
     ColoDataError,
     ConfigError,
     CorruptFileError,
@@ -104,6 +105,7 @@ _MODULES = {
 }
 
 __all__ = [
+    "ArgumentError",
     "ArrayRecordSource",
     "ArrowSource",
     "ColoDataError",

@@ -39,6 +39,11 @@ class ConfigError(ColoDataError, ValueError):
     """An impossible setting: the message names the setting and the values allowed."""
 
 
+class ArgumentError(ConfigError, TypeError):
+    """A keyword argument that `Loader` does not take: a removed one names its replacement.
+    Also a `TypeError`, which is what Python raises for an unknown keyword."""
+
+
 class StateError(ColoDataError, ValueError):
     """A saved loader state that does not belong to this pipeline or format version."""
 

@@ -336,3 +336,24 @@ def test_a_dataset_of_fewer_files_than_hosts(token_corpus: Path, tmp_path: Path,
     expected = read_all(cd.Loader(pipeline))
     assert len(expected) == 120 // BATCH
     assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=4, backend=backend_of(backend))), f"1 file, 4 hosts, {backend}")
+
+
+@pytest.mark.parametrize(
+    "removed, replacement",
+    [
+        (dict(workers=2), r"backend=cd.InProcess\(workers=2\)"),
+        (dict(sidecar="unix:///run/colo/host0.sock"), r"backend=cd.Sidecar\(address='unix:///run/colo/host0.sock'\)"),
+        (dict(slots=8), r"backend=cd.Sidecar\(slots=8\)"),
+        (dict(shm_dir="/tmp"), r"backend=cd.Sidecar\(shm_dir='/tmp'\)"),
+        (dict(sidecar_timeout=30), r"backend=cd.Sidecar\(timeout=30\)"),
+    ],
+)
+def test_a_removed_keyword_names_its_replacement(token_corpus: Path, removed: dict, replacement: str) -> None:
+    with pytest.raises(cd.ConfigError, match=rf"Loader\({next(iter(removed))}=.*was removed: give {replacement}") as raised:
+        cd.Loader(make_pipeline(token_corpus), **removed)
+    assert isinstance(raised.value, TypeError)  # what Python raises for a keyword a function does not take
+
+
+def test_an_unknown_keyword_lists_those_the_loader_takes(token_corpus: Path) -> None:
+    with pytest.raises(cd.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, mesh"):
+        cd.Loader(make_pipeline(token_corpus), prefech=2)

@@ -5,7 +5,10 @@ save/restore into other host counts and batch sizes, in process and through the 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import cloudpickle
@@ -227,6 +230,47 @@ def test_several_columns_packed_as_grains_first_fit_with_its_names(token_corpus:
         assert set(g) == {"inputs", "targets", "segment_ids", "positions"}
         np.testing.assert_array_equal(g["segment_ids"], e["inputs_segment_ids"])
         np.testing.assert_array_equal(g["targets"], e["targets"])
+
+
+def documented_maxtext_layout() -> Callable[..., dict]:
+    """`maxtext_layout` as docs/packing.md defines it."""
+    page = (Path(__file__).parent.parent / "docs" / "packing.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "def maxtext_layout" in block)
+    scope: dict = {"np": np}
+    exec(code, scope)
+    return scope["maxtext_layout"]
+
+
+def maxtext_steps(packed: dict[str, np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+    """What MaxText's Grain pipeline does to a batch of Grain's packed rows (its `Rekey` of
+    the packer's keys, then `ShiftData(ignored_ids=[pad_id])`: `shift_left` of the targets
+    and their segmentation set to 0 where the shifted target is pad_id), written as it is."""
+    renamed = {"inputs_segmentation": "inputs_segment_ids", "targets_segmentation": "targets_segment_ids",
+               "inputs_position": "inputs_positions", "targets_position": "targets_positions"}  # fmt: skip
+    element = dict(packed)
+    for new, old in renamed.items():
+        element[new] = element.pop(old)
+    padded = np.pad(element["targets"], [(0, 0), (0, 1)], mode="constant", constant_values=pad_id)
+    element["targets"] = padded[:, 1:]
+    element["targets_segmentation"] = np.where(element["targets"] != pad_id, element["targets_segmentation"], 0)
+    return element
+
+
+@pytest.mark.parametrize("pad_id", [0, -1])
+def test_the_documented_transform_gives_maxtexts_layout(token_corpus: Path, pad_id: int) -> None:
+    """docs/packing.md's `maxtext_layout` after a first-fit pack with Grain's names gives,
+    key for key, what MaxText's pipeline makes of Grain's packer's rows of the same records."""
+    pack = cd.Pack(columns=("inputs", "targets"), length=LENGTH, method="first_fit", names="grain", prepare=[inputs_and_targets])
+    pipeline = dataclasses.replace(packed(token_corpus, "global"), pack=pack, index_column=None)
+    expected = [maxtext_steps(b, pad_id) for b in grain_first_fit(token_corpus, pipeline, 4)]
+    layout = functools.partial(documented_maxtext_layout(), pad_id=pad_id)
+    for hosts in (1, 2):
+        got = read_all(cd.Loader(dataclasses.replace(pipeline, transforms=[layout]), hosts=hosts))
+        assert len(got) == len(expected)
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            assert set(g) == set(e), sorted(g)
+            for name in e:
+                np.testing.assert_array_equal(g[name], e[name], err_msg=f"{hosts} hosts, batch {i}, {name}")
 
 
 def test_columns_of_other_lengths_share_the_slots(token_corpus: Path) -> None:

@@ -297,8 +297,8 @@ def reject_all(columns: dict) -> np.ndarray:
 
 
 def test_a_filter_that_rejects_everything_is_named_not_read_forever(token_corpus: Path) -> None:
-    """An endless partitioned stream whose filter rejects an epoch's worth of a partition's
+    """An endless partitioned stream whose filter rejects two epochs' worth of a partition's
     records in a row is a TransformError naming the partition, not a read that never ends."""
     pipeline = make_pipeline(token_corpus, keep=reject_all, partitions=4, epochs=None)
-    with pytest.raises(cd.TransformError, match=r"rejected every one of the [\d,]+ records of partition 0 .*an epoch.s worth.*check the filter"):
+    with pytest.raises(cd.TransformError, match=r"keep=reject_all\) accepted none of the last [\d,]+ records of partition 0, .*two epochs.*Check the filter"):
         read_all(cd.Loader(pipeline, hosts=2), 1)

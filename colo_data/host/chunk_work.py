@@ -13,11 +13,12 @@ from time import perf_counter
 from typing import NamedTuple, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk
-from colo_data.io.columns import Columns, table_to_columns
+from colo_data.io.columns import Columns, list_lengths, table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.spec.order import host_rows
 from colo_data.spec.pipeline import Pipeline
@@ -105,12 +106,16 @@ def check_batch(columns: Columns, rows: int) -> HostBatch:
     for name, col in columns.items():
         if not isinstance(col, np.ndarray):
             kind = getattr(col, "type", type(col).__name__)
-            hint = (
-                f"add cd.pad_or_truncate({name!r}, LENGTH)"
-                if "list" in str(kind)
-                else f"fill its nulls, encode it as numbers, or leave it out: add cd.drop({name!r}) (or cd.select(...) "
-                "with the columns to keep) after the transforms that need it"
-            )
+            levels = list_lengths(col) if isinstance(col, pa.Array) else None
+            if levels is not None:
+                hint = _nested_hint(levels)
+            elif "list" in str(kind) and "list" not in str(getattr(kind, "value_type", "")):
+                hint = f"add cd.pad_or_truncate({name!r}, LENGTH)"
+            else:
+                hint = (
+                    f"fill its nulls, encode it as numbers, or leave it out: add cd.drop({name!r}) (or cd.select(...) "
+                    "with the columns to keep) after the transforms that need it"
+                )
             raise TransformError(f"column {name!r} is {kind} after the transforms, not a fixed-shape array: {hint}")
         if col.dtype.kind not in "biuf":
             raise TransformError(
@@ -123,6 +128,23 @@ def check_batch(columns: Columns, rows: int) -> HostBatch:
                 "transforms must keep one row per record"
             )
     return columns
+
+
+def _nested_hint(levels: list[list[int]]) -> str:
+    """What to do about a column of nested lists whose lists of a level differ in length:
+    the lengths found, level by level."""
+
+    def lengths(found: list[int]) -> str:
+        if len(found) > 3:
+            return f"{found[0]} to {found[-1]} ({len(found)} lengths)"
+        return " and ".join(map(str, found)) if len(found) < 3 else f"{found[0]}, {found[1]} and {found[2]}"
+
+    inner = " lists of ".join(lengths(found) for found in levels[1:])
+    return (
+        f"its records are lists of {lengths(levels[0])} lists of {inner} values in this batch, and a column of a batch "
+        "holds an array of one shape per record. Write the data with one shape per record (nested lists of one length "
+        "at each level, or Arrow's fixed_shape_tensor type), or make them one shape in a transform"
+    )
 
 
 class ChunkWork:

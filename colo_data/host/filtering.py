@@ -21,6 +21,10 @@ from colo_data.io.sources import ReadAhead
 from colo_data.telemetry.counters import ORDER, READ
 
 READ_RECORDS = 512  # records read at once, at least a global batch's
+# Records in a row that `keep` may reject, none accepted, before an endless stream is refused
+# (or two epochs' records, if fewer: two epochs in a row hold every record). A filter that
+# accepts one record in 10,000 rejects this many in a row with a chance of about e**-100.
+REJECTED_RECORDS = 1_000_000
 
 
 def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
@@ -37,6 +41,34 @@ def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
     return verdict
 
 
+def rejected_run(verdict: np.ndarray, before: int) -> int:
+    """Records rejected in a row at the end of `verdict`, following `before` rejected ones."""
+    accepted = np.flatnonzero(verdict)
+    return before + len(verdict) if not len(accepted) else len(verdict) - 1 - int(accepted[-1])
+
+
+def check_accepting(work: ChunkWork, rejected: int, where: str) -> None:
+    """A TransformError when `keep` has rejected `rejected` records in a row of an endless
+    stream (`where`: which), `REJECTED_RECORDS` or two epochs' records: it would read on
+    forever (and a packing window grow with it)."""
+    pipeline = work.pipeline
+    limit = min(REJECTED_RECORDS, 2 * pipeline.records_per_epoch)
+    if pipeline.epochs is not None or rejected < limit:
+        return
+    keeps = [
+        f"{owner}(keep={getattr(keep, '__qualname__', repr(keep))})"
+        for owner, keep in (("cd.Pipeline", pipeline.keep), ("cd.Pack", getattr(pipeline.pack, "keep", None)))
+        if keep is not None
+    ]
+    raise TransformError(
+        f"{' and '.join(keeps)} accepted none of the last {rejected:,} records of {where}: an endless stream would read "
+        f"on forever. The limit is {limit:,} records in a row, the smaller of colo_data.host.filtering.REJECTED_RECORDS "
+        f"({REJECTED_RECORDS:,}) and two epochs' records (which hold every record). Check the filter on some of the "
+        "source's records; one that accepts fewer than one record in 10,000 is better applied once, writing the records "
+        "it accepts to files of their own"
+    )
+
+
 def with_index(work: ChunkWork, table: pa.Table, indices: np.ndarray) -> pa.Table:
     """The records read, with the pipeline's index column (from a `cd.Mix`: the index
     within the component, and the component column), as the transforms see them."""
@@ -50,14 +82,15 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
     """Host `work.host`'s rows of each filtered global batch from stream `start_position`
     on, transformed, with the stream position after the batch. A trailing batch of fewer
     accepted records than a global batch is dropped, as an unfiltered stream's is. Only the
-    accepted records are kept between reads; in an endless stream, a `keep` that rejects a
-    whole epoch's records in a row is a TransformError (it would read on forever)."""
+    accepted records are kept between reads; in an endless stream, a `keep` that rejects
+    too many records in a row is a TransformError (`check_accepting`)."""
     pipeline = work.pipeline
     size, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop
     total = pipeline.total_records
     position, read = start_position, start_position  # the batch's first position; the first not read yet
     tables: list[pa.Table] = []  # the accepted records read, in stream order
     places: list[np.ndarray] = []  # their stream positions
+    rejected = 0  # records rejected in a row, up to the last read
     while True:
         have = sum(len(p) for p in places)
         if have < size:
@@ -69,11 +102,8 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             tables.append(table.filter(pa.array(verdict)))
             places.append(read + np.flatnonzero(verdict))
             read = stop
-            if total is None and not have and not verdict.any() and read - position >= pipeline.records_per_epoch:
-                raise TransformError(
-                    f"cd.Pipeline keep={pipeline.keep!r} rejected every one of the {read - position:,} records from "
-                    f"stream position {position} on (an epoch's worth): check the filter"
-                )
+            rejected = rejected_run(verdict, rejected)
+            check_accepting(work, rejected, f"the stream, up to position {read}")
             continue
         window, at = pa.concat_tables(tables) if len(tables) > 1 else tables[0], np.concatenate(places)
         stream = at[first_row:stop_row]

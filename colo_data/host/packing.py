@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import kept, taken
+from colo_data.host.filtering import check_accepting, kept, rejected_run, taken
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream
@@ -187,6 +187,10 @@ class Window:
             cut = offsets[count]
             self.values[name], self.offsets[name] = self.values[name][cut:], offsets[count:] - cut
 
+    def rejected(self) -> int:
+        """Records that `keep` rejected in a row at the window's end."""
+        return rejected_run(self.lengths >= 0, 0)
+
     def planned(self, rows: int, complete: bool) -> tuple[int, np.ndarray, np.ndarray]:
         """`plan` over the window's records (`complete`: no more records come)."""
         pack = self.pack
@@ -224,9 +228,17 @@ def read_records(work: ChunkWork, pack: Pack, stream: np.ndarray, ahead: np.ndar
         offsets[name], values[name] = _list_parts(columns[name], name)
         lengths = np.maximum(lengths, np.minimum(np.diff(offsets[name]), pack.length))
     verdict = kept(work, columns, len(indices))  # the pipeline's keep and the pack's
-    if verdict is not None:
+    if verdict is not None and not verdict.all():
         lengths = np.where(verdict, lengths, -1)
+        for name in pack.columns:  # never placed: a window looking past many of them holds none of their tokens
+            offsets[name], values[name] = _accepted_only(offsets[name], values[name], verdict)
     return Records(indices, lengths, offsets, values)
+
+
+def _accepted_only(offsets: np.ndarray, values: np.ndarray, verdict: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's offsets and values with the rejected records' lists emptied."""
+    sizes = np.diff(offsets)
+    return np.r_[0, np.cumsum(sizes * verdict)], values[np.repeat(verdict, sizes)]
 
 
 def _extend(work: ChunkWork, window: Window, count: int, total: int | None) -> bool:
@@ -239,6 +251,7 @@ def _extend(work: ChunkWork, window: Window, count: int, total: int | None) -> b
     ahead = stop + count if total is None else min(stop + count, total)
     records = read_records(work, window.pack, np.arange(first, stop, dtype=np.int64), np.arange(stop, ahead, dtype=np.int64))
     window.append(records, 0, stop - first)
+    check_accepting(work, window.rejected(), f"the stream, up to position {stop}")
     return True
 
 

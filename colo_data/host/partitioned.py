@@ -18,10 +18,9 @@ from time import perf_counter
 import numpy as np
 import pyarrow as pa
 
-from colo_data.errors import TransformError
 from colo_data.host.chunk import HostBatch
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import READ_RECORDS, read_at, verdict_of
+from colo_data.host.filtering import READ_RECORDS, check_accepting, read_at, rejected_run, verdict_of
 from colo_data.host.packing import Window, packed_rows, read_records
 from colo_data.io.columns import table_to_columns
 from colo_data.spec import parts
@@ -91,6 +90,7 @@ def _packed(
             for i, first, stop in spans:
                 windows[i].append(records, at, at + stop - first)
                 at += stop - first
+                check_accepting(work, windows[i].rejected(), f"partition {mine.partitions[i]}, up to its own position {stop}")
         return {i for i, _, _ in spans}
 
     def planned() -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -136,11 +136,12 @@ def _packed(
 def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[HostBatch, np.ndarray]]:
     """Each partition's next `rows` accepted records a batch; the position is where each
     partition's next batch starts."""
-    pipeline, rows, count = work.pipeline, mine.rows, len(own)
+    rows, count = mine.rows, len(own)
     per_read = min(max(2 * rows, -(-READ_RECORDS // count)), _BATCHES_AHEAD * rows)  # records a read, of a partition
     read = own.copy()  # each partition's first own position not read yet
     tables: list[list[pa.Table]] = [[] for _ in range(count)]  # its accepted records read, in its own order
     places: list[list[np.ndarray]] = [[] for _ in range(count)]  # their own positions
+    rejected = [0] * count  # records each partition's keep rejected in a row, up to its last read
     while True:
         short = [i for i in range(count) if sum(len(p) for p in places[i]) < rows]
         while short:
@@ -157,11 +158,8 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
                 tables[i].append(table.slice(at, stop - first).filter(pa.array(accepted)))
                 places[i].append(first + np.flatnonzero(accepted))
                 at, read[i] = at + stop - first, stop
-                if mine.totals is None and read[i] - own[i] >= pipeline.records_per_epoch and not any(map(len, places[i])):
-                    raise TransformError(
-                        f"cd.Pipeline keep={pipeline.keep!r} rejected every one of the {read[i] - own[i]:,} records of "
-                        f"partition {mine.partitions[i]} from its own position {own[i]} on (an epoch's worth): check the filter"
-                    )
+                rejected[i] = rejected_run(accepted, rejected[i])
+                check_accepting(work, rejected[i], f"partition {mine.partitions[i]}, up to its own position {stop}")
             short = [i for i in short if sum(len(p) for p in places[i]) < rows]
         batch, stream, ends = [], [], []
         for i in range(count):

@@ -23,11 +23,51 @@ def _numpy_or_arrow(array: pa.Array) -> Column:
     if array.null_count == 0:
         if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
             return array.to_numpy(zero_copy_only=False)
-        if pa.types.is_fixed_size_list(kind) and array.flatten().null_count == 0:
-            inner = _numpy_or_arrow(array.flatten())
-            if isinstance(inner, np.ndarray):
-                return inner.reshape(len(array), kind.list_size, *inner.shape[1:])
+        if isinstance(kind, pa.FixedShapeTensorType) and _fixed_shape(array.storage) is not None:
+            return array.to_numpy_ndarray()  # its own shape (and dimension order)
+        if pa.types.is_fixed_size_list(kind) or (_is_list(kind) and _is_list(kind.value_type)):
+            fixed = _fixed_shape(array)
+            if fixed is not None:
+                return fixed
     return array
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _fixed_shape(array: pa.Array) -> np.ndarray | None:
+    """Numbers, or lists of them (of lists ...), without nulls, as one numpy array of shape
+    (rows, n, m, ...) when the lists of each level have one length; else None. A column of
+    one variable-length list per record (tokens) is not one, however long its lists: its
+    shape would change from batch to batch."""
+    kind = array.type
+    if array.null_count:
+        return None
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return array.to_numpy(zero_copy_only=False)
+    if not _is_list(kind) or not len(array):
+        return None
+    if pa.types.is_fixed_size_list(kind):
+        size = kind.list_size
+    else:
+        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+        size = int(lengths[0])
+        if (lengths != size).any():
+            return None
+    inner = _fixed_shape(array.flatten())
+    return None if inner is None else inner.reshape(len(array), size, *inner.shape[1:])
+
+
+def list_lengths(column: pa.Array) -> list[list[int]] | None:
+    """The lengths found at each level of a column of lists of lists (of lists ...) of
+    numbers, for an error to name; None for another column, or one with nulls."""
+    levels: list[list[int]] = []
+    array = column
+    while _is_list(array.type) and not array.null_count:
+        levels.append(np.unique(pc.list_value_length(array).to_numpy(zero_copy_only=False)).tolist())
+        array = array.flatten()
+    return levels if len(levels) > 1 and not array.null_count else None
 
 
 def table_to_columns(table: pa.Table) -> Columns:
