@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -105,6 +106,28 @@ def test_mp_prefetch_runs_inside_the_sidecar_and_resumes(paths: list[str]) -> No
     with cd.Loader(pipeline, backend=backend, hosts=1, state=state) as loader:
         again = read(loader, STEPS - RESUME_AT)
     assert_host_by_host([e[RESUME_AT:] for e in expected], again, f"{backend} with mp_prefetch, resumed")
+
+
+def test_a_state_restores_only_with_the_grain_worker_count_that_saved_it(paths: list[str]) -> None:
+    """mp_prefetch gives each of its workers a slice of the dataset, so a state saved with one
+    worker count is a StateError naming both counts with another (a state of an earlier
+    colo-data that does not record the count: a StateError saying Grain could not restore
+    it, not Grain's IndexError)."""
+    one, two = (
+        cd.GrainPipeline(functools.partial(gp.maxtext_like, paths=paths, workers=w), global_batch_size=gp.BATCH) for w in (1, 2)
+    )
+    with cd.Loader(one, backend="sidecar", hosts=1) as loader:
+        read(loader, 1)
+        state = loader.get_state()
+    saved_with_one = r"host 0 of 1: the loader state was saved with 1 Grain worker process\(es\).* has 2.*num_workers=1"
+    with pytest.raises(cd.StateError, match=saved_with_one):
+        with cd.Loader(two, backend="sidecar", hosts=1, state=state) as loader:
+            next(loader)
+    unrecorded = json.loads(json.dumps(state))
+    del unrecorded["hosts"][0]["workers"]
+    with pytest.raises(cd.StateError, match=r"host 0 of 1: Grain could not restore the saved iterator state \(IndexError"):
+        with cd.Loader(two, backend="sidecar", hosts=1, state=unrecorded) as loader:
+            next(loader)
 
 
 def test_cd_checkpoint_saves_and_restores_a_grain_state_through_orbax(paths: list[str], tmp_path: Path) -> None:
@@ -289,6 +312,11 @@ def ragged(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
     return grain.MapDataset.range(60).map(lambda i: {"x": np.zeros(4 + shard.shard_index, np.int32)}).batch(6)
 
 
+def drifting(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
+    """Rows of 4 for the first 4 batches of each host, then rows of 8 (stream position 48 on)."""
+    return grain.MapDataset.range(60).map(lambda i: {"x": np.zeros(4 if i < 24 else 8, np.int32)}).batch(6)
+
+
 BAD = {
     "raises": (raising, cd.GrainError, r"(?s)host 1 of 2: make_dataset\(.*FileNotFoundError: no such file: /data/missing.*Traceback"),
     "not-arrays": (not_arrays, cd.GrainError, r"host 0 of 2: the Grain dataset's element has 'text'.*numeric"),
@@ -296,10 +324,17 @@ BAD = {
     "uneven": (uneven, cd.GrainError, r"host\(s\) \[1\] came to the end of their data while host\(s\) \[0\] had more"),
     "ragged": (ragged, cd.TransformError, r"host 0 and host 1 made different columns \['x'\]"),
     "none-element": (none_element, cd.GrainError, r"host [01] of 2: the Grain dataset gave a NoneType element"),
+    "drifting": (
+        drifting,
+        cd.TransformError,
+        r"host [01] of 2: at stream position 48 .* column\(s\) \['x'\] as \{x: int32\[8\]\}, where the first batch had "
+        r"\{x: int32\[4\]\}",
+    ),
 }
 # every case on the in-process and colocated backends; through sidecars (4 s each to import Grain), those whose
-# error crosses the socket differently: a host's traceback, the hosts' streams ending apart
-CASES = [(b, c) for b in ("inprocess", "colocated") for c in BAD] + [("sidecar", c) for c in ("raises", "uneven")]
+# error crosses the socket differently: a host's traceback, the hosts' streams ending apart, a batch that no
+# longer fits the ring's slots
+CASES = [(b, c) for b in ("inprocess", "colocated") for c in BAD] + [("sidecar", c) for c in ("raises", "uneven", "drifting")]
 
 
 @pytest.mark.parametrize("backend, case", CASES, ids=[f"{c}-{b}" for b, c in CASES])
@@ -307,8 +342,37 @@ def test_bad_datasets_are_named_errors_on_every_backend(backend: str, case: str)
     make, error, match = BAD[case]
     pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=12)
     with loader_for(pipeline, backend, 2) as loader, pytest.raises(error, match=match):
-        for _ in range(4):
+        for _ in range(5):
             next(loader)
+
+
+def malformed_41(i: int) -> dict[str, np.ndarray]:
+    """A user's map that fails on one record."""
+    if i == 41:
+        raise ValueError("record 41 is malformed")
+    return {"x": np.int32(i)}
+
+
+def failing_map(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
+    """Host 1 of 2 holds the odd records: record 41 is in its batch 3, at stream position 36."""
+    return grain.MapDataset.range(60)[shard.shard_index :: shard.shard_count].map(malformed_41).batch(6)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "sidecar", "colocated"])
+def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(backend: str) -> None:
+    """The same type on every backend, naming the host and the batch; the user's exception
+    type, message and traceback in its text, and in process the exception itself as its cause."""
+    pipeline = cd.GrainPipeline(failing_map, global_batch_size=12)
+    with loader_for(pipeline, backend, 2) as loader, pytest.raises(cd.GrainError) as raised:
+        for _ in range(5):
+            next(loader)
+    message = str(raised.value)
+    where = r"^host 1 of 2: .*global batch 3 \(stream position 36\).*ValueError: record 41 is malformed"
+    assert re.search(where, message), message
+    assert re.search(r"(?s)Traceback.*in malformed_41.*ValueError: record 41 is malformed", message), message
+    if backend == "inprocess":
+        cause = raised.value.__cause__
+        assert type(cause) is ValueError and str(cause) == "record 41 is malformed", repr(cause)
 
 
 def test_a_none_element_is_an_error_in_verifys_own_reading_too() -> None:
@@ -480,3 +544,12 @@ def test_a_script_that_breaks_out_of_an_unclosed_grain_loader_exits_cleanly(
         assert time.monotonic() < deadline, f"still running: {[p for p in descendants if psutil.pid_exists(p)]}"
         time.sleep(0.1)
     assert set(os.listdir("/dev/shm")) <= before, f"left in /dev/shm: {sorted(set(os.listdir('/dev/shm')) - before)}"
+
+
+def test_make_dataset_may_be_given_positionally(paths: list[str]) -> None:
+    """The dataset function is the first argument, as a native pipeline's source is."""
+    make = functools.partial(gp.records_of, paths=paths)
+    positional = cd.GrainPipeline(make, global_batch_size=gp.BATCH, records=True)
+    assert positional == cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH, records=True)
+    with cd.Loader(positional, hosts=2) as loader:
+        assert to_numpy(next(loader))["tokens"].shape == (gp.BATCH, gp.LENGTH)

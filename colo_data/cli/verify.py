@@ -60,21 +60,17 @@ def verify(
     flags.FLAGS.mark_as_parsed()
     from colo_data.errors import ColoDataError, ConfigError
     from colo_data.ops.config import load_config
+    from colo_data.ops.verify import run_length
     from colo_data.ops.verify import verify as run_checks
-    from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
-    from colo_data.spec.pipeline import Pipeline
 
     try:
         settings = load_config(config)
         pipeline = settings.build()
-        header = f"verify {config} ({settings.pipeline}, global batch {pipeline.global_batch_size}): "
-        if not isinstance(pipeline, Pipeline):  # a Grain pipeline: checked against Grain itself, host count by host count
-            click.echo(f"{header}{steps or DEFAULT_STEPS} batches against Grain's own, hosts {', '.join(map(str, hosts))}")
-            checks = verify_grain(pipeline, hosts, steps, resume_at)
-        else:
-            length = f"{steps} batches" if steps else pipeline.stream.first_epochs()
-            click.echo(f"{header}{length}, hosts {', '.join(map(str, hosts))}")
-            checks = run_checks(pipeline, hosts, steps, resume_at, resume_hosts)
+        click.echo(
+            f"verify {config} ({settings.pipeline}, global batch {pipeline.global_batch_size}): "
+            f"{run_length(pipeline, steps)}, hosts {', '.join(map(str, hosts))}"
+        )
+        checks = run_checks(pipeline, hosts, steps, resume_at, resume_hosts)
     except ConfigError as e:
         raise CannotVerify(str(e)) from e
     except ColoDataError as e:

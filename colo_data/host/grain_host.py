@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from colo_data.errors import GrainError, StateError
+from colo_data.errors import ColoDataError, GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.grain_stats import GrainStages
-from colo_data.host.pipeline import owning
+from colo_data.host.pipeline import _same_schema, owning
+from colo_data.io.content import file_digest
 from colo_data.io.sources import grain_stages
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
@@ -52,9 +53,14 @@ class GrainHost:
 
     def chunks(self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on (0, or where the pipeline's
-        `resume` state points), one a chunk, each with its Grain state in `states`."""
+        `resume` state points), one a chunk, each with its Grain state in `states`.
+
+        Raises:
+            TransformError: a batch's columns, dtypes or row shapes differ from the first's.
+        """
         run = Lifecycle(f"Grain host {self.host} of {self.hosts}") if owner is None else owner
-        stream = self._batches(start_position)
+        # every batch with the first one's columns, dtypes and row shapes, as a native pipeline's
+        stream = _same_schema(self._batches(start_position), start_position, self)  # type: ignore[arg-type]
         if self.ahead:
             self.cpu = CpuMeter("thread")
             stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-grain-host{self.host}")
@@ -67,13 +73,14 @@ class GrainHost:
         """The batches; the Grain iterator (and its mp_prefetch processes) is closed on the
         thread that iterates it, when this generator is closed (closing it from another
         thread while that one waits in its `next` left the wait hanging)."""
-        iterator, data = self._iterator(start_position)
+        iterator, data, workers = self._iterator(start_position)
         grain_stages = GrainStages(iterator)  # Grain's own stage times, where it keeps them
+        position = start_position
         try:
             while True:
                 t0 = time.perf_counter()
                 stacked = self.stages.values[3 * BATCH]  # the stacking time so far, apart from Grain's own
-                columns = self._next_batch(iterator)
+                columns = self._next_batch(iterator, position)
                 if columns is None:
                     return
                 if grain_stages.on:
@@ -82,13 +89,14 @@ class GrainHost:
                     seconds = time.perf_counter() - t0 - (self.stages.values[3 * BATCH] - stacked)
                     self.stages.add(TRANSFORM, seconds, len(self.rows), sum(c.nbytes for c in columns.values()))
                 state = _checked_state(iterator.get_state(), self._where())
-                yield HostChunk(columns, states=[{"data": data, "state": state}])
+                yield HostChunk(columns, states=[{"data": data, "workers": workers, "state": state}])
+                position += self.pipeline.global_batch_size
         finally:
             close_iterator(iterator)
 
-    def _iterator(self, start_position: int) -> tuple[Any, str]:
-        """The host's Grain iterator, at the start or at its saved state, and its data's
-        fingerprint."""
+    def _iterator(self, start_position: int) -> tuple[Any, str, int]:
+        """The host's Grain iterator, at the start or at its saved state, its data's
+        fingerprint and its count of Grain worker processes."""
         from absl import flags  # noqa: PLC0415 - Grain (and JAX) load only where a Grain pipeline runs
         from grain.sharding import ShardOptions  # noqa: PLC0415
 
@@ -109,34 +117,69 @@ class GrainHost:
                 "or grain.MapDataset (not an iterator or a DataLoader: see docs/grain.md)"
             )
         data = fingerprint(dataset)
-        iterator = iter(dataset)
         pipeline = self.pipeline
-        saved = pipeline.resume[self.host] if pipeline.resume is not None else None
-        if saved is not None and start_position == pipeline.resume_position:
+        resume = pipeline.resume
+        saved = resume[self.host] if resume is not None and start_position == pipeline.resume_position else None
+        workers = workers_of(dataset)
+        if saved is not None:
+            self._check_workers(saved, workers)
             if saved["data"] != data:
                 raise StateError(
                     f"{self._where()}: the loader state was saved over other data (fingerprint {saved['data']}, this "
-                    f"host's dataset has {data}: other files, sizes or record counts, or another pipeline); restore it "
+                    f"host's dataset has {data}: other files, other content or record counts, or another pipeline); restore it "
                     "into the pipeline that saved it, or start without a state"
                 )
-            iterator.set_state(saved["state"])
         elif start_position != 0:
             raise StateError(
                 f"{self._where()}: a Grain pipeline starts at its beginning or at a saved state, not at stream position "
                 f"{start_position}: continue with cd.Loader(pipeline, state=loader.get_state())"
             )
-        return iterator, data
+        iterator = iter(dataset)
+        if saved is not None:
+            self._restore(iterator, saved["state"])
+        return iterator, data, workers
 
-    def _next_batch(self, iterator: Iterator[Any]) -> HostBatch | None:
-        """The next host batch: an element, or `len(rows)` records stacked; None at the end
-        (a trailing partial batch of records is dropped)."""
+    def _check_workers(self, saved: dict[str, Any], workers: int) -> None:
+        """A state saved with another count of Grain worker processes is refused, naming both:
+        mp_prefetch gives each worker its own slice of the dataset, so its state (and, with
+        filters or packing, its stream) belongs to its count. A state of an earlier
+        colo-data does not record the count."""
+        before = saved.get("workers", workers)
+        if before != workers:
+            raise StateError(
+                f"{self._where()}: the loader state was saved with {before} Grain worker process(es) (mp_prefetch's "
+                f"MultiprocessingOptions(num_workers=...)); this host's dataset has {workers}. A Grain iterator's state "
+                f"restores with the worker count that saved it: give mp_prefetch num_workers={before} "
+                "(cd.grain_multiprocessing_options() sizes it from the CPU budget, which may differ after a restart), "
+                "or start without a state"
+            )
+
+    def _restore(self, iterator: Any, state: Any) -> None:
+        """The iterator set to a saved Grain state; a state Grain cannot restore is a
+        StateError (the iterator, and any worker processes it started, closed first). Grain
+        takes some such states and fails when next asked for its state: that is asked here."""
+        try:
+            iterator.set_state(state)
+            iterator.get_state()
+        except Exception as e:
+            close_iterator(iterator)
+            raise StateError(
+                f"{self._where()}: Grain could not restore the saved iterator state ({type(e).__name__}: {e}): the "
+                "dataset differs from the one that saved it in a way the state cannot follow (its worker count, its "
+                "stages). Restore it into the pipeline that saved it, with its worker count, or start without a state"
+            ) from e
+
+    def _next_batch(self, iterator: Iterator[Any], position: int) -> HostBatch | None:
+        """The next host batch, the one of the global batch at stream `position`: an element,
+        or `len(rows)` records stacked; None at the end (a trailing partial batch of records
+        is dropped)."""
         rows = len(self.rows)
         if not self.pipeline.records:
-            element = next(iterator, _END)
+            element = self._next(iterator, position)
             return None if element is _END else _host_batch(element, rows, self._where())
         records = []
         for _ in range(rows):
-            record = next(iterator, _END)
+            record = self._next(iterator, position)
             if record is _END:
                 return None
             records.append(_columns(record, self._where(), "record"))
@@ -157,6 +200,23 @@ class GrainHost:
             ) from e
         self.stages.add(BATCH, time.perf_counter() - t0, rows, 0)
         return batch
+
+    def _next(self, iterator: Iterator[Any], position: int) -> Any:
+        """The iterator's next element, `_END` at its end. An exception the dataset raises (a
+        map's, a source's) is a GrainError naming the host and the batch, with the exception
+        as its cause and its type, message and traceback in the text, which is what crosses
+        from a sidecar or a colocated host."""
+        try:
+            return next(iterator, _END)
+        except ColoDataError:
+            raise
+        except Exception as e:
+            size = self.pipeline.global_batch_size
+            raise GrainError(
+                f"{self._where()}: the Grain dataset raised, making global batch {position // size} (stream position "
+                f"{position}): {type(e).__name__}: {e}\nFix it in the dataset's code (its traceback follows) or the "
+                f"record it names.\n{''.join(traceback.format_exception(e))}"
+            ) from e
 
 
 _END = object()  # the end of a Grain iterator (an element may be None: it is a GrainError, not the end)
@@ -202,9 +262,19 @@ def _checked_state(state: Any, where: str) -> Any:
         raise GrainError(f"{where}: the Grain iterator's state is not JSON ({e}); colo-data saves it as JSON") from e
 
 
+def workers_of(dataset: Any) -> int:
+    """The count of worker processes Grain's `mp_prefetch` runs in a dataset (0 without it):
+    its interleave of one process-prefetch dataset per worker."""
+    for node in grain_stages(dataset):
+        shards = getattr(node, "_datasets", None)
+        if shards and all(type(s).__name__ == "ProcessPrefetchIterDataset" for s in shards):
+            return len(shards)
+    return 0
+
+
 def fingerprint(dataset: Any) -> str:
     """A short hash of a Grain dataset's graph (each stage's type) and data: for an
-    ArrayRecord source its files' names, sizes and record counts, for a source with a
+    ArrayRecord source its files' names, content (`file_digest`) and record ranges, for a source with a
     `fingerprint()` that, for any other its type and length. The same on every host of a
     pipeline whose hosts read the same files."""
     parts: list[str] = []
@@ -223,13 +293,14 @@ def _source_identity(source: Any) -> str:
     instructions = getattr(source, "_read_instructions", None)  # ArrayRecord's data source
     if instructions is not None:
         return ";".join(
-            f"{os.path.basename(i.filename)}:{_size(i.filename)}:{i.start}:{i.end}" for i in instructions
+            f"{os.path.basename(i.filename)}:{_digest(i.filename)}:{i.start}:{i.end}" for i in instructions
         )
     return f"{type(source).__qualname__}:{len(source)}"
 
 
-def _size(path: str) -> int:
+def _digest(path: str) -> str:
+    """The file's `file_digest` (its size and a few windows of its bytes); "missing" when it cannot be read."""
     try:
-        return os.path.getsize(path)
+        return file_digest(path)
     except OSError:
-        return -1
+        return "missing"

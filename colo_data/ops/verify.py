@@ -14,46 +14,29 @@ import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import jax
 import numpy as np
-from jax.sharding import Mesh
 
 from colo_data.errors import ConfigError
 from colo_data.host.filtering import kept, with_index
 from colo_data.host.pipeline import HostPipeline
 from colo_data.io.columns import table_to_columns
 from colo_data.loader.loader import Loader
+from colo_data.ops.checks import Batch, Check, differing_rows, one_device
+from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
+from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.schedule import DENOMINATOR
 from colo_data.testing import to_numpy
 
-Status = Literal["PASS", "FAIL", "SKIP"]
-Batch = dict[str, np.ndarray]
 _KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects
 _PLACES_SHOWN = 4
 
 
-@dataclass(frozen=True)
-class Check:
-    """One verification: its name, PASS, FAIL or SKIP, and what was seen (on a failure:
-    the host count, the first offending batch and row, and the record there)."""
-
-    name: str
-    status: Status
-    detail: str
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "FAIL"
-
-    def __str__(self) -> str:
-        return f"{self.status}  {self.name}: {self.detail}"
-
-
 def verify(
-    pipeline: Pipeline,
+    pipeline: AnyPipeline,
     hosts: Sequence[int] = (1, 2, 4),
     steps: int | None = None,
     resume_at: int | None = None,
@@ -68,7 +51,13 @@ def verify(
     global batch size cannot run the pipeline at all: it gives a SKIP check. Raises
     ConfigError when the pipeline cannot be verified (no index column, or a mixture's
     component column dropped) or a setting is impossible. A check fails rather than
-    raises; a pipeline that raises while running raises here too."""
+    raises; a pipeline that raises while running raises here too.
+
+    A `cd.GrainPipeline` is checked against Grain itself, each host count on its own
+    (`verify_grain`): `steps` defaults to `DEFAULT_STEPS`, and its state restores on the
+    host count that saved it."""
+    if isinstance(pipeline, GrainPipeline):
+        return verify_grain(pipeline, hosts, steps, resume_at, resume_hosts)
     _check_settings(pipeline, hosts, steps, resume_at, resume_hosts)
     size = pipeline.global_batch_size
     counts = list(dict.fromkeys(hosts))
@@ -103,6 +92,13 @@ def verify(
         _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
         _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts),
     ]
+
+
+def run_length(pipeline: AnyPipeline, steps: int | None) -> str:
+    """What a `verify` run of `pipeline` reads, in words, for `colo-data verify`'s header."""
+    if isinstance(pipeline, GrainPipeline):
+        return f"{steps or DEFAULT_STEPS} batches against Grain's own"
+    return f"{steps} batches" if steps else pipeline.stream.first_epochs()
 
 
 def _check_settings(
@@ -189,7 +185,7 @@ class _Stream:
 
     def __init__(self, pipeline: Pipeline, hosts: int, state: dict[str, Any] | None = None) -> None:
         self.pipeline = pipeline
-        self.loader = Loader(pipeline, hosts=hosts, mesh=Mesh(np.array(jax.devices()[:1]), ("data",)), state=state)
+        self.loader = Loader(pipeline, hosts=hosts, mesh=one_device(), state=state)
         self.run = _Run(hosts, states=[self._state()])
 
     def _state(self) -> dict[str, Any]:
@@ -283,7 +279,7 @@ def _batch_difference(
         column = next(c for c in sorted(wanted.keys() | gotten.keys()) if wanted.get(c) != gotten.get(c))
         a, b = wanted.get(column, "absent"), gotten.get(column, "absent")
         return f"batch {step}: column {column!r} is {a} {labels[0]}, {b} {labels[1]}"
-    first = {name: rows[0] for name in want if len(rows := _differing_rows(want[name], got[name]))}
+    first = {name: rows[0] for name in want if len(rows := differing_rows(want[name], got[name]))}
     if not first:
         return None
     row = int(min(first.values()))
@@ -292,13 +288,6 @@ def _batch_difference(
         f"batch {step} row {row} differs in {columns}: {_row_records(pipeline, want, row)} {labels[0]}, "
         f"{_row_records(pipeline, got, row)} {labels[1]}"
     )
-
-
-def _differing_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Rows whose bytes differ (bytes, so that NaN equals NaN)."""
-    width = int(np.prod(a.shape[1:])) * a.dtype.itemsize
-    first, second = (np.ascontiguousarray(x).view(np.uint8).reshape(len(x), width) for x in (a, b))
-    return np.flatnonzero((first != second).any(axis=1))
 
 
 def _identical(runs: list[_Run], difference: str | None) -> Check:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from colo_data.errors import ConfigError, StateError
@@ -19,7 +19,7 @@ KIND = "grain"
 _ELASTIC_KEYS = {"global_next_index"}
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class GrainPipeline:
     """A Grain dataset per host, as one frozen, picklable value.
 
@@ -28,7 +28,8 @@ class GrainPipeline:
             place on the mesh's data axis and the host count) returns the host's
             `grain.IterDataset` or `grain.MapDataset`. It runs where the host's share runs
             (the trainer, the sidecar, the colocated sidecar), so it must be importable
-            there (or picklable by value with cloudpickle).
+            there (or picklable by value with cloudpickle). The one argument that may be
+            given by position.
         global_batch_size: rows of each global batch, over all hosts.
         records: False: each element is one host's batch, a dict of arrays whose leading
             size is `global_batch_size / hosts`; True: each element is one record (a dict
@@ -36,9 +37,10 @@ class GrainPipeline:
     """
 
     make_dataset: Callable[[Any], Any]
+    _: KW_ONLY
     global_batch_size: int
     records: bool = False
-    # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "state": Grain's}`, None
+    # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "workers": mp_prefetch's, "state": Grain's}`, None
     # for a host that starts at its beginning) and the stream position (records) they continue from.
     resume: tuple[dict[str, Any] | None, ...] | None = dataclasses.field(default=None, repr=False)
     resume_position: int = dataclasses.field(default=0, repr=False)
