@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Mapping
 from time import monotonic, perf_counter
 from typing import Any, Never
 
-import cloudpickle
 import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
@@ -28,6 +27,7 @@ from colo_data.backends.placement import Placement
 from colo_data.errors import ArgumentError, ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
 from colo_data.loader.meters import LoaderMeters
+from colo_data.loader.picklable import check_picklable
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec import parts
@@ -107,64 +107,6 @@ def _check_keywords(given: Mapping[str, object]) -> None:
             raise ArgumentError(f"Loader({name}={value!r}) was removed: give {_MOVED[name].format(value)}")
         takes = [p.name for p in inspect.signature(Loader).parameters.values() if p.kind is p.KEYWORD_ONLY]
         raise ArgumentError(f"Loader({name}=...): no such setting; it takes {', '.join(takes)}")
-
-
-def _shipped_to(pipeline: AnyPipeline, backend: BackendOptions) -> str | None:
-    """Where `backend` sends `pipeline` pickled (with cloudpickle), or None: a sidecar and a
-    colocated host always get it; worker processes and Ray actors a native pipeline's work
-    (a Grain pipeline's parallelism is its own)."""
-    if backend.name == "sidecar":
-        return "its sidecar process"
-    if backend.name == "colocated":
-        return "the colocated-Python sidecars"
-    if backend.workers != 0 and not isinstance(pipeline, GrainPipeline):
-        return "its worker processes"
-    return None
-
-
-def _unpicklable(value: object, path: str) -> tuple[str, object, Exception] | None:
-    """The innermost part of `value` (through dataclass fields and tuple or list items)
-    that cloudpickle cannot pickle, with its path from `path` and the error; None when
-    `value` pickles."""
-    try:
-        cloudpickle.dumps(value)
-        return None
-    except Exception as e:  # noqa: BLE001 - whatever pickling raises is the reason to report
-        error = e
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        inner = [(f"{path}.{f.name}" if path else f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    elif isinstance(value, tuple | list):
-        inner = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
-    else:
-        inner = []
-    return next((found for part, item in inner if (found := _unpicklable(item, part)) is not None), (path, value, error))
-
-
-def _named(value: object) -> str:
-    """A function or object as a user finds it in their code: its name and where it is defined."""
-    function = getattr(value, "func", value)  # a functools.partial: the function it wraps
-    code = getattr(function, "__code__", None)
-    name = getattr(function, "__qualname__", type(function).__qualname__)
-    where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
-    return f"{'partial of ' if function is not value else ''}{name}{where}"
-
-
-def _check_picklable(pipeline: AnyPipeline, backend: BackendOptions) -> None:
-    """A ConfigError, before anything starts, for a pipeline that the backend must pickle
-    and that cannot be pickled: otherwise it fails at the first batch (a sidecar) or when
-    the workers start, maybe hundreds of batches in."""
-    where = _shipped_to(pipeline, backend)
-    found = None if where is None else _unpicklable(pipeline, "")
-    if found is None:
-        return
-    path, value, error = found
-    raise ConfigError(
-        f"{path or 'the pipeline'} ({_named(value)}) cannot be pickled, and backend={backend!r} sends the pipeline to "
-        f"{where} with cloudpickle: {type(error).__name__}: {error}. Define the function at module level or import it "
-        "from a module (a lambda or nested function is pickled by value, with everything it captures), and capture no "
-        "lock, open file, socket or thread in it (open or make them inside the function); or run the pipeline in this "
-        "process: backend=cd.InProcess(workers=0)"
-    )
 
 
 def _closer(part: Any) -> Callable[[float], None]:
@@ -380,7 +322,7 @@ class Loader:
         pipeline, position = (pipeline, pipeline.at(0)) if state is None else restore(pipeline, state, self.hosts)
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
-        _check_picklable(pipeline, self.backend)
+        check_picklable(pipeline, self.backend)
         _check_partitions(pipeline, self.hosts)
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
         owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
