@@ -44,9 +44,12 @@ def shared_shm() -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(directory)], check=True)
 
 
+KINDS = ("file", "directory", "fifo", "symlink")
+
+
 def plant(directory: Path, kind: str, elsewhere: Path) -> Path:
     """Something of someone else's named like a ring segment (pid 1, a dead writer's token)."""
-    path = directory / "colo-data-1-0badc0de-0"
+    path = directory / f"colo-data-1-0badc0de-{KINDS.index(kind)}"
     if kind == "file":
         path.write_bytes(b"someone else's")
         os.chown(path, SOMEONE_ELSE, SOMEONE_ELSE)
@@ -57,7 +60,7 @@ def plant(directory: Path, kind: str, elsewhere: Path) -> Path:
     elif kind == "fifo":
         os.mkfifo(path)
     else:
-        target = elsewhere / "target"
+        target = elsewhere / "symlink-target"
         target.write_bytes(b"someone else's")
         path.symlink_to(target)
     return path
@@ -76,14 +79,14 @@ def snapshot(path: Path) -> tuple:
     return info.st_ino, info.st_mode, info.st_uid, content
 
 
-@pytest.mark.parametrize("kind", ["file", "directory", "fifo", "symlink"])
 def test_a_sidecar_starts_beside_someone_elses_names_and_leaves_them(
-    token_corpus: Path, shared_shm: Path, tmp_path: Path, kind: str
+    token_corpus: Path, shared_shm: Path, tmp_path: Path
 ) -> None:
-    """The trainer's own sidecar starts, serves the whole epoch and sweeps a stale segment of
-    its own (a killed writer's, unlocked); the planted thing is as it was."""
-    planted = plant(shared_shm, kind, tmp_path)
-    before = snapshot(planted)
+    """Beside a file of another user's, a directory, a FIFO and a symlink, all named like
+    ring segments, the trainer's own sidecar starts, serves the whole epoch and sweeps a
+    stale segment of its own (a killed writer's, unlocked); each planted thing is as it was."""
+    planted = {kind: plant(shared_shm, kind, tmp_path) for kind in KINDS}
+    before = {kind: snapshot(path) for kind, path in planted.items()}
     stale = shared_shm / "colo-data-2-0badc0de-0"  # a killed sidecar's slot: this user's regular file, unlocked
     stale.write_bytes(b"\0" * 64)
     script = tmp_path / "trainer.py"
@@ -96,6 +99,8 @@ def test_a_sidecar_starts_beside_someone_elses_names_and_leaves_them(
         source=cd.ArrowSource(str(token_corpus)), transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=12
     )
     assert json.loads(done.stdout) == [batch["id"].tolist() for batch in read_all(cd.Loader(pipeline, backend="inprocess"))]
-    assert os.path.lexists(planted), f"the planted {kind} was removed"
-    assert snapshot(planted) == before
-    assert sorted(p.name for p in shared_shm.iterdir()) == [planted.name]  # the stale segment swept, the ring removed
+    for kind, path in planted.items():
+        assert os.path.lexists(path), f"the planted {kind} was removed"
+        assert snapshot(path) == before[kind], f"the planted {kind} was changed"
+    # the stale segment swept, the ring removed
+    assert sorted(p.name for p in shared_shm.iterdir()) == sorted(path.name for path in planted.values())

@@ -149,7 +149,8 @@ class GrainHost:
             raise StateError(
                 f"{self._where()}: the loader state was saved with {before} Grain worker process(es) (mp_prefetch's "
                 f"MultiprocessingOptions(num_workers=...)); this host's dataset has {workers}. A Grain iterator's state "
-                f"restores with the worker count that saved it: give mp_prefetch num_workers={before} "
+                f"restores with the worker count that saved it: build the dataset with mp_prefetch(MultiprocessingOptions("
+                f"num_workers={before})) "
                 "(cd.grain_multiprocessing_options() sizes it from the CPU budget, which may differ after a restart), "
                 "or start without a state"
             )
