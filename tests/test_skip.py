@@ -102,8 +102,10 @@ def test_bad_skips_are_named_errors(token_corpus: Path, mix_corpora: dict[str, P
     assert (end["epoch"], end["position"]) == (1, 0), end  # the stream's end: nothing left to read
     with cd.Loader(finite, state=end) as loader:
         assert next(loader, None) is None
-    with pytest.raises(cd.ConfigError, match="batches=-1"):
-        cd.skip(finite, state, batches=-1)
+    for bad in (-1, 2.0, True):
+        with pytest.raises(cd.ConfigError, match=f"batches={bad!r}: give an int >= 0"):
+            cd.skip(finite, state, batches=bad)
+    assert cd.skip(finite, state, batches=np.int64(3)) == cd.skip(finite, state, batches=3)
     packed = cd.Pipeline(
         source=cd.ArrowSource(str(token_corpus), columns=["id", "tokens"]),
         global_batch_size=4,

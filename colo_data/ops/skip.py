@@ -13,6 +13,7 @@ from colo_data.errors import ConfigError
 from colo_data.host.pipeline import HostPipeline
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
@@ -36,8 +37,7 @@ def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict
             f"cd.skip takes a cd.Pipeline, not {type(pipeline).__name__}: a Grain pipeline's position is its "
             "iterators' state; skip its batches by reading them (next(loader)) and save the state after them"
         )
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-        raise ConfigError(f"batches={batches!r}: give the global batches to skip, an int of 0 or more")
+    batches = int_setting("batches", batches, 0, "the global batches to skip")
     if state is None:
         position: Position = pipeline.at(0)
     else:
