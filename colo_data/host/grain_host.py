@@ -18,7 +18,7 @@ import numpy as np
 from colo_data.errors import ColoDataError, GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.grain_stats import GrainStages
-from colo_data.host.pipeline import _same_schema, owning
+from colo_data.host.pipeline import owning, same_schema
 from colo_data.io.content import file_digest
 from colo_data.io.sources import grain_stages
 from colo_data.runtime.lifecycle import Lifecycle
@@ -60,7 +60,8 @@ class GrainHost:
         """
         run = Lifecycle(f"Grain host {self.host} of {self.hosts}") if owner is None else owner
         # every batch with the first one's columns, dtypes and row shapes, as a native pipeline's
-        stream = _same_schema(self._batches(start_position), start_position, self)  # type: ignore[arg-type]
+        size = self.pipeline.global_batch_size
+        stream = same_schema(self._batches(start_position), start_position, self.host, self.hosts, len(self.rows), size)
         if self.ahead:
             self.cpu = CpuMeter("thread")
             stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-grain-host{self.host}")

@@ -87,7 +87,8 @@ class HostPipeline:
         backend, not a batch that changes type.
         """
         run = Lifecycle(f"host {self.host} of {self.hosts} chunks") if owner is None else owner
-        stream = _same_schema(self._computed(start_position, run), start_position, self)
+        size = self.pipeline.global_batch_size
+        stream = same_schema(self._computed(start_position, run), start_position, self.host, self.hosts, len(self.rows), size)
         if self.ahead:
             self.cpu = CpuMeter("thread")
             stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-host{self.host}")
@@ -317,11 +318,14 @@ def owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:
         run.close()
 
 
-def _same_schema(chunks: Iterator[HostChunk], start: Position, host: HostPipeline) -> Iterator[HostChunk]:
-    """`chunks`, each with the columns, dtypes and row shapes of the first (the first
-    batch fixes them); closes `chunks` when done or closed."""
+def same_schema(
+    chunks: Iterator[HostChunk], start: Position, host: int, hosts: int, rows: int, size: int
+) -> Iterator[HostChunk]:
+    """`chunks` of host `host` of `hosts` (`rows` rows of each global batch of `size`), each
+    with the columns, dtypes and row shapes of the first (the first batch fixes them), for
+    native and Grain pipelines alike; closes `chunks` when done or closed."""
     first: dict[str, str] | None = None
-    position, size, rows = start, host.pipeline.global_batch_size, len(host.rows)
+    position = start
     batches = 0
     try:
         for chunk in chunks:
@@ -332,7 +336,7 @@ def _same_schema(chunks: Iterator[HostChunk], start: Position, host: HostPipelin
                 changed, had, now = schema_change(first, schema)
                 where = f"stream position {position}" if isinstance(position, int) else f"batch {batches} of the run"
                 raise TransformError(
-                    f"host {host.host} of {host.hosts}: at {where} the transforms gave column(s) "
+                    f"host {host} of {hosts}: at {where} the transforms gave column(s) "
                     f"{changed} as {now}, where the first batch had {had}. The first batch fixes every column's "
                     "dtype and row shape: cast to one dtype and pad to a fixed length in the transforms"
                 )
