@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
+    from colo_data.ops.lineage import lineage
     from colo_data.ops.skip import skip
     from colo_data.spec.grain_pipeline import GrainPipeline
     from colo_data.spec.mix import Mix
@@ -86,6 +87,7 @@ _NAMES = {
     "drop": "colo_data.spec.transforms",
     "grain_multiprocessing_options": "colo_data.host.resources",
     "host_rows": "colo_data.spec.order",
+    "lineage": "colo_data.ops.lineage",
     "memory_limit": "colo_data.host.resources",
     "pad_or_truncate": "colo_data.spec.transforms",
     "parse_json": "colo_data.io.array_record",
@@ -150,6 +152,7 @@ __all__ = [
     "elastic",
     "grain_multiprocessing_options",
     "host_rows",
+    "lineage",
     "memory_limit",
     "pad_or_truncate",
     "parse_json",

@@ -138,7 +138,7 @@ def test_global_batches_equal_single_process(
     assert_own_host_only(results, processes, mesh)
     states = [r.info["state"] for r in results]
     assert all(s == states[0] for s in states), states
-    assert states[0] == make_state(make_pipeline(token_corpus), len(expected) * BATCH), states[0]
+    assert states[0] == make_state(make_pipeline(token_corpus), len(expected) * BATCH, step=len(expected)), states[0]
 
 
 def test_checkpoint_of_three_processes_resumes_with_two(token_corpus: Path, tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_resume_through_the_sidecar(token_corpus: Path, shm_dir: Path) -> None:
         for _ in range(4):
             next(loader)
         state = loader.get_state()
-        assert state == cd.Loader(pipeline).get_state() | {"position": 4 * BATCH}
+        assert state == cd.Loader(pipeline).get_state() | {"position": 4 * BATCH, "step": 4}
         rest = [to_numpy(b) for b in loader]
         loader.set_state(state)  # the same sidecars serve a new session
         again = [to_numpy(b) for b in loader]

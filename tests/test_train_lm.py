@@ -9,6 +9,7 @@ fixed program on one machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -23,6 +24,7 @@ SCRIPT = ROOT / "examples" / "train_lm.py"
 STEPS = 40
 STOP_AT = 20  # SIGTERM once the log holds this step
 SMALL = ["--seq-len", "64", "--batch-size", "4", "--save-every", "10"]  # the default model, at a shorter row
+ARGS = [sys.executable, "-m", "colo_data.cli"]  # `colo-data`, from this interpreter
 WAIT_S = 300  # for a job of 40 small steps: a bound on a hang, not a timing
 
 
@@ -69,11 +71,17 @@ def stopped_near(directory: Path, backend: str, step: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
-    """40 steps in one go, in process."""
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 steps in one go, in process: the run's directory (checkpoints, log)."""
     directory = tmp_path_factory.mktemp("straight")
     run_to_end(directory, "inprocess")
-    return logged(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def straight(straight_run: Path) -> list[dict[str, float]]:
+    """The straight run's log."""
+    return logged(straight_run)
 
 
 def test_forty_steps_log_a_line_each_and_learn(straight: list[dict[str, float]]) -> None:
@@ -98,3 +106,39 @@ def test_stopped_by_sigterm_and_run_again_gives_the_same_losses(
     resumed = logged(tmp_path)
     assert [line["step"] for line in resumed] == list(range(1, STEPS + 1)), "a step missing or done twice"
     assert [line["loss"] for line in resumed] == [line["loss"] for line in straight]
+
+
+def test_lineage_of_the_steps_after_a_checkpoint_names_what_the_job_read(straight_run: Path) -> None:
+    """`colo-data lineage configs/lm.toml` with the job's checkpoint at step 30 (its row
+    length and batch size given as --arg): steps 30 and 31, row by row, segment by segment,
+    are the records a loader restored from that checkpoint reads next."""
+    import colo_data as cd
+    from colo_data.ops.config import load_config
+    from colo_data.testing import to_numpy
+
+    settings = load_config(ROOT / "configs" / "lm.toml")
+    pipeline = dataclasses.replace(settings, args={**settings.args, "seq_len": 64, "global_batch_size": 4}).build()
+    state = json.loads((straight_run / "checkpoints" / "30" / "data" / "loader_state.json").read_text())
+    with cd.Loader(pipeline, state=state) as loader:
+        batches = [to_numpy(next(loader)) for _ in range(2)]
+    lineage = [
+        *ARGS, "lineage", str(ROOT / "configs" / "lm.toml"), "--state", str(straight_run / "checkpoints" / "30"),
+        "--arg", "seq_len=64", "--arg", "global_batch_size=4",
+    ]  # fmt: skip
+    done = subprocess.run([*lineage, "--steps", "30:32", "--json"], capture_output=True, text=True, timeout=WAIT_S, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [step["step"] for step in steps] == [30, 31]
+    names = pipeline.stream.names
+    for step, batch in zip(steps, batches, strict=True):
+        read = [
+            [(names[c], int(i)) for c, i in zip(components, row, strict=True) if i >= 0]
+            for components, row in zip(batch["_component"], batch["_index"], strict=True)
+        ]
+        assert [[(o["component"], o["index"]) for o in row] for row in step["rows"]] == read
+        assert all(o["file"].endswith(".parquet") and o["row"] >= 0 for row in step["rows"] for o in row)
+    table = subprocess.run([*lineage, "--steps", "30"], capture_output=True, text=True, timeout=WAIT_S, cwd=ROOT)
+    assert table.returncode == 0, table.stderr[-3000:]
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["step", "row", "segment", "component", "file", "file", "row", "index"]
+    assert len(lines) == 1 + sum(len(row) for row in steps[0]["rows"])

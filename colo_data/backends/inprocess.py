@@ -66,7 +66,7 @@ class InProcessBackend:
                 run = (seconds, used) if run is None else (max(seconds, run[0]), run[1] + used)
             cpu = self._base_cpu[i] if run is None else plus(self._base_cpu[i], run)
             workers = tuple(tuple(w.values) for w in host.worker_stages)
-            out.append(HostCounters(tuple(host.stages.values), cpu, None, workers))
+            out.append(HostCounters(tuple(host.stages.values), cpu, None, workers, host.quality.snapshot()))
         return list(self.handoff.values), out
 
     def run_ended(self) -> None:

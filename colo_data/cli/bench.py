@@ -74,7 +74,8 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report as JSON here.")
 @click.option(
     "--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-    help="Write a PNG: input wait per step, throughput over time.",
+    help="Write a PNG: input wait per step, throughput over time; the fill of packed and padded columns and a "
+    "mixture's component shares where the pipeline has them.",
 )
 def bench(
     config: str | None,

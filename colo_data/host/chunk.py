@@ -1,7 +1,8 @@
 """`HostChunk`: what a host pipeline hands on, consecutive host batches stacked along the
 rows, with the metadata that travels beside the columns (never inside them): where the
 stream stands after it (packed batches), a Grain pipeline's state after each batch, a
-worker process's stage counters, and where a worker's share of a chunk goes in it."""
+worker process's stage and data-quality counters, and where a worker's share of a chunk
+goes in it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from colo_data.errors import TransformError
 from colo_data.runtime.prefetch import close_iterator
+from colo_data.telemetry.quality import QualityCounts
 
 HostBatch = dict[str, np.ndarray]
 
@@ -33,6 +35,7 @@ class HostChunk:
             is (it has no columns when the share is empty); None for a whole chunk.
         states: a Grain pipeline's host state after each of the chunk's batches (JSON
             values, one a batch); None for a native pipeline.
+        quality: data-quality counts (`QualityCounts.values`) a worker process made for it.
     """
 
     columns: HostBatch
@@ -41,6 +44,7 @@ class HostChunk:
     worker_stages: list[list[float] | None] | None = None
     places: np.ndarray | None = None
     states: list[Any] | None = None
+    quality: dict[str, np.ndarray] | None = None
 
     @property
     def rows(self) -> int:
@@ -67,7 +71,8 @@ def schema_change(first: dict[str, str], other: dict[str, str]) -> tuple[list[st
 def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """One chunk from the shares of it that worker processes computed: each share's rows go
     to their `places`, the stage counters add up (and are kept by worker), and slices of a
-    partitioned pipeline's partitions say where they stand together.
+    partitioned pipeline's partitions say where they stand together; so do their
+    data-quality counts.
 
     Raises:
         TransformError: the shares disagree on a column's name, dtype or row shape (a
@@ -75,10 +80,13 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """
     stages = [sum(values) for values in zip(*(s.stages for s in shares if s.stages is not None), strict=True)]
     by_worker = [s.stages for s in shares]
+    quality = QualityCounts()
+    for share in shares:
+        quality.merge(share.quality or {})
     end = _slices_end(shares)
     filled = [s for s in shares if s.columns]
     if len(filled) == 1:  # one share holds every row, in order (places are ascending)
-        return HostChunk(filled[0].columns, end, stages=stages or None, worker_stages=by_worker)
+        return HostChunk(filled[0].columns, end, stages=stages or None, worker_stages=by_worker, quality=quality.values)
     # (slices of partitions that made fewer batches at the stream's end leave rows unfilled: cut off after)
     height = max(int(s.places.max()) + 1 for s in filled if s.places is not None)
     first = filled[0].columns
@@ -102,7 +110,7 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
             f"columns {sorted(extra)} came out of the transforms for some records and not for others: "
             "transforms must give every record the same columns"
         )
-    return HostChunk(columns, end, stages=stages or None, worker_stages=by_worker)
+    return HostChunk(columns, end, stages=stages or None, worker_stages=by_worker, quality=quality.values)
 
 
 def _slices_end(shares: list[HostChunk]) -> np.ndarray | None:

@@ -23,8 +23,9 @@ from colo_data.io.sources import ReadAhead
 from colo_data.spec.order import host_rows
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.stream import BoundStream
-from colo_data.spec.transforms import draws, random_map
+from colo_data.spec.transforms import draws, pad_or_truncate, random_map
 from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
+from colo_data.telemetry.quality import PADDED, QualityCounts
 
 
 class Share(NamedTuple):
@@ -150,13 +151,15 @@ def _nested_hint(levels: list[list[int]]) -> str:
 class ChunkWork:
     """Host `host` of `hosts` of `pipeline`: its rows `rows` of each global batch g (stream
     positions `g*B + rows`), and the computation of any run of them. `stages` adds up the
-    time, records and bytes of each stage, per chunk."""
+    time, records and bytes of each stage, per chunk; `quality` the data-quality counts of
+    the rows it builds (and of its share of a filter's verdicts)."""
 
     def __init__(self, pipeline: Pipeline, host: int = 0, hosts: int = 1) -> None:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = range(*host_rows(pipeline.global_batch_size, host, hosts))
         pipeline.check_hosts(hosts)
         self.stages = StageTimes()
+        self.quality = QualityCounts()
         self._order: BoundStream | None = None
         self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
         self._read_once = False  # a chunk was read: the read-ahead may start before the next one's reads
@@ -249,7 +252,7 @@ class ChunkWork:
         if self.pipeline.partitioned:
             return self
         with contextlib.suppress(Exception):
-            self.compute(position, 1, StageTimes(), read_ahead=False)
+            self.compute(position, 1, StageTimes(), read_ahead=False, quality=QualityCounts())
         return self
 
     def compute(
@@ -259,13 +262,15 @@ class ChunkWork:
         stages: StageTimes | None = None,
         share: Share | None = None,
         read_ahead: bool = True,
+        quality: QualityCounts | None = None,
     ) -> HostChunk:
         """This host's rows of `count` consecutive global batches (one after the other), the
         first starting at stream `batch_position`, or with `share` those of them whose row
         groups are that worker's (the chunk's `places` say where they belong; it has no
-        columns when there are none). The stage timings go to `stages` (default: this
-        work's). `read_ahead=False` leaves the decoding ahead to whoever computes the next
-        chunks. A partitioned pipeline's slices are `slices.compute`'s."""
+        columns when there are none). The stage timings go to `stages`, the data-quality
+        counts to `quality` (default: this work's). `read_ahead=False` leaves the decoding
+        ahead to whoever computes the next chunks. A partitioned pipeline's slices are
+        `slices.compute`'s."""
         stages = self.stages if stages is None else stages
         t0 = perf_counter()
         stream = self.stream(batch_position, count)
@@ -291,18 +296,29 @@ class ChunkWork:
         self.count_reads(stages)
         columns.update(self.pipeline.stream.record_columns(indices, self.pipeline.index_column))
         keys = self.order.record_keys(stream if rows is None else stream[rows], indices) if self.draws else None
-        return HostChunk(self.transformed(columns, batch_position, stages, keys), places=rows)
+        return HostChunk(self.transformed(columns, batch_position, stages, keys, quality), places=rows)
 
     def transformed(
-        self, columns: Columns, batch_position: int, stages: StageTimes | None = None, keys: np.ndarray | None = None
+        self,
+        columns: Columns,
+        batch_position: int,
+        stages: StageTimes | None = None,
+        keys: np.ndarray | None = None,
+        quality: QualityCounts | None = None,
     ) -> HostBatch:
         """The pipeline's transforms applied to a batch's columns, checked; `keys` (each
-        row's `record_keys`, None for packed rows) seed a `cd.random_map`."""
+        row's `record_keys`, None for packed rows) seed a `cd.random_map`. The lengths that
+        each `cd.pad_or_truncate` pads or cuts are counted in `quality` (default: this
+        work's)."""
         stages = self.stages if stages is None else stages
+        quality = self.quality if quality is None else quality
         rows = len(next(iter(columns.values())))
         t0 = perf_counter()
         for transform in self.pipeline.transforms:
+            before = columns
             columns = self._apply(transform, columns, batch_position, keys)
+            if isinstance(transform, pad_or_truncate):
+                quality.column(PADDED, transform.column, transform.length, transform.lengths(before), rows)
         t1 = perf_counter()
         batch = check_batch(columns, rows)
         nbytes = sum(column.nbytes for column in batch.values())
@@ -361,9 +377,9 @@ class ChunkWork:
 class ChunkAt:
     """Chunk i of the host's batches after stream position `start` (`total` batches in the
     stream from there, None: endless), `batches` global batches a chunk. With `share` (in a
-    worker process), that worker's share of the chunk, carrying its stage counters back with
-    it; `read_ahead=False`: no decoding ahead (worker processes do it for the chunks after
-    this one)."""
+    worker process), that worker's share of the chunk, carrying its stage and data-quality
+    counters back with it; `read_ahead=False`: no decoding ahead (worker processes do it
+    for the chunks after this one)."""
 
     def __init__(
         self,
@@ -383,7 +399,7 @@ class ChunkAt:
         position = self.start + i * chunk * size
         if self.share is None:
             return self.work.compute(position, count, read_ahead=self.read_ahead)
-        stages = StageTimes()
-        part = self.work.compute(position, count, stages, self.share, self.read_ahead)
-        part.stages = stages.values
+        stages, quality = StageTimes(), QualityCounts()
+        part = self.work.compute(position, count, stages, self.share, self.read_ahead, quality)
+        part.stages, part.quality = stages.values, quality.values
         return part

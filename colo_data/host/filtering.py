@@ -41,6 +41,20 @@ def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
     return verdict
 
 
+def filters(work: ChunkWork) -> bool:
+    """Whether the pipeline has a `keep` (its own or its pack's)."""
+    return work.pipeline.keep is not None or getattr(work.pipeline.pack, "keep", None) is not None
+
+
+def count_verdicts(work: ChunkWork, accepted: np.ndarray) -> None:
+    """Count `keep`'s verdicts on the records a global batch consumed (`accepted`, in stream
+    order), which every host has: each counts its own slice of them, so that the hosts'
+    counts add up to the batch's."""
+    count, host, hosts = len(accepted), work.host, work.hosts
+    mine = accepted[count * host // hosts : count * (host + 1) // hosts]
+    work.quality.judged(len(mine), int(mine.sum()))
+
+
 def rejected_run(verdict: np.ndarray, before: int) -> int:
     """Records rejected in a row at the end of `verdict`, following `before` rejected ones."""
     accepted = np.flatnonzero(verdict)
@@ -110,6 +124,9 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
         keys = work.order.record_keys(stream, work.stream_indices(stream)) if work.draws else None
         mine = table_to_columns(window.slice(first_row, stop_row - first_row))
         end = int(at[size - 1]) + 1
+        accepted = np.zeros(end - position, bool)
+        accepted[at[:size] - position] = True
+        count_verdicts(work, accepted)
         yield work.transformed(mine, position, keys=keys), end
         position = end
         tables, places = [window.slice(size)], [at[size:]]

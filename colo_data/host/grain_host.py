@@ -25,6 +25,7 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.telemetry.counters import BATCH, TRANSFORM, CpuMeter, StageTimes, metered
+from colo_data.telemetry.quality import QualityCounts
 
 
 class GrainHost:
@@ -47,6 +48,7 @@ class GrainHost:
         self.rows = range(host * size // hosts, (host + 1) * size // hosts)
         self.stages = StageTimes()
         self.worker_stages: list[StageTimes] = []  # Grain's own workers are not counted apart
+        self.quality = QualityCounts()  # a Grain dataset's rows are opaque: none counted
         self.pool = pool
         self.ahead = ahead
         self.cpu: CpuMeter | None = None

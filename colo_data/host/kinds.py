@@ -17,6 +17,7 @@ from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes
+from colo_data.telemetry.quality import QualityCounts
 
 
 class HostShare(Protocol):
@@ -27,6 +28,7 @@ class HostShare(Protocol):
     rows: range
     stages: StageTimes
     worker_stages: list[StageTimes]  # by worker: the stages of the shares it made (none without workers)
+    quality: QualityCounts  # data-quality counts of the rows it made (none for a Grain pipeline)
     cpu: CpuMeter | None
 
     @property

@@ -19,12 +19,13 @@ import pyarrow as pa
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import check_accepting, kept, rejected_run, taken
+from colo_data.host.filtering import check_accepting, count_verdicts, filters, kept, rejected_run, taken
 from colo_data.io.columns import Columns, table_to_columns
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream
 from colo_data.spec.transforms import draws
 from colo_data.telemetry.counters import BATCH, TRANSFORM
+from colo_data.telemetry.quality import PACKED, QualityCounts
 
 
 def plan(
@@ -276,8 +277,10 @@ def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator
                     return
                 break
             consumed, row_of, offset_of = window.planned(rows, False)
-        batch = packed_rows(window, row_of, offset_of, first_row, stop_row, pipeline.index_column, pipeline.stream)
+        batch = packed_rows(window, row_of, offset_of, first_row, stop_row, pipeline.index_column, pipeline.stream, work.quality)
         work.stages.add(BATCH, perf_counter() - t0, consumed, sum(column.nbytes for column in batch.values()))
+        if filters(work):
+            count_verdicts(work, window.lengths[:consumed] >= 0)
         end = window.start + consumed
         window.drop(consumed)
         yield batch, end
@@ -291,10 +294,12 @@ def packed_rows(
     stop_row: int,
     index_column: str | None,
     stream: Stream,
+    quality: QualityCounts,
 ) -> Columns:
     """Rows `[first_row, stop_row)` of the plan, built from the window's values, with the
     columns that name each row's records (`Stream.record_columns`: the index column, a
-    mixture's component column), -1 where a row has no record."""
+    mixture's component column), -1 where a row has no record. Each packed column's rows
+    and its records' lengths are counted in `quality`."""
     pack = window.pack
     height, length = stop_row - first_row, pack.length
     mine = np.flatnonzero((row_of >= first_row) & (row_of < stop_row))
@@ -308,7 +313,9 @@ def packed_rows(
     batch: Columns = {}
     for name in pack.columns:
         values, starts = window.values[name], window.offsets[name][mine]
-        sizes = np.minimum(window.offsets[name][mine + 1] - starts, length)
+        read = window.offsets[name][mine + 1] - starts  # the records' lengths as read
+        quality.column(PACKED, name, length, read, height)
+        sizes = np.minimum(read, length)
         tokens = np.full((height, length), pack.pad_value, dtype=values.dtype)
         ids_name, positions_name = pack.layout_columns(name)
         own = ids_name not in batch  # colo-data names: one pair for all the columns, of the slots

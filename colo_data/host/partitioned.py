@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from colo_data.host.chunk import HostBatch
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import READ_RECORDS, check_accepting, read_at, rejected_run, verdict_of
+from colo_data.host.filtering import READ_RECORDS, check_accepting, filters, read_at, rejected_run, verdict_of
 from colo_data.host.packing import Window, packed_rows, read_records
 from colo_data.io.columns import table_to_columns
 from colo_data.spec import parts
@@ -119,14 +119,16 @@ def _packed(
         if any(not ((row_of >= first) & (row_of < stop)).any() for _, row_of, _ in plans):
             return  # a partition has no records left for its rows: the stream ends
         pieces = [
-            packed_rows(window, row_of, offset_of, first, stop, pipeline.index_column, pipeline.stream)
+            packed_rows(window, row_of, offset_of, first, stop, pipeline.index_column, pipeline.stream, work.quality)
             for window, (_, row_of, offset_of) in zip(windows, plans, strict=True)
         ]
         batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
         work.stages.add(BATCH, perf_counter() - t0, len(batch[pack.columns[0]]), sum(c.nbytes for c in batch.values()))
         phase = (phase + 1) % batches
-        if not phase:  # the plans are handed out: the partitions move on
+        if not phase:  # the plans are handed out: the partitions move on (the filter's verdicts on their records counted)
             for window, (consumed, _, _) in zip(windows, plans, strict=True):
+                if filters(work):
+                    work.quality.judged(consumed, int((window.lengths[:consumed] >= 0).sum()))
                 window.drop(consumed)
             plans = []
         first_record = mine.positions([(0, windows[0].start, windows[0].start + 1)])
@@ -169,6 +171,7 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
             ends.append(int(accepted_at[rows - 1]) + 1)
             tables[i], places[i] = [window.slice(rows)], [accepted_at[rows:]]
         positions = np.concatenate(stream)
+        work.quality.judged(int(sum(ends) - own.sum()), rows * count)  # the partitions' records this batch consumed
         keys = work.order.record_keys(positions, work.stream_indices(positions)) if work.draws else None
         columns = table_to_columns(pa.concat_tables(batch))
         yield work.transformed(columns, int(positions[0]), keys=keys), parts.start(ends)

@@ -31,6 +31,7 @@ from colo_data.spec import parts
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
+from colo_data.telemetry.quality import QualityCounts
 
 _FOREVER = 2**62
 _POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
@@ -52,7 +53,8 @@ class HostPipeline:
             pipeline); `cpu` samples that thread's CPU time.
 
     `stages` adds up the time, records and bytes of each stage, per chunk, also of the
-    chunks that worker processes made; `worker_stages` those of each worker's shares alone.
+    chunks that worker processes made; `worker_stages` those of each worker's shares alone;
+    `quality` the data-quality counts of all of them.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class HostPipeline:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = self.work.rows
         self.stages: StageTimes = self.work.stages
+        self.quality: QualityCounts = self.work.quality
         self.worker_stages: list[StageTimes] = []  # by worker (process or Ray actor): the stages of its shares
         self.pool = pool
         self.ahead = ahead
@@ -194,10 +197,13 @@ class HostPipeline:
             yield part
 
     def _took(self, part: HostChunk) -> None:
-        """The stage counters a chunk from the pool carries, added to this host's."""
+        """The stage and data-quality counters a chunk from the pool carries, added to this host's."""
         if part.stages is not None:
             self.stages.merge(part.stages)
             part.stages = None
+        if part.quality is not None:
+            self.quality.merge(part.quality)
+            part.quality = None
         for i, values in enumerate(part.worker_stages or ()):
             if i == len(self.worker_stages):
                 self.worker_stages.append(StageTimes())

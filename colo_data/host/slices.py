@@ -17,6 +17,7 @@ from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.telemetry.counters import StageTimes
+from colo_data.telemetry.quality import QualityCounts, difference
 
 
 def cut(owned: range, workers: int, part: int, here: int) -> range:
@@ -42,12 +43,13 @@ class SliceStream:
         self._at: tuple[Resume, int] | None = None  # the stream's request (skip: made so far), and its slice
         self._batches: Iterator[tuple[HostBatch, np.ndarray]] = iter(())
 
-    def compute(self, resume: Resume, count: int, stages: StageTimes, part: int) -> HostChunk:
+    def compute(self, resume: Resume, count: int, stages: StageTimes, part: int, quality: QualityCounts) -> HostChunk:
         """`count` batches of worker `part`'s slice (`cut`) of the host's partitions among
         `resume.parts` workers, `resume.skip` batches after `resume.start`, stacked; `places`
         are their rows among the workers' (the rows after the host's own thread's slice), and
         `end` the slice's position after each batch (a row a batch). Fewer batches at the
-        stream's end. Their stage counters go to `stages`."""
+        stream's end. Their stage counters go to `stages`, their data-quality counts to
+        `quality`."""
         owned = self.work.pipeline.partitioning.owned(self.work.host, self.work.hosts)
         mine = cut(owned, resume.parts, part + 1, resume.here)
         at = self._at
@@ -55,11 +57,13 @@ class SliceStream:
             self._batches = partitioned_batches(self.work, resume.start, mine)
             for _ in itertools.islice(self._batches, resume.skip):
                 pass
-        before = list(self.work.stages.values)
+        before, counted = list(self.work.stages.values), self.work.quality.snapshot()
         made = list(itertools.islice(self._batches, count))
         self._at = (resume._replace(skip=resume.skip + len(made)), part)
         if stages is not self.work.stages:
             stages.merge([a - b for a, b in zip(self.work.stages.values, before, strict=True)])
+        if quality is not self.work.quality:
+            quality.merge(difference(self.work.quality.values, counted))
         rows = len(mine) * self.work.pipeline.partitioning.rows
         here = cut(owned, resume.parts, 0, resume.here)
         workers = (owned.stop - here.stop) * self.work.pipeline.partitioning.rows  # the workers' rows a batch
@@ -75,15 +79,17 @@ class SliceStream:
 _STREAMS: weakref.WeakKeyDictionary[ChunkWork, SliceStream] = weakref.WeakKeyDictionary()  # a worker's, by its work
 
 
-def compute(
-    work: ChunkWork, position: int | Resume, count: int, stages: StageTimes, share: Share, read_ahead: bool = True
-) -> HostChunk:
+def compute(work: ChunkWork, position: int | Resume, count: int, share: Share, read_ahead: bool = True) -> HostChunk:
     """What a worker computes when asked: `work.compute` at a stream position, or for a
     partitioned pipeline's `Resume` the slice that `share` numbers (its `SliceStream`,
-    kept as long as `work`)."""
+    kept as long as `work`); the chunk carries its stage and data-quality counters."""
+    stages, quality = StageTimes(), QualityCounts()
     if isinstance(position, Resume):
         stream = _STREAMS.get(work)
         if stream is None:
             stream = _STREAMS[work] = SliceStream(work)
-        return stream.compute(position, count, stages, share.worker)
-    return work.compute(position, count, stages, share, read_ahead)
+        chunk = stream.compute(position, count, stages, share.worker, quality)
+    else:
+        chunk = work.compute(position, count, stages, share, read_ahead, quality)
+    chunk.stages, chunk.quality = stages.values, quality.values
+    return chunk

@@ -86,6 +86,28 @@ class ReadAhead(Protocol):
     def read_stats(self) -> tuple[float, ...]: ...
 
 
+@runtime_checkable
+class StoredInFiles(Protocol):
+    """A source whose records lie in files: which file and row hold each one (lineage)."""
+
+    @property
+    def files(self) -> tuple[str, ...]: ...
+
+    def file_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def record_places(source: Any, indices: np.ndarray) -> tuple[list[str | None], list[int]]:
+    """The file and the row within it of each record `indices` of `source`; a source not
+    of files (records in memory, a Grain data source) names none, and its row is the
+    record's index."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if not isinstance(source, StoredInFiles):
+        return [None] * len(indices), indices.tolist()
+    files, rows = source.file_rows(indices)
+    names = source.files
+    return [names[f] for f in files.tolist()], rows.tolist()
+
+
 @dataclass(frozen=True)
 class _Reading:
     """An ArrowSource's read settings (see its arguments)."""
@@ -288,6 +310,13 @@ class ArrowSource:
     def files(self) -> tuple[str, ...]:
         """The data files, in global order."""
         return tuple(f.path for f in self._files)
+
+    def file_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The file (its place in `files`) and the row within that file of each record."""
+        groups = np.searchsorted(self._rg_start, indices, side="right") - 1
+        files = self._rg_file[groups]
+        first_group = np.searchsorted(self._rg_file, files, side="left")  # each file's first row group
+        return files, np.asarray(indices, dtype=np.int64) - self._rg_start[first_group]
 
     @property
     def row_group_sizes(self) -> np.ndarray:

@@ -7,7 +7,6 @@ loader becomes unreachable, and at interpreter exit."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import json
 import threading
@@ -35,11 +34,11 @@ from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
-from colo_data.spec.state import make_state, restore
+from colo_data.spec.state import make_state, restore, state_step
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
-from colo_data.telemetry.report import StepTrace, Telemetry
+from colo_data.telemetry.report import StepTrace, Telemetry, with_mixture
 
 
 def all_host_states(local: dict[int, Any], pipeline: AnyPipeline) -> dict[int, Any]:
@@ -127,10 +126,12 @@ class _Runner:
         meters: LoaderMeters,
         prefetch: int,
         position: Position,
+        step: int | None,
     ) -> None:
         self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
         self.prefetch = prefetch
         self.position = position
+        self.step = step  # global batches delivered since the stream's start (None: not known)
         # a Grain pipeline's host states at the last batch delivered (where it starts, at first)
         resume = getattr(pipeline, "resume", None) or ()
         self.host_states: dict[int, Any] = dict(enumerate(resume))
@@ -157,13 +158,14 @@ class _Runner:
         self.batches = self.prefetcher or stream
 
     def telemetry(self) -> Telemetry:
-        """The meters' telemetry, with a mixture's records per component since `first`."""
+        """The meters' telemetry, with a mixture's records per component since `first` and
+        their shares against the weights."""
         telemetry = self.meters.telemetry()
         pipeline = self.pipeline
         if isinstance(pipeline, GrainPipeline):
             return telemetry
         counts = pipeline.stream.component_records(pipeline, self.first, self.position)
-        return telemetry if counts is None else dataclasses.replace(telemetry, components=counts)
+        return telemetry if counts is None else with_mixture(telemetry, counts, pipeline.stream.shares or ())
 
     def next(self) -> GlobalBatch:
         """The next batch. Another thread's `next()` in progress is a LoaderBusyError; a
@@ -226,6 +228,8 @@ class _Runner:
             self.position = end
         else:
             self.position = int(self.position) + records
+        if self.step is not None:
+            self.step += 1
         if batch.states is not None:
             self.host_states.update(batch.states)
         self.meters.step(start, done, records, depth, batch.arrays)
@@ -320,6 +324,7 @@ class Loader:
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         self.hosts = self.backend.host_count(self.mesh, hosts)
         pipeline, position = (pipeline, pipeline.at(0)) if state is None else restore(pipeline, state, self.hosts)
+        step = state_step(pipeline, state, position)
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
         check_picklable(pipeline, self.backend)
@@ -333,7 +338,7 @@ class Loader:
             owner.close()
             raise
         meters = LoaderMeters(clock, transport, prefetch)
-        self._runner = _Runner(pipeline, transport, owner, meters, prefetch, position)
+        self._runner = _Runner(pipeline, transport, owner, meters, prefetch, position, step)
         self._runner.export = telemetry_export
         self._transport_parts = parts
         # Not a method of self: the finalizer must not keep the loader alive. `atexit=False`:
@@ -364,14 +369,17 @@ class Loader:
 
     def get_state(self) -> dict[str, Any]:
         """The global position as a small JSON-serialisable dict, the same for any host or
-        worker count; give it to `set_state` or `Loader(..., state=)` to continue. For a
+        worker count, with the global batches delivered since the stream's start (`step`,
+        which `cd.lineage` counts by); give it to `set_state` or `Loader(..., state=)` to
+        continue. For a
         `cd.GrainPipeline`, every host's Grain state at the last batch delivered (in a
         multi-controller run every process must call it at the same step: the states are
         gathered from all of them; so for a partitioned packed or filtered pipeline, whose
         position is one per partition, each process knowing its own hosts')."""
         runner = self._runner
         position = all_parts(runner.position, self.placement.local_partitions(self.pipeline))
-        return make_state(self.pipeline, position, self.hosts, all_host_states(runner.host_states, self.pipeline))
+        host_states = all_host_states(runner.host_states, self.pipeline)
+        return make_state(self.pipeline, position, self.hosts, host_states, runner.step)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; the next batch is the one that followed it.
@@ -380,6 +388,7 @@ class Loader:
             state: what `get_state()` returned (also from another host or worker count).
         """
         rebased, position = restore(self.pipeline, state, self.hosts)
+        step = state_step(rebased, state, position)
         if not isinstance(rebased, GrainPipeline) and not rebased.stream.continues(self.pipeline.stream):  # type: ignore[union-attr]
             raise StateError(
                 "set_state: this state continues the mixture under other weights (or from another interleaving); make "
@@ -391,6 +400,7 @@ class Loader:
         with runner.jumping():
             runner.stop()
             runner.position = runner.first = position
+            runner.step = step
             if isinstance(rebased, GrainPipeline):  # its hosts start from the states the pipeline carries: a new transport
                 self._transport_parts.close()
                 self._transport_parts = runner.owner.child("transport")

@@ -26,21 +26,24 @@ from colo_data.loader.loader import Loader
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
+from colo_data.telemetry.quality import Quality
 from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
+QUALITY_SAMPLES = 100  # data-quality samples a run takes for the plot (every 10 steps where its length is unknown)
 
 
 @dataclass
 class Run:
-    """One contender's result: its telemetry, its steps one by one, and whether Ctrl-C
-    cut it short."""
+    """One contender's result: its telemetry, its steps one by one, whether Ctrl-C cut it
+    short, and its data quality every few steps (steps done, `Telemetry.quality` then)."""
 
     name: str
     telemetry: Telemetry
     trace: StepTrace
     interrupted: bool
     notes: list[str] = field(default_factory=list)
+    quality: list[tuple[int, Quality]] = field(default_factory=list)
 
 
 class _Interrupted:
@@ -96,10 +99,13 @@ def run_loader(
     pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float, loader_options: dict[str, Any]
 ) -> Run:
     """Read `steps` global batches through `cd.Loader`, sleeping `step_s` after each one
-    (the simulated training step), with a progress bar. Ctrl-C ends the run early; the
-    loader (its sidecars, workers and shared memory) is closed either way."""
+    (the simulated training step), with a progress bar, and the data quality
+    `QUALITY_SAMPLES` times (after a step, outside the input wait). Ctrl-C ends the run
+    early; the loader (its sidecars, workers and shared memory) is closed either way."""
     total = _steps(pipeline, steps)
+    every = max(1, total // QUALITY_SAMPLES) if total else 10
     loader = Loader(pipeline, warmup=warmup, **loader_options)
+    samples: list[tuple[int, Quality]] = []
     try:
         count = 0
         with _Interrupted() as stop, _bar(total, "colo-data") as bar:
@@ -109,12 +115,14 @@ def run_loader(
                     time.sleep(step_s)  # the simulated training step
                 count += 1
                 bar.update()
+                if count % every == 0:
+                    samples.append((count, loader.telemetry().quality))
                 if count == total or stop.hit:
                     break
     finally:
         with _Shielded():
             loader.close()  # also takes the last CPU samples
-    return Run("colo-data", loader.telemetry(), loader.step_trace(), stop.hit)
+    return Run("colo-data", loader.telemetry(), loader.step_trace(), stop.hit, quality=samples)
 
 
 class _Indexed:
@@ -407,14 +415,21 @@ def as_json(runs: Sequence[Run], settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def plot(runs: Sequence[Run], path: str, title: str) -> None:
-    """A PNG: input wait per step (warm-up shaded) and throughput over time, per contender."""
+def plot(runs: Sequence[Run], path: str, title: str) -> list[str]:
+    """A PNG: input wait per step (warm-up shaded) and throughput over time, per contender;
+    where colo-data's run has them, the fill of its packed and padded columns between
+    samples and a mixture's component shares so far against their weights. Returns the
+    panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (wait_ax, rate_ax) = plt.subplots(2, 1, figsize=(10, 7))
+    samples = runs[0].quality
+    filled = bool(samples and samples[-1][1].columns)
+    mixed = bool(samples and samples[-1][1].mixture)
+    fig, axes = plt.subplots(2 + filled + mixed, 1, figsize=(10, 3.5 * (2 + filled + mixed)))
+    wait_ax, rate_ax = axes[0], axes[1]
     for run in runs:
         trace = run.trace
         wait_ax.plot(trace.step, np.maximum(trace.input_wait_s * 1000, 1e-3), lw=0.8, label=run.name)
@@ -427,10 +442,39 @@ def plot(runs: Sequence[Run], path: str, title: str) -> None:
     if warmup:
         wait_ax.axvspan(0, warmup, color="0.9", label="warm-up")
     wait_ax.set(xlabel="step", ylabel="input wait (ms)", yscale="log", title=title)
-    rate_ax.set(xlabel="seconds since the first next()", ylabel="records/s", yscale="log")
-    for ax in (wait_ax, rate_ax):
+    rate_ax.set(xlabel="seconds since the first next()", ylabel="records/s", yscale="log", title="throughput")
+    if filled:
+        _plot_fill(axes[2], samples)
+    if mixed:
+        _plot_shares(axes[-1], samples)
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
+    return [ax.get_title() for ax in axes]
+
+
+def _plot_fill(ax: Any, samples: Sequence[tuple[int, Quality]]) -> None:
+    """Each packed or padded column's fill (tokens over token places) between samples."""
+    steps = [step for step, _ in samples]
+    for column in samples[-1][1].columns:
+        key = (column.column, column.kind, column.length)
+        counts = np.zeros((len(samples) + 1, 2))  # (tokens, token places) at each sample, from zero
+        for i, (_, q) in enumerate(samples, 1):
+            counts[i] = next(((c.tokens, c.rows * c.length) for c in q.columns if (c.column, c.kind, c.length) == key), (0, 0))
+        tokens, places = np.diff(counts, axis=0).T
+        fill = np.divide(tokens, places, out=np.full(len(tokens), np.nan), where=places > 0)
+        ax.plot(steps, fill, lw=1, label=f"{column.column} ({column.kind} to {column.length})")
+    ax.set(xlabel="step", ylabel="fill", ylim=(0, 1.05), title="fill of packed and padded columns, between samples")
+
+
+def _plot_shares(ax: Any, samples: Sequence[tuple[int, Quality]]) -> None:
+    """Each mixture component's share of the records so far, its weight dashed."""
+    steps = [step for step, _ in samples]
+    for i, component in enumerate(samples[-1][1].mixture):
+        shares = [q.mixture[i].share for _, q in samples]
+        (line,) = ax.plot(steps, shares, lw=1, label=component.component)
+        ax.axhline(component.weight, color=line.get_color(), ls="--", lw=0.8)
+    ax.set(xlabel="step", ylabel="share of the records", ylim=(0, 1.05), title="mixture shares so far (dashed: weights)")

@@ -17,14 +17,15 @@ from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import make_state, restore
+from colo_data.spec.state import make_state, restore, state_step
 
 
 def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict[str, Any]:
     """The state `batches` global batches after `state` (None: the stream's start): a
     `cd.Loader(pipeline, state=skip(...))` yields what a loader from `state` would have
-    yielded from its batch `batches` on, on any host count. A mixture's components are
-    skipped in their schedule's order, so their shares stay exact.
+    yielded from its batch `batches` on, on any host count, and whose `step` counts the
+    skipped batches (so `cd.lineage` numbers what follows as the original run would). A
+    mixture's components are skipped in their schedule's order, so their shares stay exact.
 
     Raises:
         ConfigError: `batches` is negative, or more than the stream has left after `state`
@@ -44,11 +45,12 @@ def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict
         restored, position = restore(pipeline, state)
         assert isinstance(restored, Pipeline)
         pipeline = restored
+    step = state_step(pipeline, state, position)
     if batches and pipeline.variable_batches:
         position = _variable_after(pipeline, position, batches)
     elif batches:
         position = _after(pipeline, position, batches)
-    return make_state(pipeline, position)
+    return make_state(pipeline, position, step=None if step is None else step + batches)
 
 
 def _after(pipeline: Pipeline, position: Position, batches: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError, StateError
-from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source
+from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source, record_places
 from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.spec.parts import encode_parts
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
@@ -207,6 +207,17 @@ class Mix:
         components, local = self.locate(indices)
         named = {} if index_column is None else {index_column: local}
         return {**named, self.component_column: components}
+
+    def record_origins(self, named: dict[str, np.ndarray], index_column: str) -> list[dict[str, Any]]:
+        components, local = named[self.component_column], named[index_column]
+        origins: list[dict[str, Any]] = [{} for _ in range(len(local))]
+        for component in np.unique(components).tolist():
+            at = np.flatnonzero(components == component)
+            files, rows = record_places(self.sources[component], local[at])
+            name = self.names[component]
+            for i, f, r, index in zip(at.tolist(), files, rows, local[at].tolist(), strict=True):
+                origins[i] = {"component": name, "file": f, "row": r, "index": index}
+        return origins
 
     def check(self, pipeline: PipelineView) -> None:
         partitions = pipeline.partitioning.partitions

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from colo_data.errors import StateError
 from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.order import Position
@@ -15,8 +17,13 @@ from colo_data.spec.state_format import FORMAT, format_of
 if TYPE_CHECKING:
     from colo_data.spec.pipeline import Pipeline
 
+
 def make_state(
-    pipeline: Pipeline | GrainPipeline, stream_position: Position, hosts: int = 1, host_states: dict[int, Any] | None = None
+    pipeline: Pipeline | GrainPipeline,
+    stream_position: Position,
+    hosts: int = 1,
+    host_states: dict[int, Any] | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
     """The state after `stream_position` records of the stream have been delivered.
 
@@ -26,10 +33,37 @@ def make_state(
             partitioned pipeline: each partition's own records).
         hosts: the host count (a Grain pipeline's state is one per host).
         host_states: a Grain pipeline's host states at the last batch delivered.
+        step: global batches delivered since the stream's start, which `cd.lineage`
+            counts steps by; None when not known (left out).
     """
     if isinstance(pipeline, GrainPipeline):  # the one place the two kinds' states part
-        return {"format": FORMAT, **pipeline.state_at(int(stream_position), hosts, host_states or {})}
-    return pipeline.stream.state(pipeline, stream_position)
+        state = {"format": FORMAT, **pipeline.state_at(int(stream_position), hosts, host_states or {})}
+    else:
+        state = pipeline.stream.state(pipeline, stream_position)
+    return state if step is None else {**state, "step": step}
+
+
+def state_step(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None, position: Position) -> int | None:
+    """Global batches delivered from the stream's start up to `state` (None: the start, 0),
+    which restored to stream `position`. A state that records none (saved before colo-data
+    counted steps): a padded or Grain pipeline's position over the batch size it was saved
+    with, when it is this pipeline's; otherwise None (not known).
+
+    Raises:
+        StateError: the state's `step` is not a non-negative int.
+    """
+    if state is None:
+        return 0
+    if "step" in state:
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StateError(f"the loader state has step={step!r}: not a count of global batches (an int >= 0)")
+        return step
+    size = pipeline.global_batch_size
+    variable = not isinstance(pipeline, GrainPipeline) and pipeline.variable_batches
+    if variable or isinstance(position, np.ndarray) or state.get("global_batch_size") != size or int(position) % size:
+        return None
+    return int(position) // size
 
 
 def restore(

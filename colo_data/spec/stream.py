@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from colo_data.errors import StateError
+from colo_data.io.sources import record_places
 from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.spec.parts import decode_parts, encode_parts
 from colo_data.spec.state_format import FORMAT
@@ -132,6 +133,12 @@ class Stream(Protocol):
         component column), added before the transforms run."""
         ...
 
+    def record_origins(self, named: dict[str, np.ndarray], index_column: str) -> list[dict[str, Any]]:
+        """Where each record that `named` names (`record_columns`' columns, the index column
+        under `index_column`) comes from: its file, its row in that file and its index (a
+        mixture's: first its component), for `cd.lineage`."""
+        ...
+
     def check(self, pipeline: PipelineView) -> None:
         """Raise ConfigError for a pipeline setting this stream cannot run with."""
         ...
@@ -207,6 +214,11 @@ class Single:
 
     def record_columns(self, indices: np.ndarray, index_column: str | None) -> dict[str, np.ndarray]:
         return {} if index_column is None else {index_column: indices}
+
+    def record_origins(self, named: dict[str, np.ndarray], index_column: str) -> list[dict[str, Any]]:
+        indices = named[index_column]
+        files, rows = record_places(self.source, indices)
+        return [{"file": f, "row": r, "index": i} for f, r, i in zip(files, rows, indices.tolist(), strict=True)]
 
     def check(self, pipeline: PipelineView) -> None:
         return None

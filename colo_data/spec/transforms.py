@@ -74,6 +74,14 @@ class pad_or_truncate:  # noqa: N801 - used like a function: cd.pad_or_truncate(
             raise TransformError(f"pad_or_truncate: no column {self.column!r} in the batch; it has {sorted(batch)}")
         return {**batch, self.column: _padded(batch[self.column], self.length, self.pad_value, self.column)}
 
+    def lengths(self, batch: Columns) -> np.ndarray:
+        """Each record's length in `column` before it is padded or cut (a batch this
+        transform accepts): what the data-quality telemetry counts."""
+        column = batch[self.column]
+        if isinstance(column, np.ndarray):
+            return np.full(len(column), column.shape[1], np.int64)
+        return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+
 
 @dataclass(frozen=True)
 class random_map:  # noqa: N801 - used like a function: cd.random_map(crop)

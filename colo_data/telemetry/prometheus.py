@@ -10,6 +10,7 @@ from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
 )
@@ -17,6 +18,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from colo_data.errors import ConfigError
+from colo_data.telemetry.quality import PACKED, QUANTILES, Quality
 from colo_data.telemetry.report import Telemetry, TelemetrySource
 
 
@@ -82,6 +84,61 @@ def _metrics(t: Telemetry) -> Iterator[Metric]:
         for name, count in t.components.items():
             mixed.add_metric([name], count)
         yield mixed
+    yield from _quality_metrics(t.quality)
+
+
+def _quality_metrics(q: Quality) -> Iterator[Metric]:
+    """The data-quality metric families (since the loader started): packed and padded
+    columns, the filter, the records dropped and truncated, a mixture's shares."""
+    column = ["column", "kind", "length"]
+    fill = GaugeMetricFamily("colo_data_packing_fill", "Share of a packed column's token places holding tokens.", labels=column)
+    padding = GaugeMetricFamily(
+        "colo_data_padding_share", "Share of a packed or padded column's token places that are padding.", labels=column
+    )
+    tokens = CounterMetricFamily("colo_data_tokens", "Tokens of records in a packed or padded column.", labels=column)
+    places = CounterMetricFamily(
+        "colo_data_token_places", "Token places (rows x length) of a packed or padded column.", labels=column
+    )
+    quantiles = GaugeMetricFamily(
+        "colo_data_token_length", "Records' lengths as read, quantiles (top of their bucket).", labels=[*column, "quantile"]
+    )
+    lengths = HistogramMetricFamily("colo_data_record_length_tokens", "Records' lengths as read, in tokens.", labels=column)
+    truncated = CounterMetricFamily(
+        "colo_data_truncated_records",
+        "Records longer than their row or pad length, cut to its first tokens.",
+        labels=["column", "reason"],
+    )
+    for c in q.columns:
+        labels = [c.column, c.kind, str(c.length)]
+        if c.kind == PACKED:
+            fill.add_metric(labels, c.fill)
+        padding.add_metric(labels, c.padding_share)
+        tokens.add_metric(labels, c.tokens)
+        places.add_metric(labels, c.rows * c.length)
+        for level, value in zip(QUANTILES, (c.length_p50, c.length_p90, c.length_p99), strict=True):
+            quantiles.add_metric([*labels, str(level)], value)
+        buckets = [(str(power), count) for power, count in c.length_buckets]
+        lengths.add_metric(labels, [*buckets, ("+Inf", c.records)], c.length_sum)
+    for lost in q.truncated:
+        truncated.add_metric([lost.column, lost.reason], lost.records)
+    yield from (fill, padding, tokens, places, quantiles, lengths, truncated)
+    dropped = CounterMetricFamily("colo_data_dropped_records", "Records dropped, by reason (keep: a filter).", labels=["reason"])
+    for lost in q.dropped:
+        dropped.add_metric([lost.reason], lost.records)
+    yield dropped
+    if q.keep_rate is not None:
+        yield GaugeMetricFamily("colo_data_keep_rate", "Share of the records judged that the filter kept.", value=q.keep_rate)
+        yield CounterMetricFamily("colo_data_judged_records", "Records the filter judged.", value=q.judged)
+        yield CounterMetricFamily("colo_data_kept_records", "Records the filter kept.", value=q.kept)
+    if q.mixture:
+        share = GaugeMetricFamily(
+            "colo_data_component_share", "A mixture component's share of the records so far.", labels=["component"]
+        )
+        weight = GaugeMetricFamily("colo_data_component_weight", "A mixture component's normalised weight.", labels=["component"])
+        for component in q.mixture:
+            share.add_metric([component.component], component.share)
+            weight.add_metric([component.component], component.weight)
+        yield from (share, weight)
 
 
 class _Collector(Collector):

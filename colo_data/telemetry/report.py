@@ -4,8 +4,8 @@ the hosts' stage counters into a `Telemetry` whose one-line verdict names the bo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from colo_data.telemetry.counters import (
     StageTimes,
     StepClock,
 )
+from colo_data.telemetry.quality import Quality, QualityCounts, mixture_shares, quality
 
 INPUT_BOUND_SHARE = 0.05  # steady input wait above this share of wall time: input-bound
 
@@ -101,6 +102,7 @@ class Telemetry:
     limit: str | None = None  # what limits the pipeline (`limit`), whether or not the trainer waits
     limit_stage: str | None = None  # the stage of `limit` (a name in `STAGES`)
     components: dict[str, int] | None = None  # a cd.Mix's records of each component since the loader started
+    quality: Quality = field(default_factory=Quality)  # what the batches are made of, since the loader started
 
     def as_dict(self) -> dict[str, Any]:
         """Every field as plain, JSON-ready values (nested dataclasses become dicts)."""
@@ -124,12 +126,14 @@ TelemetrySource = Callable[[], Telemetry]  # what exporters read: `Loader.teleme
 class HostCounters:
     """A host's cumulative counters at one moment (subtracted to get the steady state):
     stage values, the CPU sample `(time, seconds)`, the ring's `(slots-in-use sum,
-    announcements)`, and each worker's stage values."""
+    announcements)`, each worker's stage values, and the data-quality counts
+    (`QualityCounts.values`, never subtracted: they count from the loader's start)."""
 
     stages: tuple[float, ...]
     cpu: tuple[float, float] | None
     ring: tuple[float, float] | None
     workers: tuple[tuple[float, ...], ...] = ()
+    quality: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def added_by_worker(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
@@ -312,6 +316,7 @@ def summarize(
     )
     before_hosts = at_warmup_hosts if at_warmup_hosts is not None else [None] * len(now)
     hosts = []
+    counts = QualityCounts()
     for info, current, before in zip(infos, now, before_hosts, strict=True):
         values = np.asarray(current.stages) - (np.asarray(before.stages) if before is not None else 0.0)
         earlier = [[-v for v in w] for w in before.workers] if before is not None else []
@@ -326,6 +331,7 @@ def summarize(
             s0, k0 = before.ring if before is not None and before.ring is not None else (0.0, 0.0)
             if current.ring[1] > k0:
                 in_use = (current.ring[0] - s0) / (current.ring[1] - k0)
+        counts.merge(current.quality)
         hosts.append(
             HostSide(
                 host=info.host,
@@ -364,7 +370,15 @@ def summarize(
         verdict=line,
         limit=limited[1],
         limit_stage=limited[0],
+        quality=quality(counts.values),
     )
+
+
+def with_mixture(telemetry: Telemetry, counts: dict[str, int], slots: Sequence[int]) -> Telemetry:
+    """`telemetry` with a mixture's records of each component since the loader started
+    (`counts`) and their shares against the weights (`slots`: the schedule's)."""
+    mixed = dataclasses.replace(telemetry.quality, mixture=mixture_shares(counts, slots))
+    return dataclasses.replace(telemetry, components=counts, quality=mixed)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ from colo_data.host.cpu_use import IdleCpus
 from colo_data.host.resources import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
-from colo_data.telemetry.counters import StageTimes
 
 READY = "ready"  # a worker's reply to a job it has set up
 WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
@@ -73,10 +72,8 @@ def _serve(conn: socket.socket) -> None:
             _, job, position, count, share = message
             if job not in jobs:  # a request of a stream that a newer job ended
                 continue
-            stages = StageTimes()
             try:
-                reply = slices.compute(jobs[job], position, count, stages, Share(*share))
-                reply.stages = stages.values
+                reply = slices.compute(jobs[job], position, count, Share(*share))
             except BaseException as e:  # handed to the parent, raised there
                 reply = to_wire(e)
         try:

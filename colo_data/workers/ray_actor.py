@@ -18,7 +18,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from colo_data.errors import RayClusterError, to_wire
 from colo_data.host import slices
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
-from colo_data.telemetry.counters import StageTimes
 from colo_data.workers.processes import READY
 from colo_data.workers.ray_workers import RayWorkers
 
@@ -58,16 +57,13 @@ class ChunkActor:
         share: Share,
     ) -> Any:
         """Share `share` of the chunk of `count` global batches at `position`, with its stage
-        times, or the error as text."""
+        times and data-quality counts, or the error as text."""
         try:
             work = self._jobs[key][0] if key in self._jobs else None
             if work is None:  # restarted, let go, or its set-up did not run
                 work = ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts)
             self._keep(key, work)
-            stages = StageTimes()
-            chunk = slices.compute(work, position, count, stages, Share(*share))
-            chunk.stages = stages.values
-            return chunk
+            return slices.compute(work, position, count, Share(*share))
         except BaseException as e:
             if isinstance(e, SystemExit) or isinstance(e.__context__, SystemExit):
                 # Ray stops an actor (its pool's keeper gone, `ray.kill`) by raising SystemExit

@@ -417,7 +417,4 @@ class RayStream:
         """`share` of the chunk `asked`, computed in this process."""
         if self._here is None:
             self._here = ChunkWork(cloudpickle.loads(self._payload), self._host, self._hosts)
-        stages = StageTimes()
-        chunk = slices.compute(self._here, asked.position, asked.batches, stages, share, read_ahead=False)
-        chunk.stages = stages.values
-        return chunk
+        return slices.compute(self._here, asked.position, asked.batches, share, read_ahead=False)

@@ -17,6 +17,7 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.telemetry.counters import StageTimes
+from colo_data.telemetry.quality import QualityCounts
 from colo_data.telemetry.report import HostCounters, HostInfo, added_by_worker
 
 
@@ -79,7 +80,7 @@ class SidecarBackend:
         handoff = StageTimes(self.handoff.values)
         out = []
         for i, base in enumerate(self._base):
-            stages = StageTimes(base.stages)
+            stages, quality = StageTimes(base.stages), QualityCounts(base.quality)
             cpu, ring, workers = base.cpu, base.ring, base.workers
             client = self._clients[i] if i < len(self._clients) else None
             if client is not None:
@@ -89,7 +90,8 @@ class SidecarBackend:
                     (t, c), (s, k) = client.stats["cpu"], client.stats["ring"]
                     cpu, ring = plus(cpu, (t, c)), plus(ring, (s, k))
                     workers = added_by_worker(workers, client.stats.get("workers", ()))
-            out.append(HostCounters(tuple(stages.values), cpu, ring, workers))
+                    quality.merge(client.stats.get("quality", {}))
+            out.append(HostCounters(tuple(stages.values), cpu, ring, workers, quality.values))
         return list(handoff.values), out
 
     def run_ended(self) -> None:

@@ -17,8 +17,8 @@ Messages, trainer -> sidecar:
          last slot maybe fewer; "after" is the stream position after its last batch for packed
          pipelines; "states" a Grain pipeline's host state after each of its batches), and
          {"end": True} after the last batch. "stats" are the session's cumulative telemetry
-         counters (stage values, CPU sample, ring fill, stage values by worker): telemetry without a
-         message of its own
+         counters (stage values, CPU sample, ring fill, stage values by worker, data-quality counts):
+         telemetry without a message of its own
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
 Any of these may instead be {"error": message, "type": class name, "traceback": text}

@@ -73,7 +73,7 @@ class _Session:
         server: Lifecycle,
     ) -> None:
         host_share = host_pipeline(pipeline, host, hosts, pool)
-        self.stages, self.worker_stages = host_share.stages, host_share.worker_stages
+        self.stages, self.worker_stages, self.quality = host_share.stages, host_share.worker_stages, host_share.quality
         self.cpu = CpuMeter("children" if pool is not None else "thread")  # sampled on the producer thread
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
@@ -109,13 +109,19 @@ class _Session:
     def _stats(self, now: float) -> dict[str, Any]:
         """The cumulative counters an announcement carries: stage values, the CPU sample
         (seconds since the session's first, CPU seconds of its workers since then), the
-        ring's fill (sum of slots in use at each announcement, announcements) and each
-        worker's stage values."""
+        ring's fill (sum of slots in use at each announcement, announcements), each
+        worker's stage values and the data-quality counts."""
         self.cpu.maybe_sample(now)
         self._in_use[0] += self.slots - self._free.qsize()
         self._in_use[1] += 1
         workers = [list(w.values) for w in self.worker_stages]
-        return {"stages": list(self.stages.values), "cpu": self.cpu.sample, "ring": tuple(self._in_use), "workers": workers}
+        return {
+            "stages": list(self.stages.values),
+            "cpu": self.cpu.sample,
+            "ring": tuple(self._in_use),
+            "workers": workers,
+            "quality": self.quality.snapshot(),
+        }
 
     def _produce(self, send: Callable[[dict[str, Any]], None]) -> None:
         try:

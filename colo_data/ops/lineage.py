@@ -1,0 +1,136 @@
+"""`lineage`: which source records made each row of given global steps, for the question a
+loss spike raises (what was in step 48,211?). A padded pipeline's step N is stream positions
+`[N*B, (N+1)*B)` bound to the order, so its lineage is arithmetic and reads no record; a
+packed or filtered pipeline's steps take as many records as fit or as `keep` passes, so its
+lineage plans them (reading and preparing the records from the state's position on, as one
+host plans a whole batch, in this process) and keeps only each row's record names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from colo_data.errors import ConfigError, StateError
+from colo_data.host.chunk import HostChunk
+from colo_data.host.pipeline import HostPipeline
+from colo_data.runtime.prefetch import close_iterator
+from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.kinds import AnyPipeline
+from colo_data.spec.order import Position
+from colo_data.spec.pipeline import Pipeline
+from colo_data.spec.state import restore, state_step
+from colo_data.spec.transforms import select
+
+# The index column that lineage reads records' names from when the pipeline has none of its own.
+_INDEX = "_lineage_index"
+
+
+def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = None, *, steps: range) -> list[dict[str, Any]]:
+    """Each global step's rows' source records: one dict per step of `steps`,
+    `{"step": N, "rows": [[{"file", "row", "index"}, ...], ...]}`, a row being the list of
+    its records in order (a packed row's segments; one for a padded or filtered row), each
+    named by its file, its row in that file (a source not of files: none, and its record
+    index) and its global index, the value of the pipeline's `index_column` (a mixture's
+    records also by their `"component"`; their index is within it). The pipeline's own
+    transforms do not run: they cannot change which records a row holds.
+
+    Args:
+        pipeline: the pipeline the steps were read from.
+        state: a state of it (`Loader.get_state()`, `cd.skip`); None: the stream's start.
+            Steps count global batches from the stream's start (step 0 is the first); a
+            state saved after step K-1 answers for steps K and later.
+        steps: the steps, a `range` (any stride).
+
+    Raises:
+        ConfigError: `steps` is not a range of steps >= 0, it reaches past a finite
+            stream's end, or the pipeline is a `cd.GrainPipeline` (its records carry no
+            index that colo-data can follow).
+        StateError: `state` is not one of `pipeline`'s, it records no step (a packed or
+            filtered pipeline's state saved before colo-data counted steps), or a step is
+            earlier than the state.
+    """
+    if isinstance(pipeline, GrainPipeline) or not isinstance(pipeline, AnyPipeline):
+        raise ConfigError(
+            f"cd.lineage takes a cd.Pipeline, not {type(pipeline).__name__}: a Grain pipeline's records carry no "
+            "index colo-data can follow; add one to the records themselves (an id column) and read it from the batches"
+        )
+    if not isinstance(steps, range) or steps.step < 1 or steps.start < 0:
+        raise ConfigError(f"steps={steps!r}: give a range of global steps, e.g. range(48_200, 48_220)")
+    if state is None:
+        position: Position = pipeline.at(0)
+        first: int | None = 0
+    else:
+        restored, position = restore(pipeline, state)
+        assert isinstance(restored, Pipeline)
+        pipeline = restored
+        first = state_step(pipeline, state, position)
+    if first is None:
+        raise StateError(
+            "the loader state records no step (a packed or filtered pipeline's state saved before colo-data counted "
+            "them), so which global step follows it is not known; use a state saved by this colo-data, or none (the "
+            "stream's start)"
+        )
+    if not steps:
+        return []
+    if steps.start < first:
+        raise StateError(
+            f"step {steps.start} is before this state, saved after step {first - 1} (it answers for steps {first} "
+            "and later): give the state of an earlier checkpoint, or none (the stream's start)"
+        )
+    if pipeline.variable_batches:
+        return list(_planned(pipeline, position, first, steps))
+    return _counted(pipeline, int(position), first, steps)
+
+
+def _counted(pipeline: Pipeline, position: int, first: int, steps: range) -> list[dict[str, Any]]:
+    """A padded pipeline's steps: their stream positions, bound to the order."""
+    size = pipeline.global_batch_size
+    left = pipeline.batches_from(position)
+    if left is not None and steps[-1] - first >= left:
+        raise _past_the_end(steps, first + left)
+    starts = position + (np.asarray(steps, dtype=np.int64) - first) * size
+    stream = (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
+    order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
+    named = pipeline.stream.record_columns(order.stream_indices(stream), _INDEX)
+    origins = pipeline.stream.record_origins(named, _INDEX)
+    return [{"step": step, "rows": [[origin] for origin in origins[i * size : (i + 1) * size]]} for i, step in enumerate(steps)]
+
+
+def _planned(pipeline: Pipeline, position: Position, first: int, steps: range) -> Iterator[dict[str, Any]]:
+    """A packed or filtered pipeline's steps: planned from the state's position on by one
+    host covering the whole batch, keeping only the columns that name each row's records
+    (the pipeline's transforms cannot change which records a row holds)."""
+    index = pipeline.index_column or _INDEX
+    naming = [name for name in (index, pipeline.stream.component_column) if name is not None]
+    planning = dataclasses.replace(pipeline, transforms=(select(*naming),), index_column=index)
+    chunks = HostPipeline(planning).chunks(position, batches=1)
+    try:
+        for step in range(first, steps[-1] + 1):
+            chunk = next(chunks, None)
+            if chunk is None:
+                raise _past_the_end(steps, step)
+            if step in steps:
+                yield {"step": step, "rows": _rows(pipeline, chunk, index)}
+    finally:
+        close_iterator(chunks)
+
+
+def _rows(pipeline: Pipeline, chunk: HostChunk, index: str) -> list[list[dict[str, Any]]]:
+    """Each row's records, in order: a packed row's index column holds one per segment
+    (-1: no segment), a filtered row's one."""
+    named = {name: chunk.columns[name] for name in (index, pipeline.stream.component_column) if name is not None}
+    indices = named[index].reshape(len(named[index]), -1)
+    placed = indices >= 0
+    origins = pipeline.stream.record_origins({k: v.reshape(indices.shape)[placed] for k, v in named.items()}, index)
+    ends = np.cumsum(placed.sum(axis=1)).tolist()
+    return [origins[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _past_the_end(steps: range, end: int) -> ConfigError:
+    return ConfigError(
+        f"steps {steps.start}..{steps[-1]}: the stream has {end} global batches (steps 0..{end - 1}); epochs are "
+        "finite: ask for earlier steps"
+    )

@@ -1,0 +1,189 @@
+"""`cd.lineage(pipeline, state, steps=range(a, b))` and `colo-data lineage`: each global
+step's rows' source records equal what a real `Loader` yielded (through the index column
+and, for a mixture, the component column), for padded, filtered, packed and mixture
+pipelines, with and without partitions; each record's file and row hold that record (its
+`id` column, written as its index, read back from the Parquet file)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grain_pipelines as gp
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_skip import pipeline_of, read
+
+import colo_data as cd
+from colo_data.testing import to_numpy
+
+SAVED, AFTER = 3, 4  # batches read before the state, traced after it
+
+
+@functools.cache
+def ids(file: str) -> list[int]:
+    """The `id` column of a corpus file: each record's index, written with it."""
+    return pq.read_table(file, columns=["id"])["id"].to_pylist()
+
+
+def loader_rows(pipeline: cd.Pipeline, batch: dict[str, np.ndarray]) -> list[list[tuple[str | None, int]]]:
+    """Each row's (component, index) records in order, as the loader's batch names them."""
+    size = pipeline.global_batch_size
+    indices = batch["_index"].reshape(size, -1)
+    column = pipeline.stream.component_column
+    components = batch[column].reshape(size, -1) if column else np.zeros_like(indices)
+    names = pipeline.stream.names
+    return [
+        [(names[c] if column else None, int(i)) for c, i in zip(cs, row, strict=True) if i >= 0]
+        for cs, row in zip(components, indices, strict=True)
+    ]
+
+
+def traced_rows(step: dict) -> list[list[tuple[str | None, int]]]:
+    """Each row's (component, index) records in order, as lineage names them; each record's
+    file and row are checked to hold it on the way."""
+    for row in step["rows"]:
+        for origin in row:
+            assert ids(origin["file"])[origin["row"]] == origin["index"], origin
+    return [[(origin.get("component"), origin["index"]) for origin in row] for row in step["rows"]]
+
+
+@pytest.mark.parametrize(
+    "kind, partitions",
+    [("padded", 1), ("packed", 1), ("packed", 4), ("filtered", 4), ("mixture", 1), ("packed mixture", 4)],
+)
+def test_lineage_names_the_records_the_loader_yielded(
+    token_corpus: Path, mix_corpora: dict[str, Path], kind: str, partitions: int
+) -> None:
+    """A state saved on 2 hosts after 3 batches; the loader's next 4 batches are the 4 steps
+    lineage traces from it, row by row and segment by segment."""
+    pipeline = pipeline_of(kind, token_corpus, mix_corpora, partitions)
+    with cd.Loader(pipeline, hosts=2) as loader:
+        for _ in range(SAVED):
+            next(loader)
+        state = loader.get_state()
+        batches = [to_numpy(next(loader)) for _ in range(AFTER)]
+    assert state["step"] == SAVED
+    traced = cd.lineage(pipeline, state, steps=range(SAVED, SAVED + AFTER))
+    assert [step["step"] for step in traced] == list(range(SAVED, SAVED + AFTER))
+    for step, batch in zip(traced, batches, strict=True):
+        assert traced_rows(step) == loader_rows(pipeline, batch), f"{kind}, step {step['step']}"
+    if "packed" in kind:
+        assert max(len(row) for step in traced for row in step["rows"]) > 1, "packed rows of several segments"
+
+
+def test_a_padded_step_a_million_steps_on_is_the_loaders(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """Padded, endless: the step a million steps after the state, traced without reading
+    records, is what a loader made from the skipped state reads there; the skipped state's
+    step counts the skipped batches, and lineage from it agrees with lineage from before."""
+    pipeline = pipeline_of("padded", token_corpus, mix_corpora)
+    _, state = read(pipeline, SAVED)
+    far = SAVED + 1_000_000
+    skipped = cd.skip(pipeline, state, batches=1_000_000)
+    assert skipped["step"] == far
+    [batch], _ = read(pipeline, 1, state=skipped)
+    [step] = cd.lineage(pipeline, state, steps=range(far, far + 1))
+    assert traced_rows(step) == loader_rows(pipeline, batch)
+    assert cd.lineage(pipeline, skipped, steps=range(far, far + 1)) == [step]
+
+
+def test_lineage_lists_what_a_packed_skip_left_out(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """The loss-spike recipe on a packed pipeline of 4 partitions: lineage from the
+    checkpoint lists the skipped steps; lineage from the skipped state goes on where it
+    stopped, with the same step numbers as from the checkpoint; and with a stride."""
+    pipeline = pipeline_of("packed", token_corpus, mix_corpora, 4)
+    _, state = read(pipeline, SAVED)
+    skipped = cd.skip(pipeline, state, batches=2)
+    from_checkpoint = cd.lineage(pipeline, state, steps=range(SAVED, SAVED + 4))
+    assert cd.lineage(pipeline, skipped, steps=range(SAVED + 2, SAVED + 4)) == from_checkpoint[2:]
+    assert cd.lineage(pipeline, state, steps=range(SAVED, SAVED + 4, 2)) == from_checkpoint[::2]
+    assert cd.lineage(pipeline, None, steps=range(SAVED, SAVED + 1)) == from_checkpoint[:1]
+
+
+def test_lineage_errors(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """A step before the state, past a finite stream's end, steps not a range, a packed
+    state saved without a step: named errors; a padded one without a step counts its
+    position in batches."""
+    packed = pipeline_of("packed", token_corpus, mix_corpora)
+    _, state = read(packed, SAVED)
+    with pytest.raises(cd.StateError, match=r"step 2 is before this state, saved after step 2"):
+        cd.lineage(packed, state, steps=range(2, 5))
+    old = {k: v for k, v in state.items() if k != "step"}
+    with pytest.raises(cd.StateError, match="records no step"):
+        cd.lineage(packed, old, steps=range(5, 6))
+    with pytest.raises(cd.ConfigError, match="give a range"):
+        cd.lineage(packed, state, steps=[4, 5])  # type: ignore[arg-type]
+    padded = pipeline_of("padded", token_corpus, mix_corpora)
+    _, padded_state = read(padded, SAVED)
+    del padded_state["step"]
+    assert cd.lineage(padded, padded_state, steps=range(SAVED, SAVED + 1)) == cd.lineage(
+        padded, None, steps=range(SAVED, SAVED + 1)
+    )
+    padded_finite = cd.Pipeline(source=cd.ArrowSource(str(token_corpus)), global_batch_size=8)  # 120 records
+    assert len(cd.lineage(padded_finite, None, steps=range(14, 15))) == 1
+    with pytest.raises(cd.ConfigError, match=r"steps 14..15: the stream has 15 global batches \(steps 0..14\)"):
+        cd.lineage(padded_finite, None, steps=range(14, 16))
+    packed_finite = cd.Pipeline(source=cd.ArrowSource(str(token_corpus)), global_batch_size=8, pack=cd.Pack("tokens", 16))
+    with pytest.raises(cd.ConfigError, match=r"the stream has \d+ global batches"):
+        cd.lineage(packed_finite, None, steps=range(0, 1000))
+
+
+def test_a_grain_pipeline_has_no_lineage(tmp_path: Path) -> None:
+    """A Grain pipeline's records carry no index colo-data can follow: a ConfigError."""
+    paths = gp.write_records(tmp_path)
+    pipeline = cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths), global_batch_size=gp.BATCH)
+    with pytest.raises(cd.ConfigError, match=r"cd.lineage takes a cd.Pipeline, not GrainPipeline"):
+        cd.lineage(pipeline, None, steps=range(0, 1))
+
+
+PIPELINES = """
+import colo_data as cd
+
+
+def padded(corpus, global_batch_size=8):
+    return cd.Pipeline(
+        source=cd.ArrowSource(corpus, columns=["id", "tokens"]),
+        order=cd.Order(shuffle="block", seed=5, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=global_batch_size,
+        epochs=None,
+        index_column="_index",
+    )
+"""
+
+
+def test_the_command_prints_lineage_and_names_what_does_not_fit(
+    token_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`colo-data lineage CONFIG --state FILE --steps 3:5 --json`: cd.lineage's steps as JSON
+    lines; a step before the state, steps backwards and a directory with no state: exit 2,
+    named; another batch size than the state's: a note saying which."""
+    from colo_data.ops.config import load_config
+
+    (tmp_path / "lineage_pipelines.py").write_text(PIPELINES)
+    config = tmp_path / "padded.toml"
+    config.write_text(f'pipeline = "lineage_pipelines:padded"\n[args]\ncorpus = "{token_corpus}"\n')
+    monkeypatch.chdir(tmp_path)
+    pipeline = load_config(config).build()
+    _, state = read(pipeline, SAVED)  # type: ignore[arg-type]
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tmp_path / "empty").mkdir()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "colo_data.cli", "lineage", str(config), *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+    done = run("--state", "state.json", "--steps", "3:5", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == cd.lineage(pipeline, state, steps=range(3, 5))
+    early = run("--state", "state.json", "--steps", "1:2", "--arg", "global_batch_size=4")
+    assert early.returncode == 2 and "step 1 is before this state, saved after step 2" in early.stderr, early.stderr
+    assert "the state was saved with global_batch_size=8; " in early.stderr and "has 4" in early.stderr
+    backwards = run("--steps", "5:3")
+    assert backwards.returncode == 2 and "'5:3': give global steps as A:B" in backwards.stderr, backwards.stderr
+    empty = run("--state", "empty", "--steps", "3")
+    assert empty.returncode == 2 and "a directory holding 0 loader states" in empty.stderr, empty.stderr
