@@ -43,9 +43,9 @@ import colo_data as cd
 from colo_data.ops import demo
 
 if __name__ == "__main__":
-    shuffle, backend, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    shuffle, backend, workers, prefetch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     chosen = cd.InProcess(workers=workers) if backend == "inprocess" else cd.Sidecar(workers=workers)
-    loader = cd.Loader(demo.pipeline(shuffle=shuffle, epochs=None), backend=chosen)
+    loader = cd.Loader(demo.pipeline(shuffle=shuffle, epochs=None), backend=chosen, prefetch=prefetch)
     for i, batch in enumerate(loader):
         if i >= 12:
             break
@@ -95,18 +95,24 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "shuffle, backend, workers",
-    [("global", "inprocess", 0), ("block", "inprocess", 0), ("block", "inprocess", 1), ("block", "sidecar", 0)],
-    ids=["inprocess-global", "inprocess-block", "inprocess-1-worker", "sidecar"],
+    "shuffle, backend, workers, prefetch",
+    [
+        ("global", "inprocess", 0, 2),
+        ("block", "inprocess", 0, 2),
+        ("block", "inprocess", 1, 2),
+        ("block", "sidecar", 0, 2),
+        ("block", "inprocess", 0, 0),  # the stream read on the script's own thread: ended at exit, not at teardown
+    ],
+    ids=["inprocess-global", "inprocess-block", "inprocess-1-worker", "sidecar", "inprocess-no-prefetch"],
 )
 def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
-    script: Path, shuffle: str, backend: str, workers: int
+    script: Path, shuffle: str, backend: str, workers: int, prefetch: int
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "COLO_DATA_SIDECAR")}
     before, sockets = ours_in_shm(), local_sidecar_dirs()
 
     def run(_: int) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, str(script), shuffle, backend, str(workers)]
+        command = [sys.executable, str(script), shuffle, backend, str(workers), str(prefetch)]
         return subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
 
     with ThreadPoolExecutor(2) as pool:  # two at a time: a loaded machine is where exits race
@@ -139,6 +145,62 @@ def test_a_dropped_loader_stops_everything_it_started(token_corpus: Path, backen
     assert settle(lambda: threading.active_count() <= threads), [t.name for t in threading.enumerate()]
     assert settle(lambda: not children()), f"still running: {[' '.join(c.cmdline()) for c in children()]}"
     assert settle(lambda: ours_in_shm() <= shm), f"left in /dev/shm: {sorted(ours_in_shm() - shm)}"
+
+
+HOOKS = """
+import atexit
+
+live, calls = set(), []
+register, unregister = atexit.register, atexit.unregister
+
+
+def counted_register(fn, *args, **kwargs):
+    live.add(fn)
+    calls.append(fn)
+    return register(fn, *args, **kwargs)
+
+
+def counted_unregister(fn):
+    live.discard(fn)
+    return unregister(fn)
+
+
+atexit.register, atexit.unregister = counted_register, counted_unregister
+
+import numpy as np
+import colo_data as cd
+
+pipeline = cd.Pipeline(source=[{"x": np.int32(i)} for i in range(64)], global_batch_size=8, epochs=None)
+first = cd.Loader(pipeline)
+next(first)
+first.close()  # first-use registrations (the imports' own hooks) are not what is counted
+kept = []
+register(lambda: print("loaders closed before a later hook:", all(k._runner.owner.state == "closed" for k in kept)))
+before = len(calls)
+for i in range(100):
+    loader = cd.Loader(pipeline, prefetch=i % 2)
+    next(loader)
+    if i % 3 == 0:
+        loader.close()
+    elif i % 3 == 1:
+        kept.append(loader)  # left open: the exit hook closes them
+print("registered by 100 loaders:", len(calls) - before)
+print("colo-data hooks:", sum(fn.__module__.startswith("colo_data") for fn in live))
+"""
+
+
+def test_a_hundred_loaders_register_one_exit_hook_that_runs_first(tmp_path: Path) -> None:
+    """100 loaders (closed, dropped, left open) register colo-data's exit hook at most once
+    more, so atexit holds one of colo-data's; it runs before a hook that another library
+    registered after colo-data started (as `ray.init` does), closing the open loaders."""
+    script = tmp_path / "hooks.py"
+    script.write_text(HOOKS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    registered = int(done.stdout.split("registered by 100 loaders:")[1].split()[0])
+    assert registered <= 1, done.stdout
+    assert "colo-data hooks: 1" in done.stdout, done.stdout
+    assert "loaders closed before a later hook: True" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])

@@ -7,6 +7,7 @@ loader becomes unreachable, and at interpreter exit."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import threading
@@ -39,6 +40,16 @@ from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
 from colo_data.telemetry.report import StepTrace, Telemetry, with_mixture
+
+
+def _end_stream(stream: Iterator[GlobalBatch], timeout: float) -> None:
+    """End a batch stream read on the consumer's thread (no prefetch), running its
+    `finally` blocks now; when the consumer is inside it (a close from another thread), the
+    run's other parts end it."""
+    try:
+        close_iterator(stream)
+    except ValueError:
+        pass
 
 
 def all_host_states(local: dict[int, Any], pipeline: AnyPipeline) -> dict[int, Any]:
@@ -154,7 +165,10 @@ class _Runner:
         self.meters.start()
         self.run = self.owner.child("run")
         stream = self.backend.open(self.position, self.run)
-        self.prefetcher = Prefetcher(stream, self.prefetch, self.run) if self.prefetch else None
+        if self.prefetch:
+            self.prefetcher = Prefetcher(stream, self.prefetch, self.run)
+        else:  # read on the consumer's thread: the run ends it (also at exit, not at the interpreter's teardown)
+            self.run.add("the batch stream", functools.partial(_end_stream, stream))
         self.batches = self.prefetcher or stream
 
     def telemetry(self) -> Telemetry:
@@ -240,11 +254,6 @@ class _Runner:
         another. Returns what did not stop within `timeout` seconds."""
         late: list[str] = []
         if self.run is not None:
-            if self.prefetcher is None and self.batches is not None:
-                try:
-                    close_iterator(self.batches)  # no thread of its own: the consumer's runs it
-                except ValueError:  # the consumer is inside it (a close from another thread): the run's parts end it
-                    pass
             late = self.run.close(timeout)
             self.backend.run_ended()
         self.run, self.batches, self.prefetcher = None, None, None

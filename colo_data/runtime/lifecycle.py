@@ -15,13 +15,14 @@ exit hook closes every live lifecycle first, so no thread of ours is left runnin
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Literal
+
+from colo_data.runtime import process
 
 State = Literal["new", "running", "closed"]
 Stop = Callable[[float], object]
@@ -40,11 +41,7 @@ def _close_all_at_exit() -> None:
         owner.close()
 
 
-def _hook_exit() -> None:
-    """(Re-)register the exit hook so that it is the newest: `atexit` runs the newest first,
-    so ours runs before the hooks JAX and others registered when they were imported."""
-    atexit.unregister(_close_all_at_exit)
-    atexit.register(_close_all_at_exit)
+process.at_exit(_close_all_at_exit, first=True)
 
 
 class Lifecycle:
@@ -65,7 +62,7 @@ class Lifecycle:
         self._parent: tuple[Lifecycle, int] | None = None
         with _live_lock:
             _live[self._id] = self
-        _hook_exit()
+        process.run_first_at_exit()  # before the hooks of what started since (JAX's backends, Ray)
 
     @property
     def state(self) -> State:

@@ -14,7 +14,6 @@ import itertools
 import logging
 import socket
 import sys
-import threading
 import time
 import uuid
 from collections import deque
@@ -32,6 +31,7 @@ from colo_data.errors import RayClusterError, TransformError, from_wire
 from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
+from colo_data.runtime import process
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers import ray_shared
@@ -54,9 +54,7 @@ _GONE = (
 # what Ray Client (a "ray://" address) raises once the cluster is gone for good, after
 # retrying for its reconnect grace period (RAY_CLIENT_RECONNECT_GRACE_PERIOD, 30 s)
 _LOST = (ConnectionError,)
-_ours = False  # this process's Ray connection was made by a pool (the last pool open on it disconnects)
-_users = 0  # pools open on a connection a pool made
-_connecting = threading.Lock()
+_RAY = process.connection("ray")  # the last pool open on a connection a pool made disconnects it
 
 
 def _reachable(address: str, timeout: float) -> None:
@@ -164,11 +162,8 @@ class RayPool:
     remote = True  # the actors use the cluster's CPUs: asked for from the start
 
     def __init__(self, options: RayWorkers, owner: Lifecycle) -> None:
-        global _ours, _users
-        with _connecting:
-            _ours = connect(options.address, options.connect_timeout) or _ours
-            self._user = _ours  # counted in _users (a connection the user made is the user's to end)
-            _users += self._user
+        # counted when a pool made the connection (one the user made is the user's to end)
+        self._user = _RAY.acquire(lambda: connect(options.address, options.connect_timeout))
         self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
         self._keys = itertools.count()
         self._closed = False
@@ -229,7 +224,6 @@ class RayPool:
         """Kill the actors (at once: `timeout` is not needed), or leave a shared pool (its
         keeper stops it once no host uses it); disconnect Ray if a pool connected it and no
         other pool of this process still uses it. Safe to call twice."""
-        global _ours, _users
         if self._closed:
             return
         self._closed = True
@@ -243,11 +237,8 @@ class RayPool:
         if self._group is not None and not self.lost:
             with contextlib.suppress(Exception):  # the cluster is gone already: so is the group
                 remove_placement_group(self._group)
-        with _connecting:
-            _users -= self._user
-            if self._user and not _users:
-                _ours = False
-                ray.shutdown()  # also a Ray Client connection whose cluster was lost: is_initialized() says False
+        # also a Ray Client connection whose cluster was lost (is_initialized() says False) is shut down
+        _RAY.release(self._user, ray.shutdown)
 
 
 class _Asked(NamedTuple):

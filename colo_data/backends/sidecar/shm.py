@@ -11,7 +11,6 @@ swept at the next start. Unlike pids, locks stay right across pid reuse and pid 
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import math
 import mmap
@@ -27,6 +26,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError, ShmError
 from colo_data.host.resources import shm_capacity
+from colo_data.runtime import process
 
 ALIGN = 64
 COPY_PIECE = 2**20
@@ -194,7 +194,7 @@ class ShmRing:
         self._pid = os.getpid()
         self._threads = max(1, copy_threads)
         self._pool = ThreadPoolExecutor(self._threads - 1, "colo-data-shm-copy") if self._threads > 1 else None
-        atexit.register(self.close)
+        self._at_exit = process.at_exit(self.close)
 
     @classmethod
     def create(
@@ -283,7 +283,7 @@ class ShmRing:
                 except FileNotFoundError:  # the trainer removed it (ShmReader.unlink_all)
                     pass
             os.close(fd)
-        atexit.unregister(self.close)
+        process.forget(self._at_exit)
 
     def __enter__(self) -> ShmRing:
         return self
