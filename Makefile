@@ -15,7 +15,7 @@ SETUP ?= uv
 # the machine's Python, never one that uv would download
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: bench test train docs benchmarks lock clean
+.PHONY: bench test test-fast train docs benchmarks lock clean
 
 .uv/bin/uv:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --target .uv 'uv==$(UV_VERSION)'
@@ -58,6 +58,10 @@ TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25
 
+# The fast tier, for the loop of changing code: the modules marked `unit` (docs/development.md).
+test-fast: $(VENV)/.installed-test
+	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m unit --durations=10
+
 # examples/train_lm.py on its embedded defaults (docs/training.md): a small transformer trained on
 # the LM demo corpus, checkpointed into .train/ (run it again to resume), its steps logged there.
 train: $(VENV)/.installed-train
@@ -67,6 +71,8 @@ train: $(VENV)/.installed-train
 docs: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# Every benchmark, each writing its tables to benchmarks/results/ and its headline figures to
+# benchmarks/headlines/; then docs/performance.md's table from those (benchmarks/table.py).
 benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/core.py
 	$(VENV)/bin/python benchmarks/sidecar.py
@@ -83,6 +89,7 @@ benchmarks: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/array_record_reads.py
 	$(VENV)/bin/python benchmarks/grain_pipeline.py
 	$(VENV)/bin/python benchmarks/packing.py
+	$(VENV)/bin/python benchmarks/table.py
 
 # After a change to the dependencies in pyproject.toml: pin them again (uv.lock) and export
 # the pins for SETUP=pip (tests/test_setup.py checks that the three agree).

@@ -129,7 +129,14 @@ def main() -> None:
     ]
     opened, figures = opening(files, args.rounds)
     table = [*lines, "", *harness.ratio_table(ratios), "", *opened]
-    harness.write_results("array_record_reads", args, table, runs, ratios, details=figures)
+    headlines = harness.headlines(
+        ratios,
+        [
+            ("take / `__getitems__`", "`cd.ArrayRecordSource.take`", "ArrayRecord's `__getitems__` + the same parse"),
+            ("take / the per-record path", "`cd.ArrayRecordSource.take`", "a Grain source read record by record"),
+        ],
+    )
+    harness.write_results("array_record_reads", args, table, runs, ratios, details=figures, headlines=headlines)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The one harness of every benchmark here: the options they share, the timing of one run,
-the machine's own speed, interleaved rounds, ratios and their goals, and the results files.
-One copy, so that every benchmark times, compares and reports the same way (SPDL's
+the machine's own speed, interleaved rounds, ratios and their goals, and the results files,
+headline figures included (`benchmarks/table.py` makes the performance page's table of
+them). One copy, so that every benchmark times, compares and reports the same way (SPDL's
 `benchmark_utils.py` plays this part for SPDL's benchmarks).
 """
 
@@ -12,7 +13,10 @@ import json
 import operator
 import os
 import platform
+import shlex
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -23,7 +27,9 @@ from typing import Any, Literal, Protocol
 import psutil
 from absl import flags
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+HEADLINES = HERE / "headlines"  # committed: the performance page's table is made from them
 QUICK_BATCHES = 5  # --quick: the batches a run reads where a benchmark can cut it short
 SAMPLE_EVERY = 50  # batches between two samples of a CpuClock that samples
 LOOP = 200_000  # iterations of the fixed loop that each CPU times between two runs (10 to 50 ms here)
@@ -51,16 +57,26 @@ def parser(doc: str, rounds: int = 3) -> argparse.ArgumentParser:
         help=f"a smoke run of the machinery: 1 round, runs cut short (at most {QUICK_BATCHES} batches where a run can be)",
     )
     options.add_argument("--out", type=Path, default=RESULTS, help="the folder for <name>.md and <name>.json")
+    options.add_argument(
+        "--headlines",
+        type=Path,
+        default=None,
+        help=f"the folder for <name>.json, the headline figures (default {HEADLINES.relative_to(HERE.parent)}; "
+        "a --quick run writes none unless given one)",
+    )
     return options
 
 
 def parse(options: argparse.ArgumentParser) -> argparse.Namespace:
     """The parsed options, with `--quick` applied (`rounds` 1; `batches`, the most a run reads:
-    `QUICK_BATCHES`, else None) and the start noted (`started`); absl's flags are marked
-    parsed, as Grain's worker processes need."""
+    `QUICK_BATCHES`, else None; no headlines written unless a folder is given: a smoke run's
+    figures measure nothing) and the start noted (`started`); absl's flags are marked parsed,
+    as Grain's worker processes need."""
     args = options.parse_args()
     if args.quick:
         args.rounds = 1
+    elif args.headlines is None:
+        args.headlines = HEADLINES
     args.batches = QUICK_BATCHES if args.quick else None
     args.started = time.perf_counter()
     flags.FLAGS.mark_as_parsed()
@@ -163,6 +179,14 @@ class MachineSpeed:
                 self.timings.append((cpu, 1000 * (time.thread_time() - start)))
         finally:
             os.sched_setaffinity(0, mask)
+
+    def spread(self) -> float | None:
+        """How many times slower the CPUs ran at some times than at others (the 90th over the
+        10th percentile of the timings); None before 10 of them."""
+        if len(self.timings) < 10:
+            return None
+        deciles = statistics.quantiles([t for _, t in self.timings], n=10)
+        return deciles[-1] / deciles[0]
 
     def line(self) -> str:
         """The spread of the timings, for the results; empty before any."""
@@ -287,6 +311,32 @@ class Ratio:
         return f"{said} ({self.goal.op} {self.goal.threshold:g}{self.unit}{per_round})"
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One figure of a benchmark for the performance page's table: what was measured, its
+    value and unit ("x" for a ratio), what it was compared with (`peer`; empty for a rate on
+    its own) and its goal's verdict (empty without a goal)."""
+
+    what: str
+    value: float
+    unit: str
+    peer: str = ""
+    goal: str = ""
+
+    @classmethod
+    def of(cls, ratio: Ratio, what: str, peer: str) -> Headline:
+        """`ratio` in a reader's words: `what` against `peer`."""
+        return cls(what, ratio.value, ratio.unit.strip(), peer, "" if ratio.goal is None else ratio.verdict())
+
+
+def headlines(ratios: Sequence[Ratio], picked: Sequence[tuple[str, str, str]]) -> list[Headline]:
+    """The headlines `picked` as (the start of a ratio's name, what, peer), from the first
+    ratio whose name starts so (some names end with what the run found, e.g. a host's number);
+    none for a ratio of a part that did not run."""
+    found = ((next((r for r in ratios if r.name.startswith(start)), None), what, peer) for start, what, peer in picked)
+    return [Headline.of(ratio, what, peer) for ratio, what, peer in found if ratio is not None]
+
+
 Side = Sequence[Measurement]  # one contender's rounds
 
 
@@ -330,11 +380,12 @@ def write_results(
     ratios: Sequence[Ratio],
     retried: Sequence[str] = (),
     details: Mapping[str, Any] | None = None,
+    headlines: Sequence[Headline] = (),
 ) -> None:
     """Print the tables (`lines`, Markdown) and write them to `<out>/<name>.md`, and the figures
     to `<out>/<name>.json`, whose keys are the same for every benchmark: when and where it ran,
     the rounds, the runs, the ratios with their goals, the runs retried and the benchmark's own
-    `details`."""
+    `details`; the `headlines`, if any, to `<headlines>/<name>.json` (`write_headlines`)."""
     lines = list(lines)
     if args.quick:
         lines += ["", "A --quick run: a smoke run of the machinery; its figures and verdicts measure nothing."]
@@ -362,3 +413,41 @@ def write_results(
     (args.out / f"{name}.md").write_text(table + "\n")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
     print(f"\nwrote {args.out / f'{name}.md'} and {args.out / f'{name}.json'}")
+    if headlines and args.headlines is not None:
+        print(f"wrote {write_headlines(name, args, headlines)}")
+
+
+def command() -> str:
+    """The command line of this run, as `make benchmarks` writes it (from the repository's root)."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(HERE.parent) if script.is_relative_to(HERE.parent) else script
+    return shlex.join([".venv/bin/python", str(shown), *sys.argv[1:]])
+
+
+def commit() -> str:
+    """The checkout's commit, `-dirty` where files differ from it (`git describe`); 'unknown' outside git."""
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True, check=False
+    )
+    return described.stdout.strip() or "unknown"
+
+
+def write_headlines(name: str, args: argparse.Namespace, headlines: Sequence[Headline]) -> Path:
+    """Write `<headlines>/<name>.json` whole: the run's headline figures, with the command that
+    measured them, when, at which commit, on how many CPUs, in how many rounds and seconds, and
+    how far the CPUs' speed moved meanwhile; `benchmarks/table.py` renders them."""
+    record = {
+        "benchmark": name,
+        "command": command(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "cpus": psutil.cpu_count(),
+        "rounds": args.rounds,
+        "wall_s": round(elapsed(args)),
+        "machine_spread": MACHINE.spread(),
+        "headlines": [asdict(h) for h in headlines],
+    }
+    args.headlines.mkdir(parents=True, exist_ok=True)
+    path = args.headlines / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path

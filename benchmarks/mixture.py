@@ -93,7 +93,11 @@ def main() -> None:
         )
         for shuffle in SHUFFLES
     ]
-    harness.write_results("mixture", args, [*lines, "", *harness.ratio_table(ratios)], runs, ratios)
+    headlines = harness.headlines(
+        ratios,
+        [(f"{s}: mixture", f"3-component `cd.Mix`, {s} shuffle", "the same files as one source") for s in SHUFFLES],
+    )
+    harness.write_results("mixture", args, [*lines, "", *harness.ratio_table(ratios)], runs, ratios, headlines=headlines)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ RAY = str(Path(sys.executable).parent / "ray")
 CHILD = f"import json, sys; sys.path.append({str(HERE)!r}); import ray_child; ray_child.main(json.loads(sys.argv[1]))"
 BATCHES = {"cpu": 1600, "light": 8000}  # 4 to 8 s each; the second half is the steady state
 STEADY = "steady_records_per_s"
+# the performance page's figures: (the start of a ratio's name, what, peer)
+HEADLINES = (
+    ("cpu: host + 1 Ray actor / host alone", "CPU-bound pipeline, host on 1 CPU + 1 Ray actor", "the host alone"),
+    ("light: 1 Ray actor / 1 local worker", "light pipeline, 1 Ray actor", "1 local worker process"),
+)
 CPU_ALONE, CPU_RAY = "cpu, host alone on CPU 0", "cpu, host on CPU 0 + 1 Ray actor on CPU 1"
 LIGHT_LOCAL, LIGHT_RAY = "light, 1 local worker process", "light, 1 Ray actor on CPU 1"
 
@@ -138,7 +143,8 @@ def main() -> None:
     lines += ["", *harness.ratio_table(ratios)]
     left = [f"{name}: {p}" for name, side in runs.items() for m in side for p in m["left_behind"]]
     lines += ["", "left behind: " + ("; ".join(left) if left else "nothing")]
-    harness.write_results("ray", args, lines, runs, ratios, retried, {"ray_address": address})
+    headlines = harness.headlines(ratios, HEADLINES)
+    harness.write_results("ray", args, lines, runs, ratios, retried, {"ray_address": address}, headlines)
 
 
 if __name__ == "__main__":

@@ -200,7 +200,16 @@ def main() -> None:
         "hosts": per_host, "pool": args.pool, "all_ready_s": all_ready_s, "seconds": seconds,
         "actor_processes": processes, "actor_rss_gb": rss_gb, "actor_uss_gb": uss_gb,
     }
-    harness.write_results("ray_hosts_pool" if args.pool else "ray_hosts", args, lines, {}, ratios, details=details)
+    hosts = f"{args.hosts} hosts, " + (f"a pool of {args.pool} Ray actors shared" if args.pool else "a Ray actor each")
+    headlines = harness.headlines(
+        ratios,
+        [
+            ("slowest host's records/s", f"{hosts}: the slowest host's records/s", "the median host's"),
+            ("least", f"{hosts}: the least share of a host's records made by Ray", "the median share"),
+        ],
+    )
+    name = "ray_hosts_pool" if args.pool else "ray_hosts"
+    harness.write_results(name, args, lines, {}, ratios, details=details, headlines=headlines)
 
 
 if __name__ == "__main__":

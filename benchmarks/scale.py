@@ -270,7 +270,15 @@ def main() -> None:
             f"{read / harness.median(alone, 'bytes_per_batch'):.3f} |"
         )
     lines += ["", *harness.ratio_table(ratios)]
-    harness.write_results("scale", args, lines, {**runs, **big_runs}, ratios)
+    headlines = harness.headlines(
+        ratios,
+        [
+            ("packed: CPU, 4 hosts / 1", "packed pipeline, one partition: CPU of 4 hosts", "1 host"),
+            ("packed, partitions: CPU, 4 hosts / 1", "packed pipeline, a partition per row: CPU of 4 hosts", "1 host"),
+            ("padded, partitions: bytes decoded", "padded pipeline, a partition per row: bytes decoded by 4 hosts", "1 host"),
+        ],
+    )
+    harness.write_results("scale", args, lines, {**runs, **big_runs}, ratios, headlines=headlines)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,20 @@ HANDOFF_MIB = (8, 32, 64)
 COPY_ROT, SLOT_WRITE, HANDOFF, COPY_ONE = "copyto, 4 dst", "ShmRing.write alone", "sidecar hand-off", "copyto, 1 dst"
 CGROUP_NAME = f"colo-bench-sidecar-{os.getpid()}"
 CGROUP_BATCHES = 400  # part 3: the first 400 batches (12,800 records) of an epoch, for both
+# the performance page's figures: (the start of a ratio's name, what, peer)
+HEADLINES = (
+    *(
+        (f"hand-off {mib} MiB / copyto (4 dst)", f"hand-off of {mib} MiB batches, sidecar to trainer", "`numpy.copyto`")
+        for mib in (HANDOFF_MIB[0], HANDOFF_MIB[-1])
+    ),
+    ("sidecar / in-process Loader, after first batch", "sidecar backend, after the first batch", "in-process Loader"),
+    ("sidecar / in-process Loader, whole epoch", "sidecar backend, one epoch with its start-up", "in-process Loader"),
+    (
+        "1-CPU cgroup: colo-data sidecar / Grain DataLoader, incl. start-up",
+        'in a 1-CPU cgroup: colo-data sidecar, `workers="auto"`',
+        "Grain `DataLoader(worker_count=None)`",
+    ),
+)
 CGROUP_KINDS = ("colo", "grain")
 LOADERS: dict[str, dict[str, Any]] = {  # part 2; the last one is for reading the gap, not a goal
     "in-process": {},
@@ -278,7 +292,8 @@ def main() -> None:
     left = cleanup.get("processes_stopped") or cleanup.get("segments_removed") or cleanup.get("cgroup_pids_left")
     lines += ["", f"Clean-up: {f'left behind and removed: {cleanup}' if left else NOTHING_LEFT}."]
     details = {"cgroup_1cpu_skipped": cgroup_skipped, "cleanup": cleanup}
-    harness.write_results("sidecar", args, lines, runs, ratios, retried, details)
+    headlines = harness.headlines(ratios, HEADLINES)
+    harness.write_results("sidecar", args, lines, runs, ratios, retried, details, headlines)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,20 @@ def main() -> None:
         lines += tree_lines
         ratios += [dataclasses.replace(r, name=f"{tree.name}: {r.name}") for r in tree_ratios]
     details = {"trees": {t.name: {"path": str(t.path), "label": t.label} for t in trees}}
-    harness.write_results("startup", args, lines, runs, ratios, retried, details)
+    headlines = [] if args.tree else start_up_headlines(trees[0], runs, ratios)  # another tree's figures are not ours
+    harness.write_results("startup", args, lines, runs, ratios, retried, details, headlines)
+
+
+def start_up_headlines(tree: Tree, runs: harness.Runs, ratios: list[harness.Ratio]) -> list[harness.Headline]:
+    """The performance page's figures: the import, and the first batch in process and through a sidecar."""
+    first = harness.median(runs[loader_name(tree, ("light", "inprocess", 0))], "first_batch_from_loader_s")
+    return [
+        harness.Headline("`import colo_data`", harness.median(runs[imports_name(tree)], "import_s"), "s"),
+        harness.Headline("first batch from `cd.Loader(...)`, demo pipeline, in process", first, "s"),
+        *harness.headlines(
+            ratios, [(f"{tree.name}: light, sidecar, 2 workers: first batch", "the same through a sidecar, 2 workers", "")]
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ BACKENDS = ("inprocess", "sidecar")
 COUNTS: tuple[int | str, ...] = (0, 1, 2, "auto")
 AGAIN = "0 (again)"
 STEADY = "steady_records_per_s"
+# the performance page's figures: (the start of a ratio's name, what, peer)
+HEADLINES = (
+    ("light, inprocess: the count auto picks", '`workers="auto"`, in process, light pipeline', "the best fixed count"),
+    ("cpu, inprocess: the count auto picks", '`workers="auto"`, in process, CPU-bound pipeline', "the best fixed count"),
+    ("cpu: sidecar, 2 workers / in process, none", "CPU-bound pipeline: sidecar with 2 workers", "in process, no workers"),
+    ("cpu packed, inprocess: 2 workers / none", "packed CPU-bound pipeline, in process: 2 workers", "no workers"),
+)
 
 
 def key(pipeline: str, backend: str, workers: int | str) -> str:
@@ -194,7 +201,7 @@ def main() -> None:
     lines += ["", *harness.ratio_table(ratios)]
     left = [f"{name}: {p}" for name, side in runs.items() for m in side for p in m["left_behind"]]
     lines += ["", "left behind: " + ("; ".join(left) if left else "nothing")]
-    harness.write_results("workers", args, lines, runs, ratios, retried)
+    harness.write_results("workers", args, lines, runs, ratios, retried, headlines=harness.headlines(ratios, HEADLINES))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The colo-data exception types: every message names the file, column or setting at
 fault and says what to do, so that a user never has to read a traceback to act."""
 
+import pickle
 import re
 import traceback
+from typing import TypedDict
 
 
 class ColoDataError(Exception):
@@ -79,10 +81,28 @@ class LoaderBusyError(ColoDataError, RuntimeError):
     (two would each get some of the batches, or wait on each other)."""
 
 
+class RemoteError(Exception):
+    """Stands in for an exception raised across a boundary whose class cannot be rebuilt
+    here (it does not pickle, or does not unpickle): its text names the original type and
+    holds its message."""
+
+
+class Wire(TypedDict):
+    """An exception as it crosses a boundary (`to_wire`, `from_wire`)."""
+
+    type: str  # the colo-data type's name, or the exception's own type name
+    error: str  # its message
+    traceback: str  # where the exception beneath was raised (or this one, if none is), once; may be empty
+    cause: bytes | None  # the exception beneath, cloudpickled; None: there is none, or it does not pickle
+    cause_text: str  # its qualified type name and message, for a stand-in where it cannot be rebuilt ("": none)
+
+
 # One way for every error that crosses a boundary (a worker process, a sidecar, a colocated
-# host): it travels as text (`to_wire`) and is raised on this side as the same colo-data
-# type, or the boundary's default, with where it was raised and its traceback (`from_wire`).
-# A Pathways controller gets only an error's text: `named_in` finds the type in it.
+# host): `to_wire` sends the type as a field, the message, the exception beneath it (the
+# user's, or the library's that colo-data wrapped) pickled, and that exception's traceback
+# once; `from_wire` raises the same colo-data type here (any other exception: the boundary's
+# default), with the exception beneath as its `__cause__` carrying that traceback as a note.
+# A Pathways controller gets only an error's text: `named_in` finds the type in it there.
 _ERROR_NAME = re.compile(r"\b([A-Z]\w*Error)\b")
 
 
@@ -92,27 +112,86 @@ def _error_type(name: str | None) -> type[ColoDataError] | None:
     return found if isinstance(found, type) and issubclass(found, ColoDataError) else None
 
 
-def to_wire(e: BaseException) -> dict[str, str]:
-    """`e` as plain text to send across a process boundary: its message, type name and traceback."""
-    return {"error": str(e), "type": type(e).__name__, "traceback": "".join(traceback.format_exception(e))}
+def _beneath(e: BaseException) -> BaseException | None:
+    """The exception that `e` is about: `e` itself if it is not colo-data's own, else the
+    first of its causes that is not (None: colo-data's all the way down)."""
+    found: BaseException | None = e
+    while isinstance(found, ColoDataError):
+        found = found.__cause__
+    return found
 
 
-def from_wire(wire: dict[str, str], where: str, default: type[ColoDataError]) -> ColoDataError:
+def _traceback(e: BaseException) -> str:
+    """`e`'s traceback (its own causes and context included) without its closing
+    "Type: message" lines, which travel apart; empty for an exception never raised."""
+    shown = traceback.TracebackException.from_exception(e)
+    lines = list(shown.format())
+    return "".join(lines[: len(lines) - len(list(shown.format_exception_only()))])
+
+
+def _qualified(kind: type) -> str:
+    """A type's name as a traceback writes it: module and qualified name, but builtins'."""
+    return kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def to_wire(e: BaseException) -> Wire:
+    """`e` as plain data to send across a process boundary (`Wire`)."""
+    import cloudpickle  # noqa: PLC0415 - only when an error crosses a boundary (0.1 s to import)
+
+    beneath = _beneath(e)
+    try:
+        pickled = None if beneath is None else cloudpickle.dumps(beneath)
+    except Exception:  # e.g. it holds a lock or an open file: a stand-in names it
+        pickled = None
+    return {
+        "type": type(e).__name__,
+        "error": str(e),
+        "traceback": _traceback(e if beneath is None else beneath),
+        "cause": pickled,
+        "cause_text": "" if beneath is None else f"{_qualified(type(beneath))}: {beneath}",
+    }
+
+
+def _rebuilt(wire: Wire) -> BaseException | None:
+    """The exception beneath the sent one, unpickled, or a `RemoteError` naming it where it
+    does not unpickle (a class with required arguments, or one this process cannot import)."""
+    if not wire["cause_text"]:
+        return None
+    if wire["cause"] is not None:
+        try:
+            cause = pickle.loads(wire["cause"])
+        except Exception:
+            cause = None
+        if isinstance(cause, BaseException):
+            return cause
+    return RemoteError(wire["cause_text"])
+
+
+def from_wire(wire: Wire, where: str, default: type[ColoDataError]) -> ColoDataError:
     """The error that `to_wire` sent, as the same colo-data type (any other exception:
-    `default`), its message followed by where it was raised and its traceback.
+    `default`, its message led by the exception's type), saying where it was raised. The
+    exception beneath is its `__cause__`; the remote traceback is a note on that cause (on
+    the error itself when there is none), so that it is printed once. Whatever this side
+    was handling when it raised the error is not part of its story: it is not shown.
 
     Args:
-        wire: what `to_wire` made (a "traceback" may be empty).
+        wire: what `to_wire` made.
         where: where it was raised, e.g. "a worker process".
         default: the type of an error that is not colo-data's own.
     """
-    text = f"{wire['error']}\n--- raised in {where} ---"
-    if wire.get("traceback"):
-        text += f"\n{wire['traceback']}"
-    return (_error_type(wire.get("type")) or default)(text)
+    kind = _error_type(wire["type"])
+    text = wire["error"] if kind is not None else f"{wire['type']}: {wire['error']}"
+    error = (kind or default)(f"{text}\n--- raised in {where} ---")
+    cause = _rebuilt(wire)
+    if wire["traceback"]:
+        (cause or error).add_note(f"--- its traceback, in {where} ---\n{wire['traceback'].rstrip()}")
+    error.__cause__ = cause
+    error.__suppress_context__ = True
+    return error
 
 
 def named_in(text: str) -> str | None:
-    """The last colo-data error type that `text` names (`from_wire`'s type for an error
-    that arrives as text only), or None."""
+    """The last colo-data error type that `text` names, or None. Only for an error that
+    arrives as nothing but text (a Pathways controller's view of a colocated host's
+    failure); everywhere else the type travels as a field (`to_wire`)."""
     return next((name for name in reversed(_ERROR_NAME.findall(text)) if _error_type(name)), None)

@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     build, and each test process's Ray directory (`RAY_TMPDIR`: a `ray.init()` connects to
     the cluster last started in its directory, so each process has its own)."""
     config.addinivalue_line("markers", "serial: runs while no other test does (it reads the machine's state or its timing)")
+    config.addinivalue_line("markers", "unit: the fast tier (`make test-fast`): in this process, seconds a module")
     if not hasattr(config, "workerinput"):
         os.environ["COLO_DATA_TEST_RUN"] = tempfile.mkdtemp(prefix="colo-data-run-")
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
@@ -74,6 +75,15 @@ def own_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     tests start in the background, a neighbour's job) does not keep its workers from
     starting. For the tests that need worker processes at work."""
     monkeypatch.setenv("COLO_DATA_CPUS", f"{len(os.sched_getaffinity(0)) - 0.01:g}")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m unit` (`make test-fast`) a module outside the unit tier is not even
+    imported: collecting the whole suite imports Ray, Orbax and the rest, and would start
+    the container image's build, which the run would then wait for."""
+    if config.getoption("markexpr") != "unit" or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
+        return None
+    return "pytest.mark.unit" not in collection_path.read_text()
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,8 @@ from colo_data.testing import read_all
 
 from pipelines import BATCH, backend_of, make_pipeline
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # sidecars cannot import this test module
 
 

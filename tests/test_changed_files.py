@@ -23,6 +23,8 @@ import pytest
 
 import colo_data as cd
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 ROWS, GROUP, BATCH = 40, 10, 8  # per file; file b's first row group is global rows 40..49
 SUFFIX = {"parquet": ".parquet", "ipc": ".arrow"}
 

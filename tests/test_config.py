@@ -15,6 +15,8 @@ import colo_data as cd
 from colo_data.cli import main
 from colo_data.ops.config import load_config
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 CONFIGS = Path(__file__).parent.parent / "configs"
 COLO = Path(sys.executable).parent / "colo-data"
 

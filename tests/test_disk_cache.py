@@ -20,6 +20,8 @@ import pytest
 import colo_data as cd
 from colo_data.io.disk_cache import DiskCache
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 MB = 2**20
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")

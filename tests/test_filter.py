@@ -21,6 +21,8 @@ from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, MIX_SIZES, make_pipeline
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # sidecars get its functions by value
 RECORDS = 120
 

@@ -22,6 +22,8 @@ from array_record.python.array_record_module import ArrayRecordWriter
 import colo_data as cd
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 SHARDS, RECORDS, BATCH = 2, 40, 8
 
 

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -318,7 +319,7 @@ def drifting(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
 
 
 BAD = {
-    "raises": (raising, cd.GrainError, r"(?s)host 1 of 2: make_dataset\(.*FileNotFoundError: no such file: /data/missing.*Traceback"),
+    "raises": (raising, cd.GrainError, r"host 1 of 2: make_dataset\(.*FileNotFoundError: no such file: /data/missing"),
     "not-arrays": (not_arrays, cd.GrainError, r"host 0 of 2: the Grain dataset's element has 'text'.*numeric"),
     "wrong-size": (wrong_size, cd.GrainError, r"host 0 of 2: .*'x' with leading size 4; a host's batch is .* 6 rows.*\.batch\(6"),
     "uneven": (uneven, cd.GrainError, r"host\(s\) \[1\] came to the end of their data while host\(s\) \[0\] had more"),
@@ -360,8 +361,8 @@ def failing_map(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
 
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar", "colocated"])
 def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(backend: str) -> None:
-    """The same type on every backend, naming the host and the batch; the user's exception
-    type, message and traceback in its text, and in process the exception itself as its cause."""
+    """The same type on every backend, naming the host and the batch, and the user's exception
+    type and message; the exception itself is its cause, whose traceback is printed once."""
     pipeline = cd.GrainPipeline(failing_map, global_batch_size=12)
     with loader_for(pipeline, backend, 2) as loader, pytest.raises(cd.GrainError) as raised:
         for _ in range(5):
@@ -369,10 +370,10 @@ def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(b
     message = str(raised.value)
     where = r"^host 1 of 2: .*global batch 3 \(stream position 36\).*ValueError: record 41 is malformed"
     assert re.search(where, message), message
-    assert re.search(r"(?s)Traceback.*in malformed_41.*ValueError: record 41 is malformed", message), message
-    if backend == "inprocess":
-        cause = raised.value.__cause__
-        assert type(cause) is ValueError and str(cause) == "record 41 is malformed", repr(cause)
+    cause = raised.value.__cause__
+    assert type(cause) is ValueError and str(cause) == "record 41 is malformed", repr(cause)
+    printed = "".join(traceback.format_exception(raised.value))
+    assert printed.count(", in malformed_41\n") == 1, printed
 
 
 def test_a_none_element_is_an_error_in_verifys_own_reading_too() -> None:

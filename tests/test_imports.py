@@ -17,6 +17,8 @@ import pytest
 
 import colo_data
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "colo_data"
 HEAVY = {"orbax", "matplotlib", "prometheus_client", "kubernetes", "fastapi", "ray"}

@@ -21,6 +21,8 @@ from test_skip import pipeline_of, read
 import colo_data as cd
 from colo_data.testing import to_numpy
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 SAVED, AFTER = 3, 4  # batches read before the state, traced after it
 
 

@@ -19,6 +19,8 @@ from colo_data.testing import to_numpy
 
 from pipelines import MIX_SIZES, backend_of
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 BATCH = 12
 
 

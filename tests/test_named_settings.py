@@ -24,6 +24,8 @@ import colo_data as cd
 from colo_data.cli import main as cli
 from colo_data.ops import config, manifest
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 PACKAGE = Path(cd.__file__).parent
 _IDENT = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+"  # a setting's name: snake_case with at least one underscore
 _SETTING = rf"`?(?:--[a-z][\w-]*|COLO_DATA_[A-Z_]+|\[[a-z]+\]\s+[a-z_]+|{_IDENT}(?![\w-])|`[a-z_]+`)`?"

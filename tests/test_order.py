@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 import colo_data as cd
 from colo_data import ConfigError, Order, host_rows
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 MODES = ("none", "global", "block")
 
 seeds = st.integers(min_value=0, max_value=2**63 - 1)

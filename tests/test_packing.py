@@ -25,6 +25,8 @@ import colo_data as cd
 from colo_data.host.packing import plan
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 RECORDS = 120
 LENGTH = 16
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S, PoolPolicy
+
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
 CHUNK = 512  # host records a chunk
 ALONE_S = _DECIDE_S  # the host's thread alone makes a measurement's chunks in this long: 4096 records/s

@@ -30,6 +30,8 @@ from colo_data.telemetry.quality import ColumnQuality, Lost, Quality, quality
 from colo_data.testing import to_numpy
 from colo_data.workers.processes import WorkerPool
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar and the workers cannot import this module
 
 ROOT = Path(__file__).parent.parent

@@ -17,6 +17,8 @@ from colo_data.testing import read_all
 
 from pipelines import make_pipeline
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 LIMIT = 60  # REJECTED_RECORDS for these tests: under two epochs of the 120-record corpus
 seen: list[int] = []  # records each call of the keep below was given
 

@@ -14,6 +14,8 @@ from pipelines import BATCH, make_pipeline
 
 import colo_data as cd
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 LOADER_SETTINGS = [("hosts", True), ("hosts", 2.0), ("hosts", "2"), ("hosts", 0), ("prefetch", True), ("warmup", True)]
 SOURCE_SETTINGS = ["cache_bytes", "io_concurrency", "retries"]
 

@@ -16,6 +16,8 @@ import pytest
 import colo_data as cd
 from colo_data.testing import assert_batches_equal, to_numpy
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 SAVED, SKIPPED, AFTER = 3, 5, 4  # batches read before the state, skipped, compared after
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S
 from colo_data.host.slice_balance import SliceBalance, first_share
+
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
 BATCHES = 40  # batches a chunk
 

@@ -25,6 +25,8 @@ import colo_data as cd
 from colo_data.io.rowgroup_cache import RowGroupCache
 from colo_data.io.sources import Source
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 SCHEMA = pa.schema(
     [
         ("id", pa.int64()),

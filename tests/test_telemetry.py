@@ -25,6 +25,8 @@ import colo_data as cd
 from colo_data import defaults
 from colo_data.telemetry import counters, report
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
 
 

@@ -16,6 +16,8 @@ import pytest
 import colo_data as cd
 from colo_data.testing import read_all
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 RECORDS, BATCH = 40, 8
 
 

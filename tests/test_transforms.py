@@ -18,6 +18,8 @@ import colo_data as cd
 from colo_data import TransformError
 from colo_data.io.columns import from_records, table_to_columns, to_records
 
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
 
 def reference_pad(rows, length, pad_value, dtype) -> np.ndarray:
     """Straightforward per-row loop: cut at `length`, pad with `pad_value`."""

@@ -5,7 +5,8 @@ on those CPU devices. Host h is the h-th CPU device of the mesh, never `jax.proc
 (always 0 under Pathways). On a CPU-only JAX the same calls run in this process.
 
 What goes wrong on a host reaches the trainer: an exception as the same colo-data error
-type naming the host, with its traceback; warnings raised in the sidecar's process (which
+type naming the host, with the exception beneath it as its cause and the host's traceback
+once (`errors.to_wire`); warnings raised in the sidecar's process (which
 would stay in its log) in a note beside each call's batches, re-issued in the trainer
 naming their host. Warnings of worker processes (`workers` > 0) stay in the sidecar's log.
 A Grain pipeline's host states come back the same way, beside each call's batches."""
@@ -15,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import traceback
 import uuid
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.backends.base import GlobalBatch, ended_early, same_columns
 from colo_data.backends.placement import Placement
-from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarError, from_wire, named_in
+from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarError, Wire, from_wire, named_in, to_wire
 from colo_data.host.chunk import HostChunk
 from colo_data.host.dtypes import jax_ready
 from colo_data.host.kinds import HostShare, host_pipeline
@@ -218,7 +218,7 @@ class _HostSide:
 
     @contextmanager
     def _work_of(self, host: int, hosts: int, caught: dict[int, list[warnings.WarningMessage]]) -> Iterator[None]:
-        """Host `host`'s part of a call. An exception leaves it as `_raised_on` makes it;
+        """Host `host`'s part of a call. An exception leaves it as a `_HostFailure`;
         warnings are kept in `caught` when this object carries them (not thread-safe, as
         `warnings.catch_warnings`: a warning of another thread meanwhile is taken for the host's)."""
         recording: AbstractContextManager[list[warnings.WarningMessage] | None] = (
@@ -228,7 +228,7 @@ class _HostSide:
             try:
                 yield
             except Exception as e:
-                raise _raised_on(host, hosts, e) from e
+                raise _HostFailure(to_wire(e), f"the colocated-Python sidecar of host {host} of {hosts}") from None
             finally:
                 if records:
                     caught.setdefault(host, []).extend(records)
@@ -260,16 +260,18 @@ def _ends(after: np.ndarray) -> list[Any]:
     return [parts.start(o, int(p)) for o, p in zip(own, phases, strict=True)]
 
 
-def _raised_on(host: int, hosts: int, e: Exception) -> ColoDataError:
-    """`e`, raised by host `host`'s work, as the same colo-data error type (any other
-    exception: a SidecarError) whose text names the host and holds the traceback of where
-    it was raised: under Pathways the controller gets only the text (see `_as_colo_data_error`)."""
-    kind, text = (type(e), str(e)) if isinstance(e, ColoDataError) else (SidecarError, f"{type(e).__name__}: {e}")
-    where = "".join(traceback.format_tb(e.__traceback__))
-    return kind(
-        f"{text}\n--- raised in the colocated-Python sidecar of host {host} of {hosts} ---\n"
-        f"Traceback (most recent call last):\n{where}"
-    )
+class _HostFailure(Exception):
+    """What leaves a host's work in a colocated call: the error as `to_wire` made it, raised
+    in the controller as the same colo-data type (`ColocatedHosts._call`). Its text, all that
+    a Pathways controller is handed, holds the traceback and ends with the type's name and
+    the message, where `named_in` finds the type."""
+
+    def __init__(self, wire: Wire, where: str) -> None:
+        super().__init__(wire, where)
+        self.wire, self.where = wire, where
+
+    def __str__(self) -> str:
+        return f"{self.wire['traceback']}{self.wire['type']}: {self.wire['error']}\n--- raised in {self.where} ---"
 
 
 def _note(records: Sequence[warnings.WarningMessage]) -> np.ndarray:
@@ -351,13 +353,13 @@ def _close(stream: tuple[Position, Iterator[HostChunk], Lifecycle]) -> None:
 
 
 def _as_colo_data_error(e: Exception, hosts: Sequence[jax.Device]) -> ColoDataError:
-    """A failure of a colocated call as a colo-data error: the colo-data error type named
-    in the remote message (the sidecar sends the text, not the exception), else a
-    SidecarError that says where to look."""
+    """A failure of a colocated call that arrives as text only (under Pathways the sidecar
+    sends the text, not the exception) as a colo-data error: the colo-data error type named
+    in the text, else a SidecarError that says where to look."""
     message = str(e)
     kind = named_in(message)
     if kind is not None:
-        wire = {"error": message, "type": kind, "traceback": ""}
+        wire: Wire = {"type": kind, "error": message, "traceback": "", "cause": None, "cause_text": ""}
         return from_wire(wire, f"the colocated-Python sidecar of {len(hosts)} hosts", SidecarError)
     return SidecarError(
         f"the colocated-Python call on {len(hosts)} hosts ({', '.join(map(str, hosts[:4]))}"
@@ -402,6 +404,9 @@ class ColocatedHosts:
             return jax.block_until_ready(getattr(self._remote, method)(request))
         except ColoDataError:
             raise
+        except _HostFailure as e:  # the exception itself came back (JAX ran the call in this process)
+            error = from_wire(e.wire, e.where, SidecarError)
+            raise error from error.__cause__
         except Exception as e:
             raise _as_colo_data_error(e, self.hosts) from e
 

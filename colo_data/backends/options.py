@@ -6,15 +6,16 @@ objects: it is the one place where a backend's name is looked at."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from colo_data import defaults
 from colo_data.errors import ConfigError
 from colo_data.host.resources import Workers, check_workers
-from colo_data.spec.integers import as_int
+from colo_data.io.integers import as_int
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -213,6 +214,7 @@ def auto_backend() -> BackendOptions:
 _NAMES: dict[str, Callable[[], BackendOptions]] = {
     "inprocess": InProcess, "sidecar": Sidecar, "colocated": Colocated, "auto": auto_backend
 }
+NAMES = tuple(_NAMES)  # the names `resolve` reads: a command line's choices
 
 
 def resolve(backend: str | BackendOptions) -> BackendOptions:
@@ -226,3 +228,12 @@ def resolve(backend: str | BackendOptions) -> BackendOptions:
         f"backend={backend!r}: give cd.InProcess(...), cd.Sidecar(...) or cd.Colocated(...), "
         f"or one of the names {', '.join(map(repr, _NAMES))}"
     )
+
+
+def with_sidecar_settings(backend: BackendOptions, settings: Mapping[str, Any]) -> BackendOptions:
+    """`backend` with a config's `[sidecar]` settings where it starts its sidecars here (a
+    `Sidecar` given no addresses), else as it is: a config's pipeline run as its sidecar
+    would run it (`colo-data bench`)."""
+    if isinstance(backend, Sidecar) and not backend.addresses():
+        return dataclasses.replace(backend, **settings)
+    return backend

@@ -13,8 +13,10 @@ from typing import Any
 
 import click
 
+from colo_data.backends.options import NAMES
+
 BUILTIN = "configs/demo.toml (built in)"
-WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` appends the remote traceback
+WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` names the process that raised it
 
 
 def builtin_config() -> Any:
@@ -27,13 +29,11 @@ def builtin_config() -> Any:
 def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> Any:
     """The backend option object for --backend: a sidecar takes the config's [sidecar]
     settings; --workers (a number, "auto" or Ray workers) overrides the backend's workers."""
-    from colo_data.backends.options import Sidecar, resolve
+    from colo_data.backends.options import resolve, with_sidecar_settings
     from colo_data.errors import ConfigError
     from colo_data.host.resources import workers_from
 
-    chosen: Any = resolve(name)  # a frozen dataclass of options
-    if isinstance(chosen, Sidecar) and not chosen.addresses():  # sidecars started here
-        chosen = dataclasses.replace(chosen, **config_sidecar)
+    chosen: Any = with_sidecar_settings(resolve(name), config_sidecar)  # a frozen dataclass of options
     if workers is not None:
         try:
             chosen = dataclasses.replace(chosen, workers=workers_from(workers, "--workers"))
@@ -55,7 +55,7 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
     help="Simulated training step per batch, in ms.",
 )
 @click.option(
-    "--backend", type=click.Choice(["inprocess", "sidecar", "colocated", "auto"]), default="auto", show_default=True,
+    "--backend", type=click.Choice(NAMES), default="auto", show_default=True,
     help="Where the host pipelines run (auto: sidecar if COLO_DATA_SIDECAR is set, colocated on Pathways, else inprocess).",
 )
 @click.option(
@@ -117,7 +117,7 @@ def bench(
         if compare == "grain" and not runs[0].interrupted:
             runs.append(runner.run_grain(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000))
     except ConfigError as error:  # names the key or setting (with the end of the user's code's traceback, if it
-        # raised); the traceback of another process that raised it (a sidecar, a worker) is left out
+        # raised); the process that raised it (a sidecar, a worker) is left out
         raise click.ClickException(str(error).split(WIRE_TAIL, 1)[0]) from error
     except ColoDataError as error:
         raise click.ClickException(str(error)) from error

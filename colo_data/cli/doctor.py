@@ -23,9 +23,9 @@ from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory
 from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
+from colo_data.host.ray_workers import RayWorkers
 from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
 from colo_data.ops.config import Config, load_config
-from colo_data.workers.ray_workers import RayWorkers
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
@@ -68,11 +68,9 @@ def doctor(
         report = _report(directory, settings.deploy if settings else {})
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
-        workers = options.get("workers")
-        if ray_address is not None:
-            workers = RayWorkers(address=ray_address)
-        if isinstance(workers, RayWorkers):
-            report["ray"] = _ray(workers, hosts)
+        ray = RayWorkers(address=ray_address) if ray_address is not None else RayWorkers.of(options.get("workers"))
+        if ray is not None:
+            report["ray"] = _ray(ray, hosts)
     except ColoDataError as error:
         if as_json:  # stdout stays one JSON object, a fatal finding included
             click.echo(json.dumps({"error": str(error), "type": type(error).__name__}, indent=2))

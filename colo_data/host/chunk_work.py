@@ -349,8 +349,8 @@ class ChunkWork:
         except Exception as e:
             raise TransformError(
                 f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
-                f"{position}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
-            ) from e
+                f"{position}: {type(e).__name__}: {e}"
+            ) from e  # its traceback is the cause's, printed once (across a boundary too: `errors.to_wire`)
         if not isinstance(out, Mapping):
             raise TransformError(
                 f"transform {transform!r} returned {type(out).__name__}, not a dict of columns (batch at stream "

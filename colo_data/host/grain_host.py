@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import time
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,8 +110,8 @@ class GrainHost:
             dataset = self.pipeline.make_dataset(shard)
         except Exception as e:
             raise GrainError(
-                f"{self._where()}: make_dataset({shard}) raised {type(e).__name__}: {e}\n"
-                f"{''.join(traceback.format_exception(e))}"
+                f"{self._where()}: make_dataset({shard}) raised {type(e).__name__}: {e} (its traceback: this "
+                "error's cause)"
             ) from e
         if not (hasattr(dataset, "__iter__") and hasattr(dataset, "parents")):
             raise GrainError(
@@ -207,9 +206,8 @@ class GrainHost:
 
     def _next(self, iterator: Iterator[Any], position: int) -> Any:
         """The iterator's next element, `_END` at its end. An exception the dataset raises (a
-        map's, a source's) is a GrainError naming the host and the batch, with the exception
-        as its cause and its type, message and traceback in the text, which is what crosses
-        from a sidecar or a colocated host."""
+        map's, a source's) is a GrainError naming the host, the batch and the exception's type
+        and message, with the exception as its cause (also from a sidecar or a colocated host)."""
         try:
             return next(iterator, _END)
         except ColoDataError:
@@ -218,8 +216,8 @@ class GrainHost:
             size = self.pipeline.global_batch_size
             raise GrainError(
                 f"{self._where()}: the Grain dataset raised, making global batch {position // size} (stream position "
-                f"{position}): {type(e).__name__}: {e}\nFix it in the dataset's code (its traceback follows) or the "
-                f"record it names.\n{''.join(traceback.format_exception(e))}"
+                f"{position}): {type(e).__name__}: {e}\nFix it in the dataset's code (its traceback: this error's "
+                "cause) or the record it names."
             ) from e
 
 

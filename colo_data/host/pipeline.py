@@ -1,8 +1,8 @@
 """`HostPipeline`: one host's share of every global batch, as a stream of chunks from a
-stream position on. Its one door is `chunks`. The work of each chunk (`ChunkWork`) is
-computed here, a chunk ahead on a thread of its own, or shared out to a pool of worker
-processes, so only batches cross the process boundary; packed pipelines are planned here
-in stream order."""
+stream position on. Its one door is `chunks` (and `kept`, for a tool that asks which records
+the filters take). The work of each chunk (`ChunkWork`) is computed here, a chunk ahead on
+a thread of its own, or shared out to a pool of worker processes, so only batches cross the
+process boundary; packed pipelines are planned here in stream order."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from colo_data import defaults
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change, split_rows
 from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream, Resume
-from colo_data.host.filtering import filtered_batches
+from colo_data.host.filtering import filtered_batches, kept, with_index
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
 from colo_data.host.slice_balance import SliceBalance
 from colo_data.host.slices import cut
+from colo_data.io.columns import table_to_columns
 from colo_data.io.sources import ReadAhead
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
@@ -78,6 +79,13 @@ class HostPipeline:
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         """Global record indices at stream positions `stream` (any epochs)."""
         return self.work.stream_indices(stream)
+
+    def kept(self, indices: np.ndarray) -> np.ndarray | None:
+        """The filters' verdicts (the pipeline's `keep` and its pack's) on the records at
+        global `indices`, read and given the index column as the filters see them; None
+        without a filter."""
+        table = with_index(self.work, self.pipeline.source.take(indices), indices)
+        return kept(self.work, table_to_columns(table), len(indices))
 
     def chunks(self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, stacked along the rows,

@@ -10,15 +10,37 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from colo_data.errors import ConfigError
-from colo_data.spec.integers import as_int
-from colo_data.workers.ray_workers import SPEC_PREFIX, RayWorkers
+from colo_data.host.ray_workers import SPEC_PREFIX, RayWorkers
+from colo_data.io.integers import as_int
 
 CPUS_ENV = "COLO_DATA_CPUS"
-# worker processes per host, "auto" (`choose_workers` picks), or Ray actors per host
-Workers = int | Literal["auto"] | RayWorkers
+
+
+@runtime_checkable
+class RemoteWorkers(Protocol):
+    """Workers of a kind of their own rather than this host's processes (`cd.RayWorkers`'
+    actors), as the host side asks of them; their pool is the workers package's
+    (`colo_data.workers.pools`)."""
+
+    @property
+    def actors(self) -> int:
+        """Workers per host pipeline."""
+        ...
+
+    def describe(self) -> str:
+        """The workers in words, for reports."""
+        ...
+
+    def to_spec(self) -> str:
+        """The workers as one `--workers` string, which `workers_from` reads back."""
+        ...
+
+
+# worker processes per host, "auto" (`choose_workers` picks), or workers of their own kind (Ray actors) per host
+Workers = int | Literal["auto"] | RemoteWorkers
 # cgroup v1 reports "no memory limit" as a page-rounded LONG_MAX; anything this large is none.
 _UNLIMITED_BYTES = 2**60
 
@@ -83,11 +105,11 @@ def cpu_budget(*, proc: str = "/proc/self", root: str = "/") -> CpuBudget:
 
 
 def check_workers(owner: str, workers: Any) -> Workers:
-    """`workers` as a count of worker processes (numpy integers too) or "auto"; anything
-    else is a ConfigError naming `owner`'s setting."""
+    """`workers` as a count of worker processes (numpy integers too), "auto", or workers of
+    their own kind (`RemoteWorkers`); anything else is a ConfigError naming `owner`'s setting."""
     if isinstance(workers, str) and workers == "auto":
         return "auto"
-    if isinstance(workers, RayWorkers):
+    if isinstance(workers, RemoteWorkers):
         return workers
     count = as_int(workers)
     if count is None or count < 0:
@@ -116,7 +138,7 @@ def workers_from(value: Any, where: str) -> Workers:
 
 def workers_text(workers: Workers) -> str:
     """`workers` as `workers_from` reads it back (a sidecar's `--workers`)."""
-    return workers.to_spec() if isinstance(workers, RayWorkers) else str(workers)
+    return workers.to_spec() if isinstance(workers, RemoteWorkers) else str(workers)
 
 
 @dataclass(frozen=True)
@@ -126,7 +148,7 @@ class WorkerChoice:
 
     count: int
     reason: str
-    ray: RayWorkers | None = None  # the count is of these actors, not of local processes
+    ray: RemoteWorkers | None = None  # the count is of these workers (Ray actors), not of local processes
 
 
 def auto_workers(cpus: float) -> int:
@@ -162,7 +184,7 @@ def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> Worker
             the reason.
     """
     used = f"used while CPU goes unused (beside {beside}) and while each one more pays"
-    if isinstance(requested, RayWorkers):
+    if isinstance(requested, RemoteWorkers):
         return WorkerChoice(requested.actors, f"{requested.describe()}; each one more used while it pays", requested)
     if requested != "auto":
         return WorkerChoice(int(requested), f"as configured; {used}")

@@ -26,13 +26,12 @@ from colo_data.backends.options import BackendOptions, resolve
 from colo_data.backends.placement import Placement
 from colo_data.errors import ArgumentError, ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
+from colo_data.io.integers import int_setting
 from colo_data.loader.meters import LoaderMeters
 from colo_data.loader.picklable import check_picklable
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.spec import parts
-from colo_data.spec.grain_pipeline import GrainPipeline
-from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.state import make_state, restore, state_step
@@ -56,7 +55,7 @@ def all_host_states(local: dict[int, Any], pipeline: AnyPipeline) -> dict[int, A
     """Every host's Grain state: this process's hosts' (`local`) with, in a
     multi-controller run, every other process's (gathered from all of them: each calls
     `get_state` at the same step, as it saves a checkpoint). Native pipelines have none."""
-    if not isinstance(pipeline, GrainPipeline) or jax.process_count() == 1:
+    if pipeline.host_states() is None or jax.process_count() == 1:
         return local
     from jax.experimental import multihost_utils  # noqa: PLC0415 - multi-controller runs only
 
@@ -81,21 +80,6 @@ def all_parts(position: Position, local: np.ndarray | None) -> Position:
 
     known = np.where(local, position, -1)  # the others' partitions: theirs to say (all know the phase)
     return np.asarray(multihost_utils.process_allgather(known)).reshape(-1, len(position)).max(axis=0)
-
-
-def _check_partitions(pipeline: AnyPipeline, hosts: int) -> None:
-    """A partitioned packed or filtered pipeline runs on host counts that divide its
-    partitions, and in a multi-controller run only endlessly: no process knows when another
-    one's partitions run out (the stream's end)."""
-    if isinstance(pipeline, GrainPipeline) or not pipeline.partitioned:
-        return
-    pipeline.check_hosts(hosts)
-    if pipeline.epochs is not None and jax.process_count() > 1:
-        raise ConfigError(
-            f"epochs={pipeline.epochs} for a partitioned {'packed' if pipeline.pack is not None else 'filtered'} "
-            f"pipeline in a run of {jax.process_count()} processes: its stream ends when one partition runs out, "
-            "which only that partition's process sees. Give epochs=None and stop after the steps you want"
-        )
 
 
 # the Loader's keywords from before backends were option objects, and what gives them now
@@ -144,8 +128,7 @@ class _Runner:
         self.position = position
         self.step = step  # global batches delivered since the stream's start (None: not known)
         # a Grain pipeline's host states at the last batch delivered (where it starts, at first)
-        resume = getattr(pipeline, "resume", None) or ()
-        self.host_states: dict[int, Any] = dict(enumerate(resume))
+        self.host_states: dict[int, Any] = pipeline.host_states() or {}
         self.first = position  # where this loader (or its last set_state) started
         self.run: Lifecycle | None = None
         self.batches: Iterator[GlobalBatch] | None = None
@@ -175,11 +158,8 @@ class _Runner:
         """The meters' telemetry, with a mixture's records per component since `first` and
         their shares against the weights."""
         telemetry = self.meters.telemetry()
-        pipeline = self.pipeline
-        if isinstance(pipeline, GrainPipeline):
-            return telemetry
-        counts = pipeline.stream.component_records(pipeline, self.first, self.position)
-        return telemetry if counts is None else with_mixture(telemetry, counts, pipeline.stream.shares or ())
+        mixture = self.pipeline.mixture_records(self.first, self.position)
+        return telemetry if mixture is None else with_mixture(telemetry, *mixture)
 
     def next(self) -> GlobalBatch:
         """The next batch. Another thread's `next()` in progress is a LoaderBusyError; a
@@ -337,7 +317,7 @@ class Loader:
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
         check_picklable(pipeline, self.backend)
-        _check_partitions(pipeline, self.hosts)
+        pipeline.check_run(self.hosts, jax.process_count())
         self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
         owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
         parts = owner.child("transport")  # what the transport starts: replaced with it (set_state of a Grain pipeline)
@@ -398,7 +378,7 @@ class Loader:
         """
         rebased, position = restore(self.pipeline, state, self.hosts)
         step = state_step(rebased, state, position)
-        if not isinstance(rebased, GrainPipeline) and not rebased.stream.continues(self.pipeline.stream):  # type: ignore[union-attr]
+        if not rebased.continues(self.pipeline):
             raise StateError(
                 "set_state: this state continues the mixture under other weights (or from another interleaving); make "
                 "a new loader for it: cd.Loader(pipeline, state=state, ...)"
@@ -410,14 +390,15 @@ class Loader:
             runner.stop()
             runner.position = runner.first = position
             runner.step = step
-            if isinstance(rebased, GrainPipeline):  # its hosts start from the states the pipeline carries: a new transport
+            host_states = rebased.host_states()
+            if host_states is not None:  # its hosts start from the states the pipeline carries: a new transport
                 self._transport_parts.close()
                 self._transport_parts = runner.owner.child("transport")
                 self.pipeline = runner.pipeline = rebased
                 transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
                 runner.backend = transport
                 runner.meters.replace_backend(transport)
-                runner.host_states = dict(enumerate(rebased.resume or ()))
+                runner.host_states = host_states
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         """Stop prefetching, the worker processes, the sidecar sessions and the sidecars

@@ -12,19 +12,18 @@ import cloudpickle
 
 from colo_data.backends.options import BackendOptions
 from colo_data.errors import ConfigError
-from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
 
 
 def _shipped_to(pipeline: AnyPipeline, backend: BackendOptions) -> str | None:
     """Where `backend` sends `pipeline` pickled (with cloudpickle), or None: a sidecar and a
-    colocated host always get it; worker processes and Ray actors a native pipeline's work
-    (a Grain pipeline's parallelism is its own)."""
+    colocated host always get it; worker processes and Ray actors a positional pipeline's
+    work (a Grain pipeline's parallelism is its own)."""
     if backend.name == "sidecar":
         return "its sidecar process"
     if backend.name == "colocated":
         return "the colocated-Python sidecars"
-    if backend.workers != 0 and not isinstance(pipeline, GrainPipeline):
+    if backend.workers != 0 and pipeline.positional:
         return "its worker processes"
     return None
 

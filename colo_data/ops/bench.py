@@ -23,7 +23,6 @@ from colo_data.errors import ConfigError
 from colo_data.host.chunk_work import check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
-from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.quality import Quality
@@ -84,7 +83,7 @@ def _steps(pipeline: AnyPipeline, steps: int | None) -> int | None:
     pipeline's epochs), else None (run to the end: packed and Grain pipelines)."""
     if steps is not None:
         return steps
-    if isinstance(pipeline, GrainPipeline):  # its datasets say where it ends
+    if not pipeline.positional:  # a Grain pipeline's datasets say where it ends
         return None
     if pipeline.total_records is None:
         raise ConfigError("the pipeline repeats forever (epochs = None in its [args] or definition): give --steps N")
@@ -159,7 +158,7 @@ def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
     """The same logical pipeline with Grain alone: its `DataLoader` over the pipeline's
     random-access source, its own global shuffle, the pipeline's transforms on each batch,
     its default worker count (`worker_count=None`: os.cpu_count())."""
-    if isinstance(pipeline, GrainPipeline):
+    if not pipeline.positional:
         raise ConfigError(
             "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain_pipeline.py compares it "
             "iterated in the trainer's process with the sidecar"

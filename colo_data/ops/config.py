@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
 from colo_data.host.resources import workers_from
-from colo_data.spec.integers import as_int
+from colo_data.io.integers import as_int
 
 if TYPE_CHECKING:
     from colo_data.spec.kinds import AnyPipeline

@@ -52,7 +52,7 @@ def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = N
             filtered pipeline's state saved before colo-data counted steps), or a step is
             earlier than the state.
     """
-    if isinstance(pipeline, GrainPipeline) or not isinstance(pipeline, AnyPipeline):
+    if not isinstance(pipeline, AnyPipeline) or not pipeline.positional:
         raise ConfigError(
             f"cd.lineage takes a cd.Pipeline, not {type(pipeline).__name__}: a Grain pipeline's records carry no "
             "index colo-data can follow; add one to the records themselves (an id column) and read it from the batches"
@@ -64,7 +64,6 @@ def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = N
         first: int | None = 0
     else:
         restored, position = restore(pipeline, state)
-        assert isinstance(restored, Pipeline)
         pipeline = restored
         first = state_step(pipeline, state, position)
     if first is None:

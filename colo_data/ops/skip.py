@@ -11,9 +11,8 @@ from typing import Any
 
 from colo_data.errors import ConfigError
 from colo_data.host.pipeline import HostPipeline
+from colo_data.io.integers import int_setting
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.grain_pipeline import GrainPipeline
-from colo_data.spec.integers import int_setting
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
@@ -33,7 +32,7 @@ def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict
             iterators' own).
         StateError: `state` is not one of `pipeline`'s (as `cd.Loader(state=)`).
     """
-    if isinstance(pipeline, GrainPipeline) or not isinstance(pipeline, AnyPipeline):
+    if not isinstance(pipeline, AnyPipeline) or not pipeline.positional:
         raise ConfigError(
             f"cd.skip takes a cd.Pipeline, not {type(pipeline).__name__}: a Grain pipeline's position is its "
             "iterators' state; skip its batches by reading them (next(loader)) and save the state after them"
@@ -42,9 +41,7 @@ def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict
     if state is None:
         position: Position = pipeline.at(0)
     else:
-        restored, position = restore(pipeline, state)
-        assert isinstance(restored, Pipeline)
-        pipeline = restored
+        pipeline, position = restore(pipeline, state)
     step = state_step(pipeline, state, position)
     if batches and pipeline.variable_batches:
         position = _variable_after(pipeline, position, batches)

@@ -19,13 +19,10 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import ConfigError
-from colo_data.host.filtering import kept, with_index
 from colo_data.host.pipeline import HostPipeline
-from colo_data.io.columns import table_to_columns
 from colo_data.loader.loader import Loader
 from colo_data.ops.checks import Batch, Check, differing_rows, one_device
 from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
-from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.schedule import DENOMINATOR
@@ -56,7 +53,7 @@ def verify(
     A `cd.GrainPipeline` is checked against Grain itself, each host count on its own
     (`verify_grain`): `steps` defaults to `DEFAULT_STEPS`, and its state restores on the
     host count that saved it."""
-    if isinstance(pipeline, GrainPipeline):
+    if not pipeline.positional:
         return verify_grain(pipeline, hosts, steps, resume_at, resume_hosts)
     _check_settings(pipeline, hosts, steps, resume_at, resume_hosts)
     size = pipeline.global_batch_size
@@ -96,7 +93,7 @@ def verify(
 
 def run_length(pipeline: AnyPipeline, steps: int | None) -> str:
     """What a `verify` run of `pipeline` reads, in words, for `colo-data verify`'s header."""
-    if isinstance(pipeline, GrainPipeline):
+    if not pipeline.positional:
         return f"{steps or DEFAULT_STEPS} batches against Grain's own"
     return f"{steps} batches" if steps else pipeline.stream.first_epochs()
 
@@ -364,9 +361,7 @@ def _expected(pipeline: Pipeline, end: int) -> _Expected:
     host, records = HostPipeline(pipeline), order.stream_indices(np.arange(end, dtype=np.int64))
     verdicts = []
     for i in range(0, end, _KEEP_CHUNK):
-        chunk = records[i : i + _KEEP_CHUNK]
-        table = with_index(host.work, pipeline.source.take(chunk), chunk)
-        verdict = kept(host.work, table_to_columns(table), len(chunk))
+        verdict = host.kept(records[i : i + _KEEP_CHUNK])
         assert verdict is not None  # there is a keep (above)
         verdicts.append(verdict)
     return _Expected(components, indices, own, np.concatenate(verdicts))

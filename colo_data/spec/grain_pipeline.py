@@ -2,17 +2,20 @@
 stream. colo-data gives each host its shard (from the mesh, never `jax.process_index()`),
 runs the dataset where the backend says, and checkpoints each host's Grain iterator state
 with the batch it belongs to. Its promises are Grain's: resume on the same host count, and
-on another only through Grain's own `ElasticIterator`."""
+on another only through Grain's own `ElasticIterator`. It answers what the loader asks of a
+pipeline kind (`colo_data.spec.kinds.PipelineKind`) with its hosts' Grain states."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from colo_data.errors import ConfigError, StateError
-from colo_data.spec.integers import as_int
+from colo_data.io.integers import as_int
+from colo_data.spec.order import Position
+from colo_data.spec.state_format import FORMAT
 
 KIND = "grain"
 # Grain's ElasticIterator state: the same on every host, valid for any host count
@@ -53,6 +56,8 @@ class GrainPipeline:
     index_column = None
     variable_batches = False
     partitioned = False
+    # its records are its datasets' own, not a function of a stream position that colo-data computes
+    positional: ClassVar[Literal[False]] = False
 
     def __post_init__(self) -> None:
         if not callable(self.make_dataset):
@@ -76,15 +81,19 @@ class GrainPipeline:
         hosts' datasets do."""
         return None
 
-    def state_at(self, position: int, hosts: int, host_states: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        """The loader state after `position` records (without its format, which
-        `spec.state` adds): each host's Grain state at the last batch delivered (or where
-        the stream started; None for a host at its beginning), as one small JSON dict.
+    def check_run(self, hosts: int, processes: int) -> None:
+        """Nothing to refuse: each host's dataset is its own shard, on any host count."""
+
+    def state_at(self, position: Position, hosts: int, host_states: dict[int, Any]) -> dict[str, Any]:
+        """The loader state after `position` records: each host's Grain state at the last
+        batch delivered (or where the stream started; None for a host at its beginning),
+        as one small JSON dict.
 
         Raises:
             StateError: a host's state is not known here (its batches were computed by
                 another process).
         """
+        position = int(position)
         missing = [h for h in range(hosts) if h not in host_states]
         if missing and position > 0:
             raise StateError(
@@ -92,6 +101,7 @@ class GrainPipeline:
                 "state in a process that reads every host's batches"
             )
         return {
+            "format": FORMAT,
             "kind": KIND,
             "position": position,
             "global_batch_size": self.global_batch_size,
@@ -131,6 +141,21 @@ class GrainPipeline:
                 )
             saved = [saved[0]] * hosts
         return dataclasses.replace(self, resume=tuple(saved), resume_position=position), position
+
+    def continues(self, running: object) -> bool:
+        """True: whatever state it restored, its hosts start again from the Grain states it
+        carries, in a transport of their own (`host_states`)."""
+        return True
+
+    def host_states(self) -> dict[int, Any]:
+        """Each host's Grain state where this pipeline starts (`resumed`'s; none before a
+        state is restored, or for a host at its beginning), which only a new transport's
+        hosts take."""
+        return dict(enumerate(self.resume or ()))
+
+    def mixture_records(self, first: Position, position: Position) -> None:
+        """None: a Grain pipeline's records have no components that colo-data counts."""
+        return None
 
 
 def _elastic(saved: list[dict[str, Any]]) -> bool:

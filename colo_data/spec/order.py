@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 
 from colo_data.errors import ConfigError
-from colo_data.spec.integers import as_int
+from colo_data.io.integers import as_int
 from colo_data.spec.permute import partition_keys, permute, permute_within
 
 Shuffle = Literal["none", "global", "block"]

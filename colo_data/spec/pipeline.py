@@ -1,5 +1,6 @@
 """`Pipeline`: the whole dataset definition (source, order, transforms, batch size, epochs)
-as one frozen, picklable value that every host builds its share from."""
+as one frozen, picklable value that every host builds its share from. It answers what the
+loader asks of a pipeline kind (`colo_data.spec.kinds.PipelineKind`) through its stream."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from colo_data import defaults
 from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
+from colo_data.io.integers import as_int
 from colo_data.io.sources import Source, as_source
 from colo_data.spec import parts
-from colo_data.spec.integers import as_int
 from colo_data.spec.order import Order, Partitioning, Position
 from colo_data.spec.pack import Pack
 from colo_data.spec.stream import Stream, stream_of
@@ -69,6 +70,8 @@ class Pipeline:
     pack: Pack | None = None
     keep: Callable[[Columns], np.ndarray] | None = None
     partitions: int = 1
+    # every record a function of its stream position: skip, lineage, verify's record checks and worker pools apply
+    positional: ClassVar[Literal[True]] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", as_source(self.source))
@@ -199,6 +202,48 @@ class Pipeline:
                 f"{self.partitions} ({', '.join(map(str, fits[:12]))}{', ...' if len(fits) > 12 else ''}); give "
                 "the pipeline a partition count that the host counts you run on divide (docs/scaling.md)"
             )
+
+    def check_run(self, hosts: int, processes: int) -> None:
+        """Raise ConfigError when this pipeline cannot run on `hosts` hosts in `processes`
+        processes: a partitioned packed or filtered pipeline's hosts own whole partitions
+        (`check_hosts`), and in a run of several processes it runs only endlessly, since no
+        process knows when another one's partitions run out (the stream's end)."""
+        self.check_hosts(hosts)
+        if self.partitioned and self.epochs is not None and processes > 1:
+            raise ConfigError(
+                f"epochs={self.epochs} for a partitioned {'packed' if self.pack is not None else 'filtered'} "
+                f"pipeline in a run of {processes} processes: its stream ends when one partition runs out, "
+                "which only that partition's process sees. Give epochs=None and stop after the steps you want"
+            )
+
+    def state_at(self, position: Position, hosts: int, host_states: dict[int, Any]) -> dict[str, Any]:
+        """The loader state after stream `position`, its stream's to say; the same on every
+        host, so `hosts` and `host_states` play no part."""
+        return self.stream.state(self, position)
+
+    def resumed(self, state: dict[str, Any], hosts: int) -> tuple[Pipeline, Position]:
+        """This pipeline rebased to continue from `state` (a `cd.Mix` where its components
+        left off), and the stream position it continues from, on any host count.
+
+        Raises:
+            StateError: the state is not one of this pipeline's (its stream says why).
+        """
+        return self.stream.restore(self, state)
+
+    def continues(self, running: object) -> bool:
+        """Whether this pipeline, restored from a state, gives the stream that `running`
+        gives, so that a loader running it can jump to the state in place."""
+        return isinstance(running, Pipeline) and self.stream.continues(running.stream)
+
+    def host_states(self) -> dict[int, Any] | None:
+        """None: a native pipeline's state is one global position, the same on every host."""
+        return None
+
+    def mixture_records(self, first: Position, position: Position) -> tuple[dict[str, int], tuple[int, ...]] | None:
+        """A mixture's records of each component delivered from stream position `first` to
+        `position`, and the weights' shares; None when the source is not a mixture."""
+        counts = self.stream.component_records(self, first, position)
+        return None if counts is None else (counts, self.stream.shares or ())
 
     def batches_from(self, position: int) -> int | None:
         """Full global batches left in the stream from a stream position (a trailing partial

@@ -1,25 +1,25 @@
 """The loader's checkpoint: a small JSON dict holding the global position and what the
 pipeline must match to continue from it. It never depends on host or worker counts, so a
 state saved on H hosts restores on any other. What a state holds is the pipeline's
-stream's to say (`colo_data.spec.stream`); a Grain pipeline's is one per host."""
+stream's to say (`colo_data.spec.stream`); a Grain pipeline's is one per host. Each kind
+of pipeline answers for its own state (`colo_data.spec.kinds.PipelineKind`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.spec.grain_pipeline import GrainPipeline
+from colo_data.spec.kinds import PipelineKind
 from colo_data.spec.order import Position
-from colo_data.spec.state_format import FORMAT, format_of
+from colo_data.spec.state_format import format_of
 
-if TYPE_CHECKING:
-    from colo_data.spec.pipeline import Pipeline
+Kind = TypeVar("Kind", bound=PipelineKind)
 
 
 def make_state(
-    pipeline: Pipeline | GrainPipeline,
+    pipeline: PipelineKind,
     stream_position: Position,
     hosts: int = 1,
     host_states: dict[int, Any] | None = None,
@@ -36,14 +36,11 @@ def make_state(
         step: global batches delivered since the stream's start, which `cd.lineage`
             counts steps by; None when not known (left out).
     """
-    if isinstance(pipeline, GrainPipeline):  # the one place the two kinds' states part
-        state = {"format": FORMAT, **pipeline.state_at(int(stream_position), hosts, host_states or {})}
-    else:
-        state = pipeline.stream.state(pipeline, stream_position)
+    state = pipeline.state_at(stream_position, hosts, host_states or {})
     return state if step is None else {**state, "step": step}
 
 
-def state_step(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None, position: Position) -> int | None:
+def state_step(pipeline: PipelineKind, state: dict[str, Any] | None, position: Position) -> int | None:
     """Global batches delivered from the stream's start up to `state` (None: the start, 0),
     which restored to stream `position`. A state that records none (saved before colo-data
     counted steps): a padded or Grain pipeline's position over the batch size it was saved
@@ -60,15 +57,13 @@ def state_step(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None,
             raise StateError(f"the loader state has step={step!r}: not a count of global batches (an int >= 0)")
         return step
     size = pipeline.global_batch_size
-    variable = not isinstance(pipeline, GrainPipeline) and pipeline.variable_batches
+    variable = pipeline.variable_batches
     if variable or isinstance(position, np.ndarray) or state.get("global_batch_size") != size or int(position) % size:
         return None
     return int(position) // size
 
 
-def restore(
-    pipeline: Pipeline | GrainPipeline, state: dict[str, Any], hosts: int = 1
-) -> tuple[Pipeline | GrainPipeline, Position]:
+def restore(pipeline: Kind, state: dict[str, Any], hosts: int = 1) -> tuple[Kind, Position]:
     """The pipeline to continue with and the stream position a state points at. For a
     `cd.Mix` the pipeline is rebased so that every component continues where the state
     left it: in the same interleaving under the same weights, and from there on under new
@@ -87,12 +82,10 @@ def restore(
     problem = format_of(state)
     if problem is not None:
         raise StateError(f"the loader state is {problem}. Pass the dict that Loader.get_state() returned.")
-    if isinstance(pipeline, GrainPipeline):
-        return pipeline.resumed(state, hosts)
-    return pipeline.stream.restore(pipeline, state)
+    return pipeline.resumed(state, hosts)
 
 
-def restore_position(pipeline: Pipeline, state: dict[str, Any]) -> Position:
+def restore_position(pipeline: PipelineKind, state: dict[str, Any]) -> Position:
     """The stream position a state points at, after checking that it belongs to `pipeline`
     (as `restore`)."""
     return restore(pipeline, state)[1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from colo_data.host.chunk_work import ChunkPool
+from colo_data.host.ray_workers import RayWorkers
 from colo_data.host.resources import CpuBudget, WorkerChoice
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.workers.processes import WorkerPool
@@ -19,8 +20,9 @@ def start_pool(
     on `budget` (shared with the processes `also`), or `cd.RayWorkers`' actors."""
     if not choice.count:
         return None
-    if choice.ray is not None:
+    ray = RayWorkers.of(choice.ray)
+    if ray is not None:
         from colo_data.workers.ray_pool import RayPool  # imports Ray: only for Ray workers
 
-        return RayPool(choice.ray, owner)
+        return RayPool(ray, owner)
     return WorkerPool(choice.count, owner, budget, also)

@@ -27,7 +27,7 @@ import ray.exceptions
 from ray._private.grpc_utils import init_grpc_channel
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from colo_data.errors import RayClusterError, TransformError, from_wire
+from colo_data.errors import RayClusterError, TransformError, Wire, from_wire
 from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
@@ -396,10 +396,10 @@ class RayStream:
                 self._host, type(error).__name__, error,
             )
 
-    def _raised(self, wire: dict[str, str], actor: int) -> Exception:
+    def _raised(self, wire: Wire, actor: int) -> Exception:
         """The error that actor `actor` sent, as the same colo-data type (others: a
         TransformError); one of an import says how to make the module reach the actors."""
-        if wire.get("type") == "ModuleNotFoundError":
+        if wire["type"] == "ModuleNotFoundError":
             wire = {**wire, "error": f"{wire['error']}: the Ray actors cannot import a module of the pipeline; install it on "
                     "the cluster or ship it: cd.RayWorkers(runtime_env={'py_modules': [module]})"}
         return from_wire(wire, f"Ray actor {actor} of host {self._host}", TransformError)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import numpy as np
@@ -23,7 +23,7 @@ from colo_data import defaults
 from colo_data.backends.sidecar.auth import KEY_ENV, check_trusted, connect, key_path, read_key
 from colo_data.backends.sidecar.protocol import SESSION_END_S, check_path_length, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
-from colo_data.errors import SidecarError, from_wire
+from colo_data.errors import SidecarError, Wire, from_wire
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
@@ -204,7 +204,7 @@ class SidecarClient:
 
     def _checked(self, reply: dict[str, Any]) -> dict[str, Any]:
         if "error" in reply:
-            raise from_wire(reply, f"the sidecar at {self.address}", SidecarError)
+            raise from_wire(cast(Wire, reply), f"the sidecar at {self.address}", SidecarError)
         return reply
 
     def _sweep(self) -> None:

@@ -21,8 +21,9 @@ Messages, trainer -> sidecar:
          telemetry without a message of its own
   {"op": "release", "slot": i}   (no answer: the slot may be written again)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
-Any of these may instead be {"error": message, "type": class name, "traceback": text}
-(`colo_data.errors.to_wire`).
+Any of these may instead be an error: {"type": class name, "error": message, "traceback": text,
+"cause": the exception beneath it, pickled, or None, "cause_text": its type and message}
+(`colo_data.errors.Wire`, made by `to_wire`).
 While the sidecar works for the trainer (opening, computing a batch) and has sent nothing
 for `defaults.HEARTBEAT_S`, it sends {"alive": True}: a trainer that hears nothing at all
 for its timeout while it waits knows the sidecar is frozen, not slow.

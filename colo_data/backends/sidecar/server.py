@@ -15,7 +15,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any, NamedTuple
@@ -101,7 +101,7 @@ class _Session:
         self._thread: threading.Thread | None = None
         self.working = True  # computing a batch (heartbeats go out), not waiting for a free slot or done
 
-    def start(self, send: Callable[[dict[str, Any]], None]) -> None:
+    def start(self, send: Callable[[Mapping[str, Any]], None]) -> None:
         """Start filling slots; each filled one, the end and any error go out through `send`."""
         self._thread = threading.Thread(target=self._produce, args=(send,), name="colo-data-sidecar-produce", daemon=True)
         self._thread.start()
@@ -123,7 +123,7 @@ class _Session:
             "quality": self.quality.snapshot(),
         }
 
-    def _produce(self, send: Callable[[dict[str, Any]], None]) -> None:
+    def _produce(self, send: Callable[[Mapping[str, Any]], None]) -> None:
         try:
             try:
                 self.cpu.take()
@@ -287,7 +287,7 @@ class SidecarServer:
         sent = [time.monotonic()]
         opening = [False]
 
-        def send(message: dict[str, Any]) -> None:
+        def send(message: Mapping[str, Any]) -> None:
             with lock:
                 conn.send(message)
                 sent[0] = time.monotonic()

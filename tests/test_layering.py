@@ -1,0 +1,164 @@
+"""The package's layers and its kinds. colo_data's folders are layers, and a module imports
+only from its own layer or one below it (`LAYERS`, lowest first, as docs/development.md
+lists them): the errors and defaults, the runtime, telemetry, io, spec, host, workers,
+backends, the loader, the testing helpers, ops, the façade (`colo_data/__init__.py`), the
+command line. Every import counts, as in the cycle check of `test_imports.py` (which this
+file leaves to it): at module level, inside a function (one that runs late still ties the
+modules together) and under `if TYPE_CHECKING:` (DESIGN.md: imports flow one way, not even a
+type checker's import goes back up). A public name taken from the façade counts as an
+import of the module that defines it.
+
+A kind of pipeline, of workers or of backend answers for itself through its protocol
+(`PipelineKind`, `RemoteWorkers`, `BackendOptions`): no module but the one that defines a
+kind asks `isinstance` of it. `isinstance(x, AnyPipeline)`, whether a value is a pipeline
+at all, is a question of no kind's."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_imports import PACKAGE, ROOT, imports_in, module_name
+
+import colo_data
+
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
+# lowest first; a module imports from its own layer and the ones before it
+LAYERS = (
+    ("colo_data.errors", "colo_data.defaults"),
+    ("colo_data.runtime",),
+    ("colo_data.telemetry",),
+    ("colo_data.io",),
+    ("colo_data.spec",),
+    ("colo_data.host",),
+    ("colo_data.workers",),
+    ("colo_data.backends",),
+    ("colo_data.loader",),
+    ("colo_data.testing",),
+    ("colo_data.ops",),
+    ("colo_data",),  # the façade alone: its package's modules are in the layers above
+    ("colo_data.cli",),
+)
+# the kinds that answer for themselves, each asked `isinstance` of only where it is defined
+KINDS = {"Pipeline", "GrainPipeline", "RayWorkers", "RemoteWorkers", "InProcess", "Sidecar", "Colocated", "BackendOptions"}
+
+
+def layer(module: str) -> int:
+    """The index in `LAYERS` of `module`'s layer: of the longest name it is or is inside
+    (the façade's only for `colo_data` itself)."""
+    found = [
+        (len(name), i) for i, names in enumerate(LAYERS) for name in names
+        if module == name or (name != "colo_data" and module.startswith(name + "."))
+    ]
+    assert found, f"{module} is in no layer: add its folder to LAYERS (and to docs/development.md)"
+    return max(found)[1]
+
+
+def modules() -> dict[str, Path]:
+    """colo_data's module names -> their files."""
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imported(tree: ast.Module, known: set[str]) -> Iterator[tuple[str, int]]:
+    """The colo_data modules a module's imports name, with their lines: `import a.b`
+    names `a.b`, `from a import b` names `a.b` where that is a module, else `a`; a name
+    from the façade (`from colo_data import Loader`) names the module that defines it."""
+    lazy = {**colo_data._NAMES, **colo_data._MODULES}
+    for node in imports_in(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names if alias.name in known)
+            continue
+        assert not node.level, f"line {node.lineno}: a relative import; write the module's full name"
+        base, named = node.module or "", set()
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            if full in known:
+                named.add(full)
+            elif base == "colo_data":  # a public name: lazy, or one of the exceptions it imports itself
+                named.add(lazy.get(alias.name, "colo_data.errors"))
+            elif base in known:
+                named.add(base)
+        yield from ((name, node.lineno) for name in sorted(named))
+
+
+def upward_imports(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """Each import of a module from a layer above its own, as `module:line -> module`."""
+    return [
+        f"{source}:{line} -> {target}"
+        for source, targets in sorted(graph.items())
+        for target, line in targets
+        if layer(target) > layer(source)
+    ]
+
+
+def test_the_layer_check_finds_an_import_from_above() -> None:
+    graph = {
+        "colo_data.host.resources": [("colo_data.workers.ray_workers", 17), ("colo_data.io.integers", 16)],
+        "colo_data.cli.bench": [("colo_data.backends.options", 16)],
+        "colo_data.io.sources": [("colo_data.spec.integers", 51)],
+    }
+    assert upward_imports(graph) == [
+        "colo_data.host.resources:17 -> colo_data.workers.ray_workers",
+        "colo_data.io.sources:51 -> colo_data.spec.integers",
+    ]
+    assert layer("colo_data") > layer("colo_data.ops") and layer("colo_data.cli.bench") > layer("colo_data")
+    tree = ast.parse("from colo_data import Loader, defaults\nif TYPE_CHECKING:\n    import colo_data.spec.kinds\n"
+                     "def f():\n    from colo_data.spec.order import Order\n")
+    assert list(imported(tree, set(modules()))) == [
+        ("colo_data.defaults", 1), ("colo_data.loader.loader", 1), ("colo_data.spec.kinds", 3), ("colo_data.spec.order", 5)
+    ]
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    paths = modules()
+    graph = {name: list(imported(ast.parse(path.read_text(), str(path)), set(paths))) for name, path in paths.items()}
+    found = upward_imports(graph)
+    assert not found, "imports from a layer above (LAYERS, lowest first):\n" + "\n".join(found)
+
+
+def kind_checks(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """The kinds (`KINDS`) that `isinstance` or `issubclass` calls, or `type(x) is` and
+    `==` comparisons, ask about, with their lines; a kind written as `cd.Name`, in a tuple
+    or in a union counts."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+            asked = node.args[1:]
+        elif isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.Eq) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            typed = any(isinstance(s, ast.Call) and isinstance(s.func, ast.Name) and s.func.id == "type" for s in sides)
+            asked = sides if typed else []
+        else:
+            continue
+        for part in (n for a in asked for n in ast.walk(a)):
+            name = part.id if isinstance(part, ast.Name) else part.attr if isinstance(part, ast.Attribute) else None
+            if name in KINDS:
+                yield name, node.lineno
+
+
+def test_the_kind_check_finds_each_way_of_asking() -> None:
+    source = (
+        "isinstance(p, cd.GrainPipeline)\nisinstance(w, (int, RayWorkers))\nissubclass(b, InProcess | Sidecar)\n"
+        "type(b) is Colocated\nisinstance(p, AnyPipeline)\nisinstance(p, HostPipeline)\ntype(p) == cd.Pipeline\n"
+    )
+    assert list(kind_checks(ast.parse(source))) == [
+        ("GrainPipeline", 1), ("RayWorkers", 2), ("InProcess", 3), ("Sidecar", 3), ("Colocated", 4), ("Pipeline", 7)
+    ]
+
+
+def test_no_module_asks_isinstance_of_a_kind_it_does_not_define() -> None:
+    trees = {path: ast.parse(path.read_text(), str(path)) for path in PACKAGE.rglob("*.py")}
+    defined = {
+        node.name: path for path, tree in trees.items() for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name in KINDS
+    }
+    assert set(defined) == KINDS, f"kinds defined nowhere: {sorted(KINDS - set(defined))}"
+    found = sorted(
+        f"{path.relative_to(ROOT)}:{line} asks about {name} (defined in {defined[name].relative_to(ROOT)})"
+        for path, tree in trees.items()
+        for name, line in kind_checks(tree)
+        if path != defined[name]
+    )
+    assert not found, "ask the kind (its protocol's members) instead:\n" + "\n".join(found)
