@@ -90,7 +90,11 @@ def save_and_restore(args: dict[str, Any]) -> dict[str, Any]:
                     state=ocp.args.PyTreeSave(train_state(step, mesh, loader)), dataset=checkpoint.save_args(loader)
                 )
                 mngr.save(step, args=items)
+                # one manager's save at a time: both finish their saves with barriers of the
+                # same name ("non_replicated_..."), and two of them in flight at once clash
+                mngr.wait_until_finished()
                 replicated.save(step, args=items)
+                replicated.wait_until_finished()
     with replicator(root, mesh) as replicated:
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         got = replicated.restore(None, args=ocp.args.Composite(state=state, dataset=checkpoint.restore_args(pipeline)))
