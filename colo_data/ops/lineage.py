@@ -68,9 +68,9 @@ def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = N
         first = state_step(pipeline, state, position)
     if first is None:
         raise StateError(
-            "the loader state records no step (a packed or filtered pipeline's state saved before colo-data counted "
-            "them), so which global step follows it is not known; use a state saved by this colo-data, or none (the "
-            "stream's start)"
+            "the loader state records no step (saved before colo-data counted them, by a packed or filtered pipeline or "
+            "at another global batch size), so which global step follows it is not known; use a state saved by this "
+            "colo-data, or none (the stream's start)"
         )
     if not steps:
         return []
