@@ -53,13 +53,6 @@ def run_first_at_exit() -> None:
         _hooks_seen = count() if count is not None else None
 
 
-def hooks_registered() -> int | None:
-    """`atexit`'s hook count (its slots, freed ones included), None where the interpreter
-    does not say."""
-    count = getattr(atexit, "_ncallbacks", None)
-    return count() if count is not None else None
-
-
 def _run_at_exit() -> None:
     """Run every registered stop, the `first` ones first, newest first; one failing does
     not keep the others from running."""
