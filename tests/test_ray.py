@@ -172,7 +172,7 @@ def test_a_placement_group_per_host_holds_its_actors(cluster: ray_cluster_utils.
     want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=2), len(got))
     assert_batches_equal(want, got, "a placement group per host")
     too_big = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=3, placement="STRICT_PACK", connect_timeout=3)
-    with pytest.raises(cd.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
+    with pytest.raises(cd.errors.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=too_big))
     assert not ray_module.is_initialized(), "a pool that failed to start left Ray connected"
 
@@ -223,7 +223,7 @@ def test_hosts_that_name_a_pool_share_its_actors_until_the_last_leaves(
     want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=3), len(got))
     assert_batches_equal(want, got, "a pool shared by 3 hosts")
     too_big = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=3, placement="STRICT_PACK", pool="too-big", connect_timeout=3)
-    with pytest.raises(cd.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
+    with pytest.raises(cd.errors.RayClusterError, match=r"did not reserve 2 bundle\(s\) of \{'CPU': 3\}"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=too_big))
     assert pool_gone(cluster, "too-big", 15), "a pool that could not start outlived the error"
 
@@ -335,6 +335,45 @@ def test_ray_workers_compute_slices_of_a_partitioned_pipeline(cluster: ray_clust
     assert_batches_equal(read_all(cd.Loader(pipeline), len(got)), got, "Ray workers, partitioned")
 
 
+class StoppedInATransform:
+    """A transform (doing nothing to the batch) that, in a Ray actor (any process but `here`'s),
+    once in all, after the warm-up, sends its own process a SIGTERM and waits: Ray's handler
+    raises SystemExit inside the transform, as when Ray stops an actor whose pool's keeper
+    died mid-share. `mark` says it happened."""
+
+    def __init__(self, mark: Path, here: int) -> None:
+        self.mark, self.here = mark, here
+
+    def __call__(self, batch: dict) -> dict:
+        if os.getpid() != self.here and len(batch["_index"]) > BATCH:
+            try:
+                os.close(os.open(self.mark, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return batch
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        return batch
+
+
+def test_an_actor_stopped_inside_a_transform_ends_and_its_share_is_computed_here(
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ray stops an actor by a SIGTERM whose handler raises SystemExit wherever the actor is,
+    a transform included, whose guard makes it a TransformError ("must not exit the process"):
+    the actor still ends, its share is computed here, and the stream is the one of no workers
+    (the TransformError once reached the trainer, as a keeper died mid-share)."""
+    mark = tmp_path / "stopped"
+    ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25)
+    stopper = StoppedInATransform(mark, os.getpid())
+    with cd.Loader(pipeline_of(token_corpus, slow, stopper), hosts=1, backend=cd.InProcess(workers=ray)) as loader:
+        got = until_workers_made(loader)
+        got += [to_numpy(next(loader)) for _ in range(300)]
+    assert mark.exists(), "no actor was stopped inside the transform"
+    assert "its shares are computed here" in caplog.text, "the stopped actor's share was not computed here"
+    want = read_all(cd.Loader(pipeline_of(token_corpus), hosts=1), len(got))
+    assert_batches_equal(want, got, "an actor stopped inside a transform")
+
+
 def test_actors_killed_mid_stream_lose_and_repeat_no_record(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -399,7 +438,7 @@ def test_a_module_the_actors_cannot_import_is_named(cluster: ray_cluster_utils.C
 
         ray = cd.RayWorkers(address=cluster.address, actors=1, num_cpus=0.25)
         with cd.Loader(pipeline_of(token_corpus, slow, only_here.same), hosts=1, backend=cd.InProcess(workers=ray)) as loader:
-            with pytest.raises(cd.TransformError, match=r"(?s)No module named 'only_here'.*py_modules.*Ray actor 0 of host 0"):
+            with pytest.raises(cd.errors.TransformError, match=r"(?s)No module named 'only_here'.*py_modules.*Ray actor 0 of host 0"):
                 until_workers_made(loader)
     finally:
         sys.path.remove(str(tmp_path))
@@ -409,7 +448,7 @@ def test_a_module_the_actors_cannot_import_is_named(cluster: ray_cluster_utils.C
 def test_an_unreachable_cluster_is_named_within_30_s(token_corpus: Path) -> None:
     started = time.monotonic()
     ray = cd.RayWorkers(address="127.0.0.1:9", connect_timeout=3)  # the discard port: nothing listens
-    with pytest.raises(cd.RayClusterError, match=r"127\.0\.0\.1:9.*cannot reach the Ray cluster"):
+    with pytest.raises(cd.errors.RayClusterError, match=r"127\.0\.0\.1:9.*cannot reach the Ray cluster"):
         cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
     assert time.monotonic() - started < 30, "the unreachable cluster took longer than 30 s to name"
 
@@ -425,7 +464,7 @@ pipeline = cd.Pipeline(source=cd.ArrowSource(corpus), transforms=[cd.pad_or_trun
 started = time.monotonic()
 try:
     cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=cd.RayWorkers(address=address, connect_timeout=timeout)))
-except cd.RayClusterError as e:
+except cd.errors.RayClusterError as e:
     print(json.dumps({"error": str(e), "took": time.monotonic() - started}), flush=True)
 """
 
@@ -487,7 +526,7 @@ def test_a_ray_client_server_that_failed_to_start_is_asked_again(
         raise ConnectionAbortedError("refused")
 
     monkeypatch.setattr(ray_module, "init", refused)
-    with pytest.raises(cd.RayClusterError, match="cannot connect to the Ray cluster: ConnectionAbortedError: refused"):
+    with pytest.raises(cd.errors.RayClusterError, match="cannot connect to the Ray cluster: ConnectionAbortedError: refused"):
         ray_pool.connect(cluster.address, timeout=20)
     assert len(calls) == 3, "any other failure is raised at once"
 
@@ -498,7 +537,7 @@ def test_a_ray_client_server_that_failed_to_start_is_asked_again(
     monkeypatch.setattr(ray_module, "init", server_failed)
     before = len(calls)
     fix = r"(?s)could not start this client's server process.*Set GRPC_ENABLE_FORK_SUPPORT=false in the head's environment"
-    with pytest.raises(cd.RayClusterError, match=fix):
+    with pytest.raises(cd.errors.RayClusterError, match=fix):
         ray_pool.connect(cluster.address, timeout=1.5)
     assert len(calls) - before >= 2, "asked again until the timeout, then the fix is named"
 
@@ -576,7 +615,7 @@ def test_a_cluster_of_another_ray_version_is_named(token_corpus: Path, tmp_path:
     with head_node(venv / "bin" / "ray") as port:
         started = time.monotonic()
         ray = cd.RayWorkers(address=f"127.0.0.1:{port}")
-        with pytest.raises(cd.RayClusterError) as raised:
+        with pytest.raises(cd.errors.RayClusterError) as raised:
             cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=ray))
         said = str(raised.value)
         assert f"Ray: {version}" in said and f"Ray {ray_module.__version__}, Python" in said, said
@@ -624,9 +663,9 @@ def test_ray_workers_options_are_checked_and_read_back() -> None:
         (dict(address=""), r"address=''"),
         (dict(pool=" "), r"pool=' '.*the shared pool's name"),
     ]:
-        with pytest.raises(cd.ConfigError, match=match):
+        with pytest.raises(cd.errors.ConfigError, match=match):
             cd.RayWorkers(**bad)
-    with pytest.raises(cd.ConfigError, match=r"--workers = 'ray:\{\"actor\": 2\}'.*unknown RayWorkers option"):
+    with pytest.raises(cd.errors.ConfigError, match=r"--workers = 'ray:\{\"actor\": 2\}'.*unknown RayWorkers option"):
         workers_from('ray:{"actor": 2}', "--workers")
-    with pytest.raises(cd.ConfigError, match=r"workers = 'many'.*\"auto\", or Ray workers"):
+    with pytest.raises(cd.errors.ConfigError, match=r"workers = 'many'.*\"auto\", or Ray workers"):
         workers_from("many", "[sidecar] workers")

@@ -18,8 +18,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from colo_data.errors import RayClusterError, to_wire
 from colo_data.host import slices
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
+from colo_data.host.ray_workers import RayWorkers
 from colo_data.workers.processes import READY
-from colo_data.workers.ray_workers import RayWorkers
 
 StreamKey = tuple[str, int]  # (the pool that opened the stream, its number there): unique on the cluster
 IDLE_S = 60.0  # a job no share asked for in this long is let go (its host left, or a shared pool's host moved on)
@@ -65,11 +65,13 @@ class ChunkActor:
             self._keep(key, work)
             return slices.compute(work, position, count, Share(*share))
         except BaseException as e:
-            if isinstance(e, SystemExit) or isinstance(e.__context__, SystemExit):
+            stop = e if isinstance(e, SystemExit) else e.__context__
+            if isinstance(stop, SystemExit):
                 # Ray stops an actor (its pool's keeper gone, `ray.kill`) by raising SystemExit
-                # wherever it runs, a transform included: the actor ends, and the host computes
-                # the share itself (a transform that calls sys.exit fails there, named)
-                raise
+                # wherever it runs, a transform included (where the transform's guard makes it a
+                # TransformError): the SystemExit itself goes on, so that the actor ends, and the
+                # host computes the share itself (a transform that calls sys.exit fails there, named)
+                raise stop from None
             return to_wire(e)
 
     def versions(self) -> tuple[str, str]:
