@@ -71,25 +71,10 @@ train: $(VENV)/.installed-train
 docs: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# Every benchmark, each writing its tables to benchmarks/results/ and its headline figures to
-# benchmarks/headlines/; then docs/performance.md's table from those (benchmarks/table.py).
+# Every benchmark (the list is benchmarks/table.py's), each writing its tables to benchmarks/results/
+# and its headline figures to benchmarks/headlines/; then docs/performance.md's table from those.
 benchmarks: $(VENV)/.installed-test
-	$(VENV)/bin/python benchmarks/core.py
-	$(VENV)/bin/python benchmarks/sidecar.py
-	$(VENV)/bin/python benchmarks/startup.py
-	$(VENV)/bin/python benchmarks/workers.py
-	$(VENV)/bin/python benchmarks/ray.py
-	$(VENV)/bin/python benchmarks/ray_hosts.py
-	$(VENV)/bin/python benchmarks/ray_hosts.py --pool 16
-	$(VENV)/bin/python benchmarks/lm.py
-	$(VENV)/bin/python benchmarks/mixture.py
-	$(VENV)/bin/python benchmarks/remote.py
-	$(VENV)/bin/python benchmarks/index.py
-	$(VENV)/bin/python benchmarks/scale.py
-	$(VENV)/bin/python benchmarks/array_record_reads.py
-	$(VENV)/bin/python benchmarks/grain_pipeline.py
-	$(VENV)/bin/python benchmarks/packing.py
-	$(VENV)/bin/python benchmarks/table.py
+	$(VENV)/bin/python benchmarks/table.py --run
 
 # After a change to the dependencies in pyproject.toml: pin them again (uv.lock) and export
 # the pins for SETUP=pip (tests/test_setup.py checks that the three agree).

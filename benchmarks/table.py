@@ -2,12 +2,17 @@
 `make benchmarks` writes its headline figures to `benchmarks/headlines/<name>.json`
 (`harness.write_headlines`), and this renders the latest of them as Markdown between the two
 marker comments of `docs/performance.md`, so that no figure on the page is typed by hand.
-`make benchmarks` runs it last; run it alone with `.venv/bin/python benchmarks/table.py`.
+It is also the one runner of the benchmarks: `make benchmarks` is `table.py --run`, every
+benchmark in `BENCHMARKS`' order, each in a process of its own, then the table. Alone,
+`.venv/bin/python benchmarks/table.py` rewrites the table from the headline files there are.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADLINES = ROOT / "benchmarks" / "headlines"
 PAGE = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
-# What `make benchmarks` runs, in its order: the name each writes its headlines under, its command.
+# What `make benchmarks` runs, in this order: the name each writes its headlines under, its command.
 BENCHMARKS = (
     ("core", "benchmarks/core.py"),
     ("sidecar", "benchmarks/sidecar.py"),
@@ -120,7 +125,14 @@ def rewrite(page: str, block: str) -> str:
 
 
 def main() -> None:
-    """Rewrite the page's table from the headline files."""
+    """Rewrite the page's table from the headline files; with `--run`, run every benchmark first
+    (a benchmark that fails stops the run, as `make` would)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="store_true", help="run every benchmark of `make benchmarks` first (hours)")
+    if parser.parse_args().run:
+        for _, command in BENCHMARKS:
+            print(f"$ .venv/bin/python {command}", flush=True)
+            subprocess.run([sys.executable, *command.split()], cwd=ROOT, check=True)
     PAGE.write_text(rewrite(PAGE.read_text(), render(load())))
     print(f"wrote the table of {PAGE.relative_to(ROOT)} from {HEADLINES.relative_to(ROOT)}/")
 
