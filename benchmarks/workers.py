@@ -27,6 +27,9 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
   those of the count it picked (the same configuration twice) show the noise of the measure;
 - the CPU-bound pipeline through a sidecar with 2 workers at least 1.85x one in-process
   thread (in process, no workers), steadily (every round);
+- the CPU-bound pipeline with 2 workers at least 1.7x none over its first `EARLY` steps after
+  the first batch, in process and through the sidecar (the table shows how long those steps
+  took, beside the first batch's time: a worker that is not ready by then cannot help);
 - CPU-bound packed and filtered pipelines (`cpu packed`: the same per-record work as the
   records are read, then packed into rows of 256 tokens; `cpu filtered`: `cpu` keeping the
   records of 40 tokens or more; 8 partitions each, whose slices the workers compute beside
@@ -54,6 +57,7 @@ ROOT = HERE.parent
 CHILD = "import json, sys, workers_child; workers_child.main(json.loads(sys.argv[1]))"
 BATCH = 32
 WINDOW = 100  # batches
+EARLY = 120  # the first steps after the first batch, rated on their own
 NEIGHBOURS = 2  # windows on either side of one, for its rate
 BATCHES = {"light": 8000, "cpu": 4000, "cpu packed": 1500, "cpu filtered": 2500}  # 1.3 to 10 s a run here
 PIPELINES = ("light", "cpu", "cpu packed", "cpu filtered")
@@ -62,12 +66,14 @@ BACKENDS = ("inprocess", "sidecar")
 COUNTS: tuple[int | str, ...] = (0, 1, 2, "auto")
 AGAIN = "0 (again)"
 STEADY = "steady_records_per_s"
+FIRST_STEPS = "first_steps_records_per_s"  # over the `EARLY` steps after the first batch
 # the performance page's figures: (the start of a ratio's name, what, peer)
 HEADLINES = (
     ("light, inprocess: the count auto picks", '`workers="auto"`, in process, light pipeline', "the best fixed count"),
     ("cpu, inprocess: the count auto picks", '`workers="auto"`, in process, CPU-bound pipeline', "the best fixed count"),
     ("cpu: sidecar, 2 workers / in process, none", "CPU-bound pipeline: sidecar with 2 workers", "in process, no workers"),
     ("cpu packed, inprocess: 2 workers / none", "packed CPU-bound pipeline, in process: 2 workers", "no workers"),
+    ("cpu, inprocess: 2 workers / none, the first", "CPU-bound pipeline, in process, 2 workers, first 120 steps", "no workers"),
 )
 
 
@@ -84,9 +90,12 @@ def one_run(spec: dict[str, Any], env: dict[str, str]) -> harness.Measurement:
     windows = [WINDOW * BATCH / (arrived[end] - arrived[end - WINDOW]) for end in range(WINDOW, len(arrived), WINDOW)]
     half = len(arrived) // 2
     steady = (len(arrived) - 1 - half) * BATCH / (arrived[-1] - arrived[half])
+    early = min(EARLY, len(arrived) - 1)
     return {
         "windows": windows,
         STEADY: steady,
+        FIRST_STEPS: early * BATCH / (arrived[early] - arrived[0]),
+        "first_steps_s": arrived[early] - arrived[0],
         "first_batch_s": arrived[0] - got["made"],
         "chosen": got["chosen"],
         "left_behind": left,
@@ -189,6 +198,14 @@ def main() -> None:
             ratios.append(harness.Ratio(name, fixed[picked] / fixed[best], harness.Goal.of(">= 0.9")))
             name = f"{pipeline}, {backend}: auto's own runs / {picked} fixed, steady (the same configuration twice)"
             ratios.append(harness.Ratio(name, harness.median(auto, STEADY) / fixed[picked], None))
+    for backend in BACKENDS:
+        two, none = runs[key("cpu", backend, 2)], runs[key("cpu", backend, 0)]
+        name = (
+            f"cpu, {backend}: 2 workers / none, the first {EARLY} steps after the first batch "
+            f"({harness.median(two, 'first_steps_s'):.2f} s with 2 workers, which had their first batch "
+            f"{harness.median(two, 'first_batch_s'):.2f} s after the loader was made)"
+        )
+        ratios.append(harness.ratio_of_medians(name, two, none, FIRST_STEPS, ">= 1.7"))
     ratios.append(
         harness.ratio_within_rounds(
             "cpu: sidecar, 2 workers / in process, none, steady (every round)",
