@@ -1,7 +1,7 @@
-"""ArrayRecord reads side by side: `cd.ArrayRecordSource.take` (one batched read per file,
+"""ArrayRecord reads side by side: `cd.sources.ArrayRecordSource.take` (one batched read per file,
 the whole chunk parsed at once) against ArrayRecord's own batched read
 (`ArrayRecordDataSource.__getitems__`, as Grain's source exposes it) with the same parse, and
-against the per-record path a Grain source took before (`cd.RecordSource` over
+against the per-record path a Grain source took before (`cd.sources.RecordSource` over
 `grain.MapDataset.source(ArrayRecordDataSource).map(json.loads)`: one `__getitem__` a
 record, as Grain itself reads). Every contender reads the same chunks of 512 indices of a
 global shuffle over 8 files of JSON records (about 150 bytes each), written once; records/s,
@@ -60,7 +60,7 @@ def chunks(total: int, count: int) -> list[np.ndarray]:
 
 def take(files: list[str], indices: list[np.ndarray]) -> Iterator[int]:
     """colo-data's read: one batched read per file, the chunk parsed at once."""
-    source = cd.ArrayRecordSource(files)
+    source = cd.sources.ArrayRecordSource(files)
     for idx in indices:
         yield source.take(idx).num_rows
 
@@ -69,12 +69,12 @@ def getitems(files: list[str], indices: list[np.ndarray]) -> Iterator[int]:
     """ArrayRecord's own batched read (a thread per file a call), the same parse."""
     source = ArrayRecordDataSource(files)
     for idx in indices:
-        yield len(cd.parse_json(source.__getitems__(idx.tolist()))["id"])
+        yield len(cd.sources.parse_json(source.__getitems__(idx.tolist()))["id"])
 
 
 def per_record(files: list[str], indices: list[np.ndarray]) -> Iterator[int]:
     """One `__getitem__` and one `json.loads` a record, as a Grain source was read."""
-    source = cd.RecordSource(grain.MapDataset.source(ArrayRecordDataSource(files)).map(json.loads))
+    source = cd.sources.RecordSource(grain.MapDataset.source(ArrayRecordDataSource(files)).map(json.loads))
     for idx in indices:
         yield source.take(idx).num_rows
 
@@ -85,7 +85,7 @@ def opening(files: list[str], rounds: int) -> tuple[list[str], dict[str, float]]
     made, printed = [], []
     for _ in range(rounds):
         start = time.perf_counter()
-        source = cd.ArrayRecordSource(files)
+        source = cd.sources.ArrayRecordSource(files)
         opened = time.perf_counter()
         source.fingerprint()
         made.append(opened - start)
@@ -105,9 +105,9 @@ def main() -> None:
     files = sorted(str(p) for p in corpus().glob("*.array_record"))
     indices = chunks(FILES * PER_FILE, 2 if args.quick else READ)
     names = {
-        "`cd.ArrayRecordSource.take`": take,
-        "`ArrayRecordDataSource.__getitems__` + `cd.parse_json`": getitems,
-        "per record: `cd.RecordSource` over `grain.MapDataset.source(...).map(json.loads)`": per_record,
+        "`cd.sources.ArrayRecordSource.take`": take,
+        "`ArrayRecordDataSource.__getitems__` + `cd.sources.parse_json`": getitems,
+        "per record: `cd.sources.RecordSource` over `grain.MapDataset.source(...).map(json.loads)`": per_record,
     }
     contenders = {name: partial(harness.measure, partial(run, files, indices)) for name, run in names.items()}
     runs = harness.interleave(contenders, args.rounds)
@@ -132,8 +132,8 @@ def main() -> None:
     headlines = harness.headlines(
         ratios,
         [
-            ("take / `__getitems__`", "`cd.ArrayRecordSource.take`", "ArrayRecord's `__getitems__` + the same parse"),
-            ("take / the per-record path", "`cd.ArrayRecordSource.take`", "a Grain source read record by record"),
+            ("take / `__getitems__`", "`cd.sources.ArrayRecordSource.take`", "ArrayRecord's `__getitems__` + the same parse"),
+            ("take / the per-record path", "`cd.sources.ArrayRecordSource.take`", "a Grain source read record by record"),
         ],
     )
     harness.write_results("array_record_reads", args, table, runs, ratios, details=figures, headlines=headlines)

@@ -30,6 +30,7 @@ from demo_pad import BATCH, SEQ_LEN, PadRecord, numpy_pad
 from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.ops import demo
 
 PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records
@@ -54,7 +55,7 @@ def arrow_reference(files: list[str], to_device: bool) -> Iterator[int]:
 def colo_host_pipeline(directory: Path) -> Iterator[int]:
     """colo-data's HostPipeline alone: numpy batches, no JAX."""
     pipeline = demo.pipeline(directory, seq_len=SEQ_LEN, global_batch_size=BATCH)
-    for chunk in cd.HostPipeline(pipeline).chunks(0, batches=1):
+    for chunk in HostPipeline(pipeline).chunks(0, batches=1):
         yield chunk.rows
 
 

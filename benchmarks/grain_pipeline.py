@@ -6,7 +6,7 @@ The three:
 
 - (a) the Grain pipeline iterated in the trainer's process, as a Grain user runs it;
 - (b) the same pipeline, unchanged, as a `cd.GrainPipeline` through the loader's sidecar;
-- (c) the equivalent native `cd.Pipeline` over `cd.ArrayRecordSource` (first-fit packing in
+- (c) the equivalent native `cd.Pipeline` over `cd.sources.ArrayRecordSource` (first-fit packing in
   Grain, colo-data's `cd.Pack` here), through the sidecar.
 
 The pipeline is MaxText-style: ArrayRecord files of JSON text records, parse, tokenize
@@ -106,7 +106,7 @@ def keep_long(columns: dict[str, Any]) -> np.ndarray:
 def native(paths: list[str]) -> cd.Pipeline:
     """(c): the same records, shuffled, filtered and packed by colo-data."""
     return cd.Pipeline(
-        source=cd.ArrayRecordSource(paths, parse=tokenize_chunk),
+        source=cd.sources.ArrayRecordSource(paths, parse=tokenize_chunk),
         order=cd.Order(shuffle="global", seed=1),
         pack=cd.Pack("tokens", LENGTH, keep=keep_long),
         global_batch_size=BATCH,
@@ -182,7 +182,7 @@ def main() -> None:
     names = {
         "(a) Grain in the trainer's process": lambda w: in_trainer(paths, step, w),
         "(b) the same as a `cd.GrainPipeline` through the sidecar": lambda w: through_loader(grain_pipeline, step, w),
-        "(c) native `cd.Pipeline` over `cd.ArrayRecordSource`, through the sidecar": lambda w: through_loader(
+        "(c) native `cd.Pipeline` over `cd.sources.ArrayRecordSource`, through the sidecar": lambda w: through_loader(
             native(paths), step, w
         ),
     }

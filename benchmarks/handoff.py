@@ -120,7 +120,7 @@ def measure_slot_write(nbytes: int, batches: int | None = None) -> harness.Measu
     with the sidecar's copy threads."""
     measured = measured_batches(nbytes, batches)
     batch = {"x": np.ones((ROWS, nbytes // ROWS), np.uint8)}
-    with ShmRing.create(SHM_DIR, SLOTS, nbytes, copy_threads=copy_threads(cd.cpu_budget())) as ring:
+    with ShmRing.create(SHM_DIR, SLOTS, nbytes, copy_threads=copy_threads(cd.resources.cpu_budget())) as ring:
         for i in range(WARMUP):
             ring.write(i % SLOTS, batch)
         t0 = time.perf_counter()

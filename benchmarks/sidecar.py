@@ -158,8 +158,9 @@ def render(runs: harness.Runs, rounds: int, wall: float, cgroup_skipped: str | N
         lines += [
             "",
             "**1. Hand-off** (GB = 10^9 bytes). The sidecar (`colo-data sidecar serve`, 0 workers, 4 slots) "
-            f"copies each preallocated batch once into a shared-memory slot in its own process ({copy_threads(cd.cpu_budget())} "
-            "copy thread(s): its CPU budget's whole CPUs; at these sizes one batch per slot), overlapped with the "
+            "copies each preallocated batch once into a shared-memory slot in its own process "
+            f"({copy_threads(cd.resources.cpu_budget())} copy thread(s): its CPU budget's whole CPUs; "
+            "at these sizes one batch per slot), overlapped with the "
             "trainer; the trainer receives numpy views through `SidecarClient.batches()` (one release "
             "message per batch; filled slots are announced unasked) and does not touch the bytes. "
             f"Steady state after {handoff.WARMUP} warm-up batches; "
@@ -185,7 +186,7 @@ def render(runs: harness.Runs, rounds: int, wall: float, cgroup_skipped: str | N
             # destination reused stays in the 32 MiB L3 cache at 8 MiB: shown, not a goal
             ratios.append(harness.Ratio(f"hand-off {mib} MiB / copyto (1 dst, reference)", h / c1))
     if loader_name("in-process") in runs:
-        budget = cd.cpu_budget()
+        budget = cd.resources.cpu_budget()
         lines += [
             "",
             f"**2. Demo pipeline** (40,000 records, block shuffle, pad {SEQ_LEN}, batch {BATCH}), one epoch per round, "

@@ -90,7 +90,7 @@ def main() -> None:
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
-    budget = cd.cpu_budget()
+    budget = cd.resources.cpu_budget()
     with open("/proc/self/cgroup") as f:
         cgroup = next(line.strip() for line in f if ":cpu:" in line or ":cpu," in line)
     result: dict[str, Any] = {

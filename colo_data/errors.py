@@ -6,6 +6,27 @@ import re
 import traceback
 from typing import TypedDict
 
+__all__ = [  # `cd.errors`: the exception types; the rest carries errors across boundaries
+    "ColoDataError",
+    "SourceError",
+    "CorruptFileError",
+    "SchemaError",
+    "StaleIndexError",
+    "RecordIndexError",
+    "ResourceError",
+    "ConfigError",
+    "ArgumentError",
+    "StateError",
+    "TransformError",
+    "GrainError",
+    "ShmError",
+    "SidecarError",
+    "RayClusterError",
+    "LoaderClosedError",
+    "LoaderBusyError",
+    "RemoteError",
+]
+
 
 class ColoDataError(Exception):
     """Base class of every error colo-data raises on purpose."""

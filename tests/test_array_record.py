@@ -1,4 +1,4 @@
-"""`cd.ArrayRecordSource` (colo_data/io/array_record.py): real ArrayRecord files written
+"""`cd.sources.ArrayRecordSource` (colo_data/io/array_record.py): real ArrayRecord files written
 here, read many records at a time; every shuffle and worker processes give the records a
 list of the same dicts gives; bad paths, files and parse results are named errors."""
 
@@ -56,7 +56,7 @@ def pipeline(source: object, shuffle: str) -> cd.Pipeline:
 
 
 def test_take_reads_any_indices_in_order(array_records: Path) -> None:
-    source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
+    source = cd.sources.ArrayRecordSource(str(array_records / "*.array_record"))
     assert len(source) == sum(COUNTS)
     assert source.row_group_sizes.tolist() == [700, 1024, 276, 37]
     indices = np.random.default_rng(0).permutation(len(source))[:300]
@@ -68,7 +68,7 @@ def test_take_reads_any_indices_in_order(array_records: Path) -> None:
 
 @pytest.mark.parametrize("shuffle", ["none", "global", "block"])
 def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle: str) -> None:
-    source = cd.ArrayRecordSource([str(p) for p in sorted(array_records.glob("*.array_record"))])
+    source = cd.sources.ArrayRecordSource([str(p) for p in sorted(array_records.glob("*.array_record"))])
     got = read_all(cd.Loader(pipeline(source, shuffle)))
     ids = np.concatenate([b["id"] for b in got])
     assert len(set(ids.tolist())) == len(ids) == 16 * (sum(COUNTS) // 16)  # once each; the last partial batch dropped
@@ -82,7 +82,7 @@ def test_every_record_once_per_epoch_as_from_a_list(array_records: Path, shuffle
 
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_worker_processes_read_it_without_jax(array_records: Path) -> None:
-    source = cd.ArrayRecordSource(str(array_records / "*.array_record"))
+    source = cd.sources.ArrayRecordSource(str(array_records / "*.array_record"))
     endless = cd.Pipeline(
         source=source, order=cd.Order(shuffle="global", seed=3), transforms=[IdleHost(0.1), pad], global_batch_size=16, epochs=None,
         index_column="_index",
@@ -98,40 +98,40 @@ def test_worker_processes_read_it_without_jax(array_records: Path) -> None:
 
 
 def test_the_fingerprint_follows_the_files(array_records: Path, tmp_path: Path) -> None:
-    first = cd.ArrayRecordSource(str(array_records / "*.array_record"))
-    assert cd.ArrayRecordSource(str(array_records / "*.array_record")).fingerprint() == first.fingerprint()
+    first = cd.sources.ArrayRecordSource(str(array_records / "*.array_record"))
+    assert cd.sources.ArrayRecordSource(str(array_records / "*.array_record")).fingerprint() == first.fingerprint()
     writer = ArrayRecordWriter(str(tmp_path / "part-0.array_record"), "group_size:1")
     writer.write(b"{}")
     writer.close()
-    assert cd.ArrayRecordSource(str(tmp_path / "*.array_record")).fingerprint() != first.fingerprint()
+    assert cd.sources.ArrayRecordSource(str(tmp_path / "*.array_record")).fingerprint() != first.fingerprint()
 
 
 def test_parse_gets_the_bytes_and_may_return_numpy(array_records: Path) -> None:
     def lengths(records: list[bytes]) -> dict:
         return {"n": np.array([len(r) for r in records]), "grid": np.zeros((len(records), 2, 3), np.float32)}
 
-    table = cd.ArrayRecordSource(str(array_records / "part-2.array_record"), parse=lengths).take([0, 5])
+    table = cd.sources.ArrayRecordSource(str(array_records / "part-2.array_record"), parse=lengths).take([0, 5])
     assert table.column("n").to_pylist() == [len(json.dumps(record(1300 + 700 + i))) for i in (0, 5)]
     assert pa.types.is_fixed_size_list(table.column("grid").type)
 
 
 def test_bad_input_is_a_named_error(array_records: Path, tmp_path: Path) -> None:
-    with pytest.raises(cd.SourceError, match="no file matches"):
-        cd.ArrayRecordSource(str(tmp_path / "*.array_record"))
+    with pytest.raises(cd.errors.SourceError, match="no file matches"):
+        cd.sources.ArrayRecordSource(str(tmp_path / "*.array_record"))
     good = str(sorted(array_records.glob("*.array_record"))[0])
     for bad in (tmp_path / "gone.array_record", tmp_path / "*.array_record", tmp_path):  # beside a good file
-        with pytest.raises(cd.SourceError, match=re.escape(f"no file matches ['{bad}']")):
-            cd.ArrayRecordSource([good, str(bad)])
+        with pytest.raises(cd.errors.SourceError, match=re.escape(f"no file matches ['{bad}']")):
+            cd.sources.ArrayRecordSource([good, str(bad)])
     (tmp_path / "junk.array_record").write_bytes(b"not an array record file")
-    with pytest.raises(cd.SourceError, match="junk.array_record: cannot be read as an ArrayRecord file"):
-        cd.ArrayRecordSource(str(tmp_path / "junk.array_record"))
-    source = cd.ArrayRecordSource(str(array_records / "*.array_record"), parse=lambda records: {"x": [1]})
-    with pytest.raises(cd.TransformError, match="column 'x' has 1 values for 3 records"):
+    with pytest.raises(cd.errors.SourceError, match="junk.array_record: cannot be read as an ArrayRecord file"):
+        cd.sources.ArrayRecordSource(str(tmp_path / "junk.array_record"))
+    source = cd.sources.ArrayRecordSource(str(array_records / "*.array_record"), parse=lambda records: {"x": [1]})
+    with pytest.raises(cd.errors.TransformError, match="column 'x' has 1 values for 3 records"):
         source.take([0, 1, 2])
-    with pytest.raises(cd.RecordIndexError, match="record index 2037 is outside"):
+    with pytest.raises(cd.errors.RecordIndexError, match="record index 2037 is outside"):
         source.take([0, 2037])
-    with pytest.raises(cd.TransformError, match="record 0 of 1 is a JSON list"):
-        cd.parse_json([b"[1, 2]"])
+    with pytest.raises(cd.errors.TransformError, match="record 0 of 1 is a JSON list"):
+        cd.sources.parse_json([b"[1, 2]"])
 
 
 def test_a_damaged_chunk_is_a_corrupt_file_error_naming_file_and_record(array_records: Path, tmp_path: Path) -> None:
@@ -148,13 +148,13 @@ def test_a_damaged_chunk_is_a_corrupt_file_error_naming_file_and_record(array_re
     assert at > 0
     data[at + 8 : at + 12] = b"XXXX"  # the record's own bytes: its chunk's hash no longer matches
     damaged.write_bytes(bytes(data))
-    source = cd.ArrayRecordSource([str(array_records / "part-0.array_record"), str(damaged)])
+    source = cd.sources.ArrayRecordSource([str(array_records / "part-0.array_record"), str(damaged)])
     assert source.take([3, 749, 751]).column("id").to_pylist() == [3, 749, 751]
-    with pytest.raises(cd.CorruptFileError) as caught:
+    with pytest.raises(cd.errors.CorruptFileError) as caught:
         source.take([3, 700 + 50, 760])
     message = str(caught.value)
     assert str(damaged) in message and "record 50 of the file (record 750 of the source)" in message, message
-    with pytest.raises(cd.CorruptFileError, match=re.escape(str(damaged))):
+    with pytest.raises(cd.errors.CorruptFileError, match=re.escape(str(damaged))):
         read_all(cd.Loader(pipeline(source, "none")))
 
 
@@ -168,7 +168,7 @@ def test_a_thousand_files_read_under_ulimit_256(tmp_path: Path) -> None:
     script = (
         "import resource, sys, numpy as np, colo_data as cd\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
-        f"source = cd.ArrayRecordSource({str(tmp_path / '*.array_record')!r})\n"
+        f"source = cd.sources.ArrayRecordSource({str(tmp_path / '*.array_record')!r})\n"
         "order = np.random.default_rng(1).permutation(len(source))\n"
         "assert source.take(order)['id'].to_pylist() == order.tolist()\n"
         "print('read', len(source))\n"
@@ -200,7 +200,7 @@ def tf_example_bytes(i: int) -> bytes:
 
 
 def numeric_features(records: list[bytes]) -> dict:
-    return {name: column for name, column in cd.parse_tf_example(records).items() if name != "text"}
+    return {name: column for name, column in cd.sources.parse_tf_example(records).items() if name != "text"}
 
 
 def test_tf_examples_parse_without_tensorflow(tmp_path: Path) -> None:
@@ -209,7 +209,7 @@ def test_tf_examples_parse_without_tensorflow(tmp_path: Path) -> None:
     for i in range(40):
         writer.write(tf_example_bytes(i))
     writer.close()
-    columns = cd.parse_tf_example([tf_example_bytes(i) for i in (5, 7)])
+    columns = cd.sources.parse_tf_example([tf_example_bytes(i) for i in (5, 7)])
     assert list(columns) == ["id", "score", "text", "tokens"]
     assert columns["id"].tolist() == [5, 7] and columns["id"].dtype == np.int64
     assert columns["score"].tolist() == [0.5, 0.5] and columns["score"].dtype == np.float32
@@ -217,15 +217,15 @@ def test_tf_examples_parse_without_tensorflow(tmp_path: Path) -> None:
     assert [t.tolist() for t in columns["tokens"]] == [[0, 1, 2], [0, 1]]
 
     pipeline = cd.Pipeline(
-        source=cd.ArrayRecordSource(str(path), parse=numeric_features),
+        source=cd.sources.ArrayRecordSource(str(path), parse=numeric_features),
         order=cd.Order(shuffle="global", seed=1),
         global_batch_size=8,
         transforms=[cd.pad_or_truncate("tokens", 3)],
     )
     ids = np.concatenate([b["id"] for b in read_all(cd.Loader(pipeline, hosts=2))])
     assert sorted(ids.tolist()) == list(range(40))
-    with pytest.raises(cd.SourceError, match="record 1 of the chunk is not a tf.train.Example"):
-        cd.parse_tf_example([tf_example_bytes(1), b"\xff\xff\xff"])
+    with pytest.raises(cd.errors.SourceError, match="record 1 of the chunk is not a tf.train.Example"):
+        cd.sources.parse_tf_example([tf_example_bytes(1), b"\xff\xff\xff"])
 
 
 def test_brackets_in_a_file_name_are_its_name(tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_brackets_in_a_file_name_are_its_name(tmp_path: Path) -> None:
         for i in range(count):
             writer.write(json.dumps(record(i)).encode())
         writer.close()
-    assert len(cd.ArrayRecordSource(str(tmp_path / "data[1].array_record"))) == 2
+    assert len(cd.sources.ArrayRecordSource(str(tmp_path / "data[1].array_record"))) == 2
     (tmp_path / "data[1].array_record").unlink()
-    with pytest.raises(cd.SourceError, match=r"no file matches \['.*data\[1\]\.array_record'\]"):
-        cd.ArrayRecordSource(str(tmp_path / "data[1].array_record"))
+    with pytest.raises(cd.errors.SourceError, match=r"no file matches \['.*data\[1\]\.array_record'\]"):
+        cd.sources.ArrayRecordSource(str(tmp_path / "data[1].array_record"))

@@ -1,7 +1,7 @@
 """Backends as option objects: `cd.InProcess`, `cd.Sidecar` and `cd.Colocated` validate
 their settings once, when made (numpy integers accepted, bools and other types refused,
 each error naming the setting); names still work and stand for the default settings;
-`cd.auto_backend()` reads the environment; and a new backend is one class that the
+`auto_backend()` reads the environment; and a new backend is one class that the
 Loader takes as it is."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import colo_data as cd
+from colo_data.backends.options import auto_backend
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.options import BackendOptions, resolve
 from colo_data.testing import assert_batches_equal, read_all
@@ -36,7 +37,7 @@ def test_workers_take_counts_of_any_integer_type_or_auto(kind: type, workers: ob
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("workers", [-1, True, False, 1.0, "2", "Auto", None])
 def test_other_worker_values_are_a_config_error_naming_the_setting(kind: type, workers: object) -> None:
-    with pytest.raises(cd.ConfigError, match=rf"{kind.__name__}\(workers={workers!r}\): give an int >= 0"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"{kind.__name__}\(workers={workers!r}\): give an int >= 0"):
         kind(workers=workers)
 
 
@@ -55,7 +56,7 @@ def test_other_worker_values_are_a_config_error_naming_the_setting(kind: type, w
     ],
 )
 def test_sidecar_settings_are_checked_when_made(settings: dict[str, Any], match: str) -> None:
-    with pytest.raises(cd.ConfigError, match=match):
+    with pytest.raises(cd.errors.ConfigError, match=match):
         cd.Sidecar(**settings)
 
 
@@ -76,27 +77,27 @@ def test_names_stand_for_the_default_settings(token_corpus: Path) -> None:
     assert resolve(cd.Sidecar(slots=3)) == cd.Sidecar(slots=3)
     with cd.Loader(pipeline, backend="inprocess") as loader:
         assert loader.backend == cd.InProcess(workers=0)
-    with pytest.raises(cd.ConfigError, match=r"backend='tpu': give cd.InProcess\(...\), cd.Sidecar\(...\) or cd.Colocated"):
+    with pytest.raises(cd.errors.ConfigError, match=r"backend='tpu': give cd.InProcess\(...\), cd.Sidecar\(...\) or cd.Colocated"):
         cd.Loader(pipeline, backend="tpu")
-    with pytest.raises(cd.ConfigError, match="backend=<class"):
+    with pytest.raises(cd.errors.ConfigError, match="backend=<class"):
         cd.Loader(pipeline, backend=cd.InProcess)  # type: ignore[arg-type]  # the class, not an object of it
 
 
 def test_auto_backend_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COLO_DATA_SIDECAR", raising=False)
-    assert cd.auto_backend() == cd.InProcess()
+    assert auto_backend() == cd.InProcess()
     monkeypatch.setenv("COLO_DATA_SIDECAR", "unix:///run/colo/a.sock, /run/colo/b.sock")
-    assert cd.auto_backend() == cd.Sidecar()
+    assert auto_backend() == cd.Sidecar()
     assert cd.Sidecar().addresses() == ("unix:///run/colo/a.sock", "/run/colo/b.sock")
     assert cd.Sidecar(address="/x.sock").addresses() == ("/x.sock",)  # given beats the environment
 
 
 def test_addresses_must_match_the_hosts_of_this_process(token_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = make_pipeline(token_corpus)
-    with pytest.raises(cd.ConfigError, match=r"Sidecar\(address=...\): 1 address\(es\), but this process computes 2 host"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Sidecar\(address=...\): 1 address\(es\), but this process computes 2 host"):
         cd.Loader(pipeline, backend=cd.Sidecar(address="unix:///tmp/x.sock"), hosts=2)
     monkeypatch.setenv("COLO_DATA_SIDECAR", "/a.sock,/b.sock,/c.sock")
-    with pytest.raises(cd.ConfigError, match=r"COLO_DATA_SIDECAR='/a.sock,/b.sock,/c.sock': 3 address\(es\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"COLO_DATA_SIDECAR='/a.sock,/b.sock,/c.sock': 3 address\(es\)"):
         cd.Loader(pipeline, backend="sidecar", hosts=2)
 
 

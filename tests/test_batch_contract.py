@@ -41,7 +41,7 @@ def test_a_column_whose_shape_changes_after_the_first_batch_is_an_error(
     token_corpus: Path, tmp_path: Path, backend: str, workers: int, epochs: int, first_chunk: int
 ) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[width_by_rows], epochs=epochs)
-    with pytest.raises(cd.TransformError) as raised:
+    with pytest.raises(cd.errors.TransformError) as raised:
         read_all(cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path)))
     message = str(raised.value)
     assert f"at stream position {first_chunk * BATCH}" in message and "['tokens']" in message, message
@@ -56,5 +56,5 @@ def float_width(batch: dict) -> dict:
 
 def test_a_column_whose_dtype_changes_is_an_error_in_process(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[float_width], epochs=5)
-    with pytest.raises(cd.TransformError, match=r"float64\[8\].*first batch had \{tokens: float32\[8\]\}"):
+    with pytest.raises(cd.errors.TransformError, match=r"float64\[8\].*first batch had \{tokens: float32\[8\]\}"):
         read_all(cd.Loader(pipeline))

@@ -86,7 +86,7 @@ def make_pipeline(path: Path) -> cd.Pipeline:
     )
 
 
-def read_until_error(loader: cd.Loader, error: type[Exception] = cd.SourceError) -> tuple[np.ndarray, Exception]:
+def read_until_error(loader: cd.Loader, error: type[Exception] = cd.errors.SourceError) -> tuple[np.ndarray, Exception]:
     """The ids of the batches read before the loader raised `error`, and the error."""
     ids = []
     with loader, pytest.raises(error) as info:
@@ -105,7 +105,7 @@ def assert_changed_message(error: Exception, path: Path) -> None:
 def assert_layout_message(error: Exception, path: Path, found: int | None = None) -> None:
     """A `SourceError` (not a damaged file) that also names the row group and its rows
     expected and found (`found` rows in row group 0, when given)."""
-    assert type(error) is cd.SourceError, f"{type(error).__name__}: {error}"
+    assert type(error) is cd.errors.SourceError, f"{type(error).__name__}: {error}"
     assert_changed_message(error, path)
     rows = r"\d+" if found is None else str(found)
     group = r"\d+" if found is None else "0"
@@ -121,7 +121,7 @@ def test_source_take_after_a_rewrite_with_another_layout(files: tuple[Path, Path
     rewrite, found = LAYOUT_CHANGES[change]
     rewrite(b)
     assert source.take(np.arange(ROWS)).column("id").to_pylist() == list(range(ROWS))  # file a is unchanged
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         source.take(np.arange(ROWS, ROWS + 5))
     assert_layout_message(info.value, b, found)
     assert f"row group 0: {GROUP} rows expected" in str(info.value)
@@ -133,7 +133,7 @@ def test_source_take_after_a_rewrite_that_damaged_the_file(files: tuple[Path, Pa
     a, b = files
     source = cd.ArrowSource(str(a.parent), columns=["id", "tokens"])
     DAMAGE[change](b)
-    with pytest.raises(cd.CorruptFileError) as info:
+    with pytest.raises(cd.errors.CorruptFileError) as info:
         source.take([ROWS + 3])
     assert_changed_message(info.value, b)
     assert "row group 0" in str(info.value) and "bytes" in str(info.value), str(info.value)
@@ -147,7 +147,7 @@ def test_a_file_rewritten_with_the_same_row_groups_and_another_size(files: tuple
     size = b.stat().st_size
     write(b, np.arange(ROWS, 2 * ROWS) * 3, GROUP)  # every token list one item long
     assert b.stat().st_size != size
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         source.take([ROWS])
     assert_changed_message(info.value, b)
     assert f"{size} bytes then" in str(info.value) and "in the same row groups" in str(info.value), str(info.value)
@@ -166,9 +166,9 @@ def test_a_local_file_rewritten_in_place_with_the_same_size_and_row_groups(files
         write(b, np.arange(ROWS, 2 * ROWS) + 300, GROUP)  # other ids, the same token lengths
     assert b.stat().st_size == size
     assert source.take(np.arange(ROWS)).column("id").to_pylist() == list(range(ROWS))  # file a is unchanged
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         source.take([ROWS])
-    assert type(info.value) is cd.SourceError
+    assert type(info.value) is cd.errors.SourceError
     assert_changed_message(info.value, b)
     said = r"written again \(last written \S+ then, \S+ now\), the same size and row groups"
     assert re.search(said, str(info.value)), str(info.value)
@@ -179,9 +179,9 @@ def test_a_removed_file(files: tuple[Path, Path]) -> None:
     a, b = files
     source = cd.ArrowSource(str(a.parent), columns=["id", "tokens"])
     b.unlink()
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         source.take([ROWS + 3])
-    assert not isinstance(info.value, cd.CorruptFileError), "the file is gone, not damaged"
+    assert not isinstance(info.value, cd.errors.CorruptFileError), "the file is gone, not damaged"
     assert f"{b} was removed after the pipeline was built" in str(info.value), str(info.value)
 
 
@@ -210,7 +210,7 @@ def test_a_loader_over_a_file_damaged_after_the_pipeline_was_built(
     a, b = files
     pipeline = make_pipeline(a.parent)
     DAMAGE[change](b)
-    ids, error = read_until_error(cd.Loader(pipeline, backend=cd.InProcess(workers=workers)), cd.CorruptFileError)
+    ids, error = read_until_error(cd.Loader(pipeline, backend=cd.InProcess(workers=workers)), cd.errors.CorruptFileError)
     assert_changed_message(error, b)
     np.testing.assert_array_equal(ids, np.arange(len(ids)))
 
@@ -233,13 +233,13 @@ def test_a_parquet_file_rewritten_while_the_loader_reads_it(tmp_path: Path, chan
     with cd.Loader(make_pipeline(path), prefetch=0) as loader:
         ids.append(np.asarray(next(loader)["id"]))
         write(path, *REWRITES[change])
-        with pytest.raises(cd.SourceError) as info:
+        with pytest.raises(cd.errors.SourceError) as info:
             for batch in loader:
                 ids.append(np.asarray(batch["id"]))
-    if type(info.value) is cd.SourceError:
+    if type(info.value) is cd.errors.SourceError:
         assert_layout_message(info.value, path)
     else:  # found by a decode that overlapped the rewrite, and looked at while it was half written
-        assert isinstance(info.value, cd.CorruptFileError), info.value
+        assert isinstance(info.value, cd.errors.CorruptFileError), info.value
         assert_changed_message(info.value, path)
     got = np.concatenate(ids)
     assert BATCH < len(got) < BIG
@@ -255,7 +255,7 @@ def test_an_open_ipc_file_rewritten_in_place(tmp_path: Path, change: str) -> Non
     source = cd.ArrowSource(str(path), columns=["id", "tokens"])
     assert source.take([0, 1]).column("id").to_pylist() == [0, 1]
     write(path, *REWRITES[change])
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         source.take([BIG - 1])
     assert_layout_message(info.value, path)
 
@@ -278,7 +278,7 @@ first = source.take(np.arange(0, 20_000, 7))  # decoded and cached: the file is 
 write(1_000)  # in place: most of the old file's pages are gone
 try:
     source.take(np.arange(190_000, 190_010))
-except cd.SourceError as e:
+except cd.errors.SourceError as e:
     print("refused:", type(e).__name__, e)
 np.testing.assert_array_equal(first.column("id").to_numpy(), np.arange(0, 20_000, 7))
 if fmt == "parquet":  # decoded into memory; cached IPC batches are views of the (mapped) file
@@ -315,11 +315,11 @@ def test_other_filesystems_check_the_layout_when_a_file_is_opened_or_fails(tmp_p
     for name, first in names.items():
         write(tmp_path / name, np.arange(first, first + ROWS), 7)
         for source, row in ((fresh, first + 1), (opened, first + 25)):
-            with pytest.raises(cd.SourceError) as info:
+            with pytest.raises(cd.errors.SourceError) as info:
                 source.take([row])
             message = str(info.value)
             assert f"{name} changed after the pipeline was built" in message, message
             assert f"row group {(row - first) // GROUP}: 10 rows expected, 7 found" in message, message
     truncate(tmp_path / "a.parquet")
-    with pytest.raises(cd.CorruptFileError, match="changed after the pipeline was built"):
+    with pytest.raises(cd.errors.CorruptFileError, match="changed after the pipeline was built"):
         fresh.take([0])

@@ -154,24 +154,24 @@ def test_items_that_are_not_this_pipelines_loader_state_are_refused(token_corpus
     with ocp.CheckpointManager(tmp_path / "json") as mngr:
         mngr.save(1, args=ocp.args.Composite(data=ocp.args.JsonSave({"learning_rate": 0.1})))
 
-    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.StateError) as e:
+    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.errors.StateError) as e:
         mngr.restore(3, args=ocp.args.Composite(state=checkpoint.restore_args(pipeline)))
     message = str(e.value)
     assert str(tmp_path / "3" / "state") in message and "no colo-data loader state" in message
     assert "StandardRestore" in message and "cd.checkpoint.save_args(loader)" in message
 
-    with ocp.CheckpointManager(tmp_path / "json") as mngr, pytest.raises(cd.StateError) as e:
+    with ocp.CheckpointManager(tmp_path / "json") as mngr, pytest.raises(cd.errors.StateError) as e:
         mngr.restore(1, args=ocp.args.Composite(data=checkpoint.restore_args()))
     assert str(tmp_path / "json" / "1" / "data") in str(e.value) and "not a colo-data loader state" in str(e.value)
 
     other = make_pipeline(token_corpus, shuffle="global")
-    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.StateError) as e:
+    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.errors.StateError) as e:
         mngr.restore(3, args=ocp.args.Composite(data=checkpoint.restore_args(cd.Loader(other))))
     message = str(e.value)
     assert str(tmp_path / "3" / "data") in message and "different pipeline" in message and "order" in message
 
     (tmp_path / "3" / "data" / checkpoint.STATE_FILE).write_text("{not json")
-    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.StateError, match="is not JSON"):
+    with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.errors.StateError, match="is not JSON"):
         mngr.restore(3, args=ocp.args.Composite(data=checkpoint.restore_args()))
 
 
@@ -190,9 +190,9 @@ def test_a_state_saved_as_plain_json_restores(token_corpus: Path, tmp_path: Path
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(cd.StateError, match="not a colo-data loader state"):
+    with pytest.raises(cd.errors.StateError, match="not a colo-data loader state"):
         checkpoint.save_args({"learning_rate": 0.1})
-    with pytest.raises(cd.ConfigError, match="not a cd.Pipeline, cd.GrainPipeline or cd.Loader"):
+    with pytest.raises(cd.errors.ConfigError, match="not a cd.Pipeline, cd.GrainPipeline or cd.Loader"):
         checkpoint.restore_args("pipeline.toml")
 
 

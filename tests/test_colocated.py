@@ -28,6 +28,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.backends import colocated
 from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
@@ -43,7 +44,7 @@ SHUFFLES = ("none", "global", "block")
 
 def reference(pipeline: cd.Pipeline, start: int = 0, steps: int | None = None) -> list[dict[str, np.ndarray]]:
     """`steps` global batches (all when None) from `start` on, computed by one in-process host."""
-    return [dict(c.columns) for c in itertools.islice(cd.HostPipeline(pipeline, 0, 1).chunks(start, batches=1), steps)]
+    return [dict(c.columns) for c in itertools.islice(HostPipeline(pipeline, 0, 1).chunks(start, batches=1), steps)]
 
 
 def mesh_of(devices: list[jax.Device]) -> Mesh:
@@ -92,7 +93,7 @@ def test_batches_equal_in_process_and_each_host_serves_its_rows(token_corpus: Pa
             assert array.shape[0] == BATCH
             for shard in array.addressable_shards:
                 host = devices.index(shard.device)
-                want = next(cd.HostPipeline(pipeline, host, 4).chunks(step * BATCH, batches=1)).columns[name]
+                want = next(HostPipeline(pipeline, host, 4).chunks(step * BATCH, batches=1)).columns[name]
                 np.testing.assert_array_equal(np.asarray(shard.data), want, err_msg=f"batch {step}, {name!r}, host {host}")
 
 
@@ -152,7 +153,7 @@ def test_calls_are_chunks_of_batches(token_corpus: Path, monkeypatch: pytest.Mon
     assert calls == [("batches", (4, 4, 2))] * 6 + [("batches", (4, 3, 2)), ("close", (4, 1, 2))]  # 27 batches left
 
 
-class _SmallChunks(cd.HostPipeline):
+class _SmallChunks(HostPipeline):
     @property
     def chunk(self) -> int:
         return 4
@@ -224,7 +225,7 @@ def test_transform_error_passes_through_and_the_hosts_keep_serving(token_corpus:
     pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), bad_record_0])
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
         failed = r"bad_record_0.*on host 0 of 4, batch at stream position 0.*ValueError: bad record 0"
-        with pytest.raises(cd.TransformError, match=failed):
+        with pytest.raises(cd.errors.TransformError, match=failed):
             next(hosts.batches(0))
         rest = [to_numpy(b) for b in hosts.batches(BATCH)]
     assert_batches_equal(reference(make_pipeline(token_corpus, "none"), BATCH), rest, "after the failure")
@@ -235,9 +236,9 @@ def test_remote_failures_become_colo_data_errors() -> None:
     hosts = jax.devices()
     remote = RuntimeError("INTERNAL: colocated python: Traceback ...\ncolo_data.errors.SchemaError: column 'x' is missing")
     error = colocated._as_colo_data_error(remote, hosts)
-    assert type(error) is cd.SchemaError and "column 'x' is missing" in str(error)
+    assert type(error) is cd.errors.SchemaError and "column 'x' is missing" in str(error)
     error = colocated._as_colo_data_error(RuntimeError("UNAVAILABLE: connection reset; KeyError: 3"), hosts)
-    assert type(error) is cd.SidecarError
+    assert type(error) is cd.errors.SidecarError
     assert "4 hosts" in str(error) and "UNAVAILABLE" in str(error) and "colo-data" in str(error)
 
 
@@ -250,7 +251,7 @@ def bad_record_7(batch: dict) -> dict:
 def test_a_hosts_transform_error_names_the_host_and_carries_its_traceback(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), bad_record_7])
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
-        with pytest.raises(cd.TransformError) as failed:
+        with pytest.raises(cd.errors.TransformError) as failed:
             next(hosts.batches(0))
     message = str(failed.value)
     assert "--- raised in the colocated-Python sidecar of host 2 of 4 ---" in message and "ValueError: bad record 7" in message
@@ -259,10 +260,10 @@ def test_a_hosts_transform_error_names_the_host_and_carries_its_traceback(token_
     # Under Pathways the controller gets the sidecar's text of the exception: the same type comes back.
     remote = RuntimeError("INTERNAL: " + printed)
     again = colocated._as_colo_data_error(remote, jax.devices())
-    assert type(again) is cd.TransformError and "sidecar of host 2 of 4" in str(again)
+    assert type(again) is cd.errors.TransformError and "sidecar of host 2 of 4" in str(again)
 
 
-class _LostRowGroup(cd.HostPipeline):
+class _LostRowGroup(HostPipeline):
     def chunks(self, start_position: int, owner: Any = None, batches: int | None = None) -> Any:
         if self.host == 1:
             raise KeyError("row group 3")
@@ -274,7 +275,7 @@ def test_any_other_failure_of_a_hosts_work_is_a_sidecar_error_naming_the_host(
 ) -> None:
     monkeypatch.setitem(kinds._KINDS, cd.Pipeline, _LostRowGroup)
     with ColocatedHosts(make_pipeline(token_corpus), mesh_of(jax.devices())) as hosts:
-        with pytest.raises(cd.SidecarError) as failed:
+        with pytest.raises(cd.errors.SidecarError) as failed:
             next(hosts.batches(0))
     message = str(failed.value)
     assert message.startswith("KeyError: 'row group 3'\n--- raised in the colocated-Python sidecar of host 1 of 4 ---")
@@ -340,9 +341,9 @@ def test_carried_warnings_fit_their_note() -> None:
 def test_batch_not_divisible_by_hosts(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, global_batch_size=10)
     message = r"global_batch_size=10 is not divisible by the 4 hosts.*use a multiple of 4, e.g. 8 or 12"
-    with pytest.raises(cd.ConfigError, match=message):
+    with pytest.raises(cd.errors.ConfigError, match=message):
         ColocatedHosts(pipeline, mesh_of(jax.devices()))
-    with pytest.raises(cd.ConfigError, match=r"workers=-1"):
+    with pytest.raises(cd.errors.ConfigError, match=r"workers=-1"):
         ColocatedHosts(make_pipeline(token_corpus), mesh_of(jax.devices()), workers=-1)
 
 

@@ -57,7 +57,7 @@ def test_pipeline_line_alone_takes_every_default(tmp_path: Path, token_corpus: P
 )
 def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
     path = write(tmp_path, text)
-    with pytest.raises(cd.ConfigError, match=match) as raised:
+    with pytest.raises(cd.errors.ConfigError, match=match) as raised:
         load_config(path)
     assert str(path) in str(raised.value)
 
@@ -72,12 +72,12 @@ def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
     ],
 )
 def test_configs_that_cannot_build(tmp_path: Path, text: str, match: str) -> None:
-    with pytest.raises(cd.ConfigError, match=match):
+    with pytest.raises(cd.errors.ConfigError, match=match):
         load_config(write(tmp_path, text)).build()
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="cannot read the config"):
+    with pytest.raises(cd.errors.ConfigError, match="cannot read the config"):
         load_config(tmp_path / "none.toml")
 
 
@@ -88,7 +88,7 @@ def test_a_binary_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
     """Issue 26: it was a raw UnicodeDecodeError."""
     path = tmp_path / "picture.toml"
     path.write_bytes(BINARY)
-    with pytest.raises(cd.ConfigError, match=rf"^{path}: not a TOML config: byte 0 \(b'\\x89'\) is not UTF-8 text\. Give"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"^{path}: not a TOML config: byte 0 \(b'\\x89'\) is not UTF-8 text\. Give"):
         load_config(path)
 
 

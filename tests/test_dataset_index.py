@@ -95,7 +95,7 @@ def test_an_index_the_files_no_longer_match_is_refused(corpus: Path, change) -> 
     was written: the source is a StaleIndexError that names it and says to index again."""
     cd.write_index(corpus)
     named = change(corpus)
-    with pytest.raises(cd.StaleIndexError) as raised:
+    with pytest.raises(cd.errors.StaleIndexError) as raised:
         cd.ArrowSource(str(corpus))
     message = str(raised.value)
     assert str(corpus / INDEX_NAME) in message and f"colo-data index {corpus}" in message, message
@@ -120,17 +120,17 @@ def test_a_glob_that_leaves_a_changed_file_out_reads_the_index(corpus: Path) -> 
 def test_a_damaged_index_is_named(corpus: Path) -> None:
     cd.write_index(corpus)
     (corpus / INDEX_NAME).write_text('{"colo_data_index": 1, "files": [')
-    with pytest.raises(cd.StaleIndexError, match=rf"{INDEX_NAME} is not a colo-data dataset index of format 1 .*colo-data index"):
+    with pytest.raises(cd.errors.StaleIndexError, match=rf"{INDEX_NAME} is not a colo-data dataset index of format 1 .*colo-data index"):
         cd.ArrowSource(str(corpus))
 
 
 def test_write_index_takes_directories_of_data(corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="not a directory.*give the directory that holds the files"):
+    with pytest.raises(cd.errors.ConfigError, match="not a directory.*give the directory that holds the files"):
         cd.write_index(next(corpus.glob("*.parquet")))
-    with pytest.raises(cd.ConfigError, match="not a directory"):
+    with pytest.raises(cd.errors.ConfigError, match="not a directory"):
         cd.write_index(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(cd.SourceError, match="holds no Parquet or Arrow IPC file"):
+    with pytest.raises(cd.errors.SourceError, match="holds no Parquet or Arrow IPC file"):
         cd.write_index(tmp_path / "empty")
     assert not (tmp_path / "empty" / INDEX_NAME).exists()
 
@@ -205,7 +205,7 @@ def test_an_index_on_object_storage_starts_in_a_few_requests(store: ObjectStore,
     with writer.open_output_stream(f"{BUCKET}/part-0003.parquet") as out:
         out.write((many_files / "part-0003.parquet").read_bytes() + b"\0")
     try:
-        with pytest.raises(cd.StaleIndexError, match=r"changed \(1\): part-0003.parquet \(\d+ bytes then, \d+ now\)"):
+        with pytest.raises(cd.errors.StaleIndexError, match=r"changed \(1\): part-0003.parquet \(\d+ bytes then, \d+ now\)"):
             cd.ArrowSource(BUCKET, columns=["id", "tokens"], filesystem=store.filesystem(proxy.endpoint))
     finally:
         with writer.open_output_stream(f"{BUCKET}/part-0003.parquet") as out:

@@ -80,14 +80,14 @@ def test_a_directory_or_file_that_others_may_write_is_refused(tmp_path: Path, bi
     directory = tmp_path / "cache"
     DiskCache(directory, MB).put("key", b"bytes")
     directory.chmod(0o700 | bits)
-    with pytest.raises(cd.ConfigError, match=rf"cache_dir='{directory}': the directory is writable by {who} .*chmod go-w"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"cache_dir='{directory}': the directory is writable by {who} .*chmod go-w"):
         DiskCache(directory, MB)
-    with pytest.raises(cd.ConfigError, match="the directory is writable by"):  # through the source that takes the setting
+    with pytest.raises(cd.errors.ConfigError, match="the directory is writable by"):  # through the source that takes the setting
         cd.ArrowSource(parquet(tmp_path), cache_dir=directory)
     directory.chmod(0o755)
     entry = next(directory.glob("*.entry"))
     entry.chmod(0o600 | bits)
-    with pytest.raises(cd.ConfigError, match=rf"the file {entry.name} is writable by {who}"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"the file {entry.name} is writable by {who}"):
         DiskCache(directory, MB)
 
 
@@ -96,7 +96,7 @@ def test_a_file_made_writable_under_a_running_cache_is_refused_when_read(tmp_pat
     cache = DiskCache(directory, MB)
     cache.put("key", b"bytes")
     next(directory.glob("*.entry")).chmod(0o666)
-    with pytest.raises(cd.ConfigError, match="is writable by its group and others"):
+    with pytest.raises(cd.errors.ConfigError, match="is writable by its group and others"):
         cache.get("key")
 
 
@@ -105,12 +105,12 @@ def test_a_directory_or_file_of_another_user_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     DiskCache(directory, MB).put("key", b"bytes")
     os.chown(directory, NOBODY, NOBODY)
-    with pytest.raises(cd.ConfigError, match=rf"the directory belongs to uid {NOBODY}, not to this process's user"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"the directory belongs to uid {NOBODY}, not to this process's user"):
         DiskCache(directory, MB)
     os.chown(directory, 0, 0)
     entry = next(directory.glob("*.entry"))
     os.chown(entry, NOBODY, NOBODY)
-    with pytest.raises(cd.ConfigError, match=rf"the file {entry.name} belongs to uid {NOBODY}"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"the file {entry.name} belongs to uid {NOBODY}"):
         DiskCache(directory, MB)
 
 

@@ -110,7 +110,7 @@ def read_columns(corpus: Path, columns: list[str], backend: str, workers: int, t
 def test_a_64_bit_value_that_32_bits_do_not_hold_is_an_error_naming_the_column_and_the_fixes(
     wide_corpus: Path, tmp_path: Path, backend: str, workers: int, column: str, dtype: str, shown: str, cast: str
 ) -> None:
-    with pytest.raises(cd.TransformError) as raised:
+    with pytest.raises(cd.errors.TransformError) as raised:
         read_all(loader_of(pipeline_of(wide_corpus, ["fits_int", column]), backend, workers, tmp_path))
     message = str(raised.value)
     assert f"column {column!r} is {dtype} and holds {shown} (host " in message, message
@@ -200,7 +200,7 @@ def test_an_index_column_that_int32_cannot_hold_is_a_config_error_when_the_loade
 ) -> None:
     pipeline = huge_pipeline(over_2_31)
     assert len(pipeline.source) == 129 * 2**24 > 2**31
-    with pytest.raises(cd.ConfigError) as raised:
+    with pytest.raises(cd.errors.ConfigError) as raised:
         loader_of(pipeline, backend, workers, tmp_path)
     message = str(raised.value)
     assert "index_column='_index': the source has 2,164,260,864 records" in message, message

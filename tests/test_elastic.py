@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.loader.elastic import active_mesh, rebuild
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
@@ -62,9 +63,9 @@ def test_rebuild_a_data_by_model_mesh(token_corpus: Path) -> None:
     assert mesh.shape == {"data": 1, "model": 2}
     rebuilt = read_all(cd.Loader(pipeline, mesh=mesh, partition_spec=spec, state=state))
     assert_batches_equal(read_all(cd.Loader(pipeline))[1:], rebuilt, "data x model mesh rebuilt on one slice")
-    with pytest.raises(cd.ConfigError, match=r"3 devices in the active slices cannot fill a mesh.*multiple of 2"):
+    with pytest.raises(cd.errors.ConfigError, match=r"3 devices in the active slices cannot fill a mesh.*multiple of 2"):
         active_mesh({0: jax.devices()[:3]}, {0}, like=full)
-    with pytest.raises(cd.ConfigError, match=r"no devices known for \[5\]"):
+    with pytest.raises(cd.errors.ConfigError, match=r"no devices known for \[5\]"):
         active_mesh(slices(), {0, 5}, like=full)
 
 
@@ -83,7 +84,7 @@ def test_another_global_batch_size_keeps_exactly_once(token_corpus: Path, new_ba
     seen = indices(before + after)
     assert len(seen) == len(set(seen)) == RECORDS - dropped
     stream = np.concatenate([b["_index"] for b in read_all(cd.Loader(pipeline))] + [np.zeros(0, np.int64)])
-    reference = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS // BATCH * BATCH))
+    reference = HostPipeline(pipeline).stream_indices(np.arange(RECORDS // BATCH * BATCH))
     np.testing.assert_array_equal(stream, reference)
     np.testing.assert_array_equal(np.array(seen), reference[: RECORDS - dropped], "same records, same order")
     assert loader.get_state()["global_batch_size"] == new_batch

@@ -168,9 +168,9 @@ def test_state_array_round_trip_and_errors(token_corpus: Path) -> None:
     assert array.shape == (checkpoint.STATE_ARRAY_LENGTH,) and array.sharding.is_fully_replicated
     assert checkpoint.state_from_array(array) == checkpoint.state_from_array(checkpoint.state_as_array(state, mesh)) == state
 
-    with pytest.raises(cd.StateError, match=f"more than the {checkpoint.STATE_ARRAY_LENGTH} a state array holds"):
+    with pytest.raises(cd.errors.StateError, match=f"more than the {checkpoint.STATE_ARRAY_LENGTH} a state array holds"):
         checkpoint.state_as_array({**state, "padding": "x" * checkpoint.STATE_ARRAY_LENGTH}, mesh)
-    with pytest.raises(cd.StateError, match="state_as_array got dict .* not a colo-data loader state"):
+    with pytest.raises(cd.errors.StateError, match="state_as_array got dict .* not a colo-data loader state"):
         checkpoint.state_as_array({"learning_rate": 0.1}, mesh)
 
     def bad(values: np.ndarray, spec: PartitionSpec | None = None) -> jax.Array:
@@ -186,7 +186,7 @@ def test_state_array_round_trip_and_errors(token_corpus: Path) -> None:
         "JSON is format None": bad(text),
     }
     for message, value in cases.items():
-        with pytest.raises(cd.StateError, match=re.escape(message)):
+        with pytest.raises(cd.errors.StateError, match=re.escape(message)):
             checkpoint.state_from_array(value)
-    with pytest.raises(cd.StateError, match="got ndarray, not the jax.Array"):
+    with pytest.raises(cd.errors.StateError, match="got ndarray, not the jax.Array"):
         checkpoint.state_from_array(np.asarray(array))  # type: ignore[arg-type]

@@ -93,7 +93,7 @@ def test_a_users_error_in_a_worker_process_arrives_as_its_cause(token_corpus: Pa
     try:
         stream = WorkerPool(1, owner).stream(cloudpickle.dumps(pipeline), 0, 1, 0)
         stream.ask(0, 1, 1)
-        with pytest.raises(cd.TransformError) as raised:
+        with pytest.raises(cd.errors.TransformError) as raised:
             stream.take()
     finally:
         owner.close()
@@ -105,7 +105,7 @@ def test_a_users_error_in_a_worker_process_arrives_as_its_cause(token_corpus: Pa
 
 def test_a_users_error_in_a_sidecar_arrives_as_its_cause(token_corpus: Path, shm_dir: Path) -> None:
     pipeline = make_pipeline(token_corpus, "none", transforms=[bad_record_7, PAD])
-    error = failure(cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir))), cd.TransformError)
+    error = failure(cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir))), cd.errors.TransformError)
     assert "--- raised in the sidecar at " in str(error) and "ValueError: bad record 7" in str(error)
     assert type(error.__cause__) is ValueError and str(error.__cause__) == "bad record 7"
     assert_printed_once(error, "bad_record_7")
@@ -114,7 +114,7 @@ def test_a_users_error_in_a_sidecar_arrives_as_its_cause(token_corpus: Path, shm
 def test_a_users_error_in_a_colocated_host_arrives_as_its_cause(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, "none", transforms=[bad_record_7, PAD])
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    error = failure(cd.Loader(pipeline, backend=cd.Colocated(), mesh=mesh), cd.TransformError)
+    error = failure(cd.Loader(pipeline, backend=cd.Colocated(), mesh=mesh), cd.errors.TransformError)
     assert "--- raised in the colocated-Python sidecar of host 1 of 2 ---" in str(error)
     assert type(error.__cause__) is ValueError and str(error.__cause__) == "bad record 7"
     assert_printed_once(error, "bad_record_7")
@@ -129,7 +129,7 @@ def test_an_exception_that_cannot_be_rebuilt_is_named_with_its_traceback(
     """A stand-in takes its place: its text names the type and the message; the traceback shows once."""
     pipeline = make_pipeline(token_corpus, "none", transforms=[transform, PAD])
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-    error = failure(cd.Loader(pipeline, backend=cd.Colocated(), mesh=mesh), cd.TransformError)
+    error = failure(cd.Loader(pipeline, backend=cd.Colocated(), mesh=mesh), cd.errors.TransformError)
     cause = error.__cause__
     assert type(cause) is RemoteError and str(cause) == f"{__name__}.{kind.__qualname__}: bad record 7"
     assert_printed_once(error, transform.__name__)

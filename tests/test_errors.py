@@ -27,11 +27,11 @@ COLO = Path(sys.executable).parent / "colo-data"
 
 @pytest.mark.parametrize("value", [True, False, 2.0, "32"])
 def test_a_batch_size_epoch_count_or_seed_must_be_an_integer_not_a_bool(token_corpus: Path, value: object) -> None:
-    with pytest.raises(cd.ConfigError, match="global_batch_size"):
+    with pytest.raises(cd.errors.ConfigError, match="global_batch_size"):
         make_pipeline(token_corpus, global_batch_size=value)
-    with pytest.raises(cd.ConfigError, match="epochs"):
+    with pytest.raises(cd.errors.ConfigError, match="epochs"):
         make_pipeline(token_corpus, epochs=value)
-    with pytest.raises(cd.ConfigError, match="seed"):
+    with pytest.raises(cd.errors.ConfigError, match="seed"):
         cd.Order(shuffle="global", seed=value)  # type: ignore[arg-type]
 
 
@@ -53,7 +53,7 @@ def returns_none(batch: dict) -> None:
 
 def test_a_transform_that_returns_none_is_named(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[returns_none, cd.pad_or_truncate("tokens", 8)])
-    with pytest.raises(cd.TransformError, match=r"returns_none.*returned NoneType, not a dict of columns"):
+    with pytest.raises(cd.errors.TransformError, match=r"returns_none.*returned NoneType, not a dict of columns"):
         read_all(cd.Loader(pipeline))
 
 
@@ -67,7 +67,7 @@ def test_a_transform_that_calls_sys_exit_is_a_transform_error(token_corpus: Path
     misleading 'sidecar died'): it is the transform's error, named, and the loader closes."""
     pipeline = make_pipeline(token_corpus, transforms=[exits, cd.pad_or_truncate("tokens", 8)])
     chosen = cd.Sidecar(shm_dir=str(tmp_path), workers=0) if backend == "sidecar" else cd.InProcess()
-    with pytest.raises(cd.TransformError, match=r"transform <function exits .*> called sys.exit\(5\) on host 0 of 1"):
+    with pytest.raises(cd.errors.TransformError, match=r"transform <function exits .*> called sys.exit\(5\) on host 0 of 1"):
         read_all(cd.Loader(pipeline, backend=chosen))
 
 
@@ -90,7 +90,7 @@ def test_an_unreadable_file_is_a_permission_error_not_a_damaged_file(tmp_path: P
 
 
 def test_one_slot_on_the_sidecar_backend_is_a_config_error() -> None:
-    with pytest.raises(cd.ConfigError, match=r"Sidecar\(slots=1\): a sidecar's ring needs at least 2 slots"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Sidecar\(slots=1\): a sidecar's ring needs at least 2 slots"):
         cd.Sidecar(slots=1)
 
 

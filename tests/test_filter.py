@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import Mesh
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, MIX_SIZES, make_pipeline
@@ -52,7 +53,7 @@ def test_every_accepted_record_once_with_every_column_on_every_backend(token_cor
     assert set(reference[0]) == {"id", "tokens", "_index"}, "every column kept"
     ids = np.concatenate([b["id"] for b in reference])
     assert sorted(ids.tolist()) == list(range(1, RECORDS, 2)), "the accepted records, each once"
-    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
     np.testing.assert_array_equal(ids, stream[stream % 2 == 1], "in stream order")
     assert_batches_equal(reference, read_all(loader_on(pipeline, backend, 2)), f"{backend}, 2 hosts")
 
@@ -63,7 +64,7 @@ def test_the_state_counts_the_rejected_records_and_restores_on_other_host_counts
         first = [to_numpy(next(loader)) for _ in range(3)]
         state = loader.get_state()
         rest = [to_numpy(next(loader)) for _ in range(4)]
-    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
     taken = np.concatenate([b["_index"] for b in first])
     assert state["position"] == int(np.flatnonzero(stream == taken[-1])[0]) + 1, "the position after the last accepted"
     for hosts, backend in ((2, "inprocess"), (3, "inprocess"), (2, "colocated")):
@@ -105,11 +106,11 @@ def test_with_packing_a_record_must_pass_both_filters(token_corpus: Path) -> Non
 
 
 def test_bad_filters_are_named_errors(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"keep=3: give a function of the records' columns"):
+    with pytest.raises(cd.errors.ConfigError, match=r"keep=3: give a function of the records' columns"):
         filtered(token_corpus, keep=3)
-    with pytest.raises(cd.TransformError, match=r"cd.Pipeline keep=.* returned shape \(\) for \d+ records"):
+    with pytest.raises(cd.errors.TransformError, match=r"cd.Pipeline keep=.* returned shape \(\) for \d+ records"):
         next(cd.Loader(filtered(token_corpus, keep=lambda columns: True)))
     nothing = filtered(token_corpus, keep=lambda columns: np.zeros(len(columns["id"]), bool))
     assert read_all(cd.Loader(nothing)) == [], "a finite stream that keeps nothing ends"
-    with pytest.raises(cd.TransformError, match=r"keep=\S*<lambda>\) accepted none of the last [\d,]+ records of the stream"):
+    with pytest.raises(cd.errors.TransformError, match=r"keep=\S*<lambda>\) accepted none of the last [\d,]+ records of the stream"):
         next(cd.Loader(dataclasses.replace(nothing, epochs=None)))  # an endless one is told, not read forever

@@ -1,7 +1,7 @@
 """A loader state carries its data's fingerprint, made of the data's content: a restore over
 other data of the same shape is a StateError, not a silent resume. The cases: a Grain
 `MapDataset` as a native source over other records of the same length; ArrayRecord shards
-of the same size swapped under their names, read by `cd.ArrayRecordSource` and by a
+of the same size swapped under their names, read by `cd.sources.ArrayRecordSource` and by a
 `cd.GrainPipeline` (Grain's `ArrayRecordDataSource`); a shard rewritten in place with other
 records of the same size, its time of last writing set back. A copy of the same files
 elsewhere, with new times, restores."""
@@ -67,13 +67,13 @@ def saved_after_two_batches(pipeline: cd.Pipeline | cd.GrainPipeline, hosts: int
 
 
 def array_record_pipeline(directory: Path) -> cd.Pipeline:
-    return native(cd.ArrayRecordSource(str(directory / "*.array_record")), [cd.drop("text")])
+    return native(cd.sources.ArrayRecordSource(str(directory / "*.array_record")), [cd.drop("text")])
 
 
 def test_array_record_shards_swapped_under_their_names_are_refused(shards: list[Path]) -> None:
     state = saved_after_two_batches(array_record_pipeline(shards[0].parent))
     swap(*shards)
-    with pytest.raises(cd.StateError, match="saved from a different pipeline .*source: state has"):
+    with pytest.raises(cd.errors.StateError, match="saved from a different pipeline .*source: state has"):
         cd.Loader(array_record_pipeline(shards[0].parent), state=state)
 
 
@@ -83,7 +83,7 @@ def test_an_array_record_shard_rewritten_in_place_is_refused(shards: list[Path])
     write_shard(shards[0], 5 * RECORDS, text="xyz")  # other ids and text, the same size
     os.utime(shards[0], ns=(before.st_atime_ns, before.st_mtime_ns))  # as `cp -p` or `touch -r` leaves it
     assert shards[0].stat().st_size == before.st_size
-    with pytest.raises(cd.StateError, match="source: state has"):
+    with pytest.raises(cd.errors.StateError, match="source: state has"):
         cd.Loader(array_record_pipeline(shards[0].parent), state=state)
 
 
@@ -108,7 +108,7 @@ def records(first: int) -> list[dict]:
 def test_a_map_dataset_over_other_records_of_the_same_length_is_refused() -> None:
     pipeline = native(grain.MapDataset.source(records(0)).map(dict))
     state = saved_after_two_batches(pipeline)
-    with pytest.raises(cd.StateError, match="source: state has"):
+    with pytest.raises(cd.errors.StateError, match="source: state has"):
         cd.Loader(native(grain.MapDataset.source(records(100)).map(dict)), state=state)
     with cd.Loader(native(grain.MapDataset.source(records(0)).map(dict)), state=state) as loader:  # the same data, made again
         assert to_numpy(next(loader))["id"].tolist() == list(range(2 * BATCH, 3 * BATCH))
@@ -129,12 +129,12 @@ def test_grain_array_record_shards_swapped_under_their_names_are_refused(shards:
     pipeline = grain_pipeline(shards)
     state = saved_after_two_batches(pipeline, hosts=2)
     swap(*shards)
-    with cd.Loader(grain_pipeline(shards), hosts=2, state=state) as loader, pytest.raises(cd.StateError, match="other data"):
+    with cd.Loader(grain_pipeline(shards), hosts=2, state=state) as loader, pytest.raises(cd.errors.StateError, match="other data"):
         next(loader)
 
 
 def test_a_grain_array_record_shard_rewritten_in_place_is_refused(shards: list[Path]) -> None:
     state = saved_after_two_batches(grain_pipeline(shards), hosts=2)
     write_shard(shards[1], 7 * RECORDS, text="xyz")
-    with cd.Loader(grain_pipeline(shards), hosts=2, state=state) as loader, pytest.raises(cd.StateError, match="other data"):
+    with cd.Loader(grain_pipeline(shards), hosts=2, state=state) as loader, pytest.raises(cd.errors.StateError, match="other data"):
         next(loader)

@@ -121,12 +121,12 @@ def test_a_state_restores_only_with_the_grain_worker_count_that_saved_it(paths: 
         read(loader, 1)
         state = loader.get_state()
     saved_with_one = r"host 0 of 1: the loader state was saved with 1 Grain worker process\(es\).* has 2.*num_workers=1"
-    with pytest.raises(cd.StateError, match=saved_with_one):
+    with pytest.raises(cd.errors.StateError, match=saved_with_one):
         with cd.Loader(two, backend="sidecar", hosts=1, state=state) as loader:
             next(loader)
     unrecorded = json.loads(json.dumps(state))
     del unrecorded["hosts"][0]["workers"]
-    with pytest.raises(cd.StateError, match=r"host 0 of 1: Grain could not restore the saved iterator state \(IndexError"):
+    with pytest.raises(cd.errors.StateError, match=r"host 0 of 1: Grain could not restore the saved iterator state \(IndexError"):
         with cd.Loader(two, backend="sidecar", hosts=1, state=unrecorded) as loader:
             next(loader)
 
@@ -240,7 +240,7 @@ def test_a_state_restores_on_its_own_host_count_only(paths: list[str]) -> None:
     with cd.Loader(pipeline, hosts=2) as loader:
         read(loader, 1)
         state = loader.get_state()
-    with pytest.raises(cd.StateError, match=r"saved on 2 host\(s\); this loader has 3.*ElasticIterator"):
+    with pytest.raises(cd.errors.StateError, match=r"saved on 2 host\(s\); this loader has 3.*ElasticIterator"):
         cd.Loader(pipeline, hosts=3, state=state)
 
 
@@ -265,20 +265,20 @@ def test_a_state_of_other_data_or_another_kind_is_refused(paths: list[str], toke
         read(loader, 1)
         state = loader.get_state()
     reordered = cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths[::-1]), global_batch_size=gp.BATCH)
-    with cd.Loader(reordered, hosts=2, state=state) as loader, pytest.raises(cd.StateError, match="other data"):
+    with cd.Loader(reordered, hosts=2, state=state) as loader, pytest.raises(cd.errors.StateError, match="other data"):
         next(loader)
-    with pytest.raises(cd.StateError, match="global_batch_size=12"):
+    with pytest.raises(cd.errors.StateError, match="global_batch_size=12"):
         cd.Loader(cd.GrainPipeline(make_dataset=make, global_batch_size=6), hosts=2, state=state)
 
     from pipelines import make_pipeline
 
     native = make_pipeline(token_corpus)
-    with pytest.raises(cd.StateError, match="saved from a cd.GrainPipeline"):
+    with pytest.raises(cd.errors.StateError, match="saved from a cd.GrainPipeline"):
         cd.Loader(native, state=state)
     with cd.Loader(native) as loader:
         next(loader)
         native_state = loader.get_state()
-    with pytest.raises(cd.StateError, match="saved from a native cd.Pipeline"):
+    with pytest.raises(cd.errors.StateError, match="saved from a native cd.Pipeline"):
         cd.Loader(pipeline, hosts=2, state=native_state)
 
 
@@ -319,15 +319,15 @@ def drifting(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
 
 
 BAD = {
-    "raises": (raising, cd.GrainError, r"host 1 of 2: make_dataset\(.*FileNotFoundError: no such file: /data/missing"),
-    "not-arrays": (not_arrays, cd.GrainError, r"host 0 of 2: the Grain dataset's element has 'text'.*numeric"),
-    "wrong-size": (wrong_size, cd.GrainError, r"host 0 of 2: .*'x' with leading size 4; a host's batch is .* 6 rows.*\.batch\(6"),
-    "uneven": (uneven, cd.GrainError, r"host\(s\) \[1\] came to the end of their data while host\(s\) \[0\] had more"),
-    "ragged": (ragged, cd.TransformError, r"host 0 and host 1 made different columns \['x'\]"),
-    "none-element": (none_element, cd.GrainError, r"host [01] of 2: the Grain dataset gave a NoneType element"),
+    "raises": (raising, cd.errors.GrainError, r"host 1 of 2: make_dataset\(.*FileNotFoundError: no such file: /data/missing"),
+    "not-arrays": (not_arrays, cd.errors.GrainError, r"host 0 of 2: the Grain dataset's element has 'text'.*numeric"),
+    "wrong-size": (wrong_size, cd.errors.GrainError, r"host 0 of 2: .*'x' with leading size 4; a host's batch is .* 6 rows.*\.batch\(6"),
+    "uneven": (uneven, cd.errors.GrainError, r"host\(s\) \[1\] came to the end of their data while host\(s\) \[0\] had more"),
+    "ragged": (ragged, cd.errors.TransformError, r"host 0 and host 1 made different columns \['x'\]"),
+    "none-element": (none_element, cd.errors.GrainError, r"host [01] of 2: the Grain dataset gave a NoneType element"),
     "drifting": (
         drifting,
-        cd.TransformError,
+        cd.errors.TransformError,
         r"host [01] of 2: at stream position 48 .* column\(s\) \['x'\] as \{x: int32\[8\]\}, where the first batch had "
         r"\{x: int32\[4\]\}",
     ),
@@ -364,7 +364,7 @@ def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(b
     """The same type on every backend, naming the host and the batch, and the user's exception
     type and message; the exception itself is its cause, whose traceback is printed once."""
     pipeline = cd.GrainPipeline(failing_map, global_batch_size=12)
-    with loader_for(pipeline, backend, 2) as loader, pytest.raises(cd.GrainError) as raised:
+    with loader_for(pipeline, backend, 2) as loader, pytest.raises(cd.errors.GrainError) as raised:
         for _ in range(5):
             next(loader)
     message = str(raised.value)
@@ -381,26 +381,26 @@ def test_a_none_element_is_an_error_in_verifys_own_reading_too() -> None:
     element there is the same named error, not the end of the reference."""
     from colo_data.ops.verify_grain import grain_batches
 
-    with pytest.raises(cd.GrainError, match="gave a NoneType element"):
+    with pytest.raises(cd.errors.GrainError, match="gave a NoneType element"):
         grain_batches(cd.GrainPipeline(make_dataset=none_element, global_batch_size=6), 1, 4)
 
 
 def test_bad_settings_are_config_errors() -> None:
-    with pytest.raises(cd.ConfigError, match="make_dataset="):
+    with pytest.raises(cd.errors.ConfigError, match="make_dataset="):
         cd.GrainPipeline(make_dataset="pkg.module:function", global_batch_size=8)
-    with pytest.raises(cd.ConfigError, match="global_batch_size=0"):
+    with pytest.raises(cd.errors.ConfigError, match="global_batch_size=0"):
         cd.GrainPipeline(make_dataset=raising, global_batch_size=0)
-    with pytest.raises(cd.ConfigError, match="records="):
+    with pytest.raises(cd.errors.ConfigError, match="records="):
         cd.GrainPipeline(make_dataset=raising, global_batch_size=8, records="yes")
 
 
 def test_grain_datasets_as_native_sources_say_what_to_use() -> None:
     """A filtered MapDataset (None records) and an IterDataset are not random-access sources."""
     filtered = grain.MapDataset.range(100).map(lambda i: {"x": i}).filter(lambda r: r["x"] % 2 == 0)
-    with pytest.raises(cd.ConfigError, match="filters records.*FilterMapDataset.*cd.GrainPipeline"):
+    with pytest.raises(cd.errors.ConfigError, match="filters records.*FilterMapDataset.*cd.GrainPipeline"):
         cd.Pipeline(source=filtered, global_batch_size=4)
     packed = grain.MapDataset.range(100).map(lambda i: {"x": i}).to_iter_dataset().batch(4)
-    with pytest.raises(cd.SourceError, match="Grain IterDataset.*cd.GrainPipeline"):
+    with pytest.raises(cd.errors.SourceError, match="Grain IterDataset.*cd.GrainPipeline"):
         cd.Pipeline(source=packed, global_batch_size=4)
 
 

@@ -39,7 +39,7 @@ LAYERS = (
     ("colo_data.loader",),
     ("colo_data.testing",),
     ("colo_data.ops",),
-    ("colo_data",),  # the façade alone: its package's modules are in the layers above
+    ("colo_data", "colo_data.sources", "colo_data.resources"),  # the façade and its namespaces
     ("colo_data.cli",),
 )
 # the kinds that answer for themselves, each asked `isinstance` of only where it is defined

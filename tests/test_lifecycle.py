@@ -242,9 +242,9 @@ def test_close_is_final_idempotent_and_bounded(token_corpus: Path) -> None:
     loader.close(timeout=5)
     loader.close()  # a second close does nothing
     assert loader.telemetry().steps == 1, "telemetry stays readable after close"
-    with pytest.raises(cd.LoaderClosedError, match="make a new one"):
+    with pytest.raises(cd.errors.LoaderClosedError, match="make a new one"):
         next(loader)
-    with pytest.raises(cd.LoaderClosedError):
+    with pytest.raises(cd.errors.LoaderClosedError):
         loader.set_state(loader.get_state())
     resumed = cd.Loader(pipeline, state=loader.get_state())
     assert next(resumed)["_index"].shape == (12,)
@@ -271,7 +271,7 @@ def test_close_from_another_thread_ends_a_blocked_next(
     next(loader)
     threading.Timer(0.2, loader.close).start()
     started = time.monotonic()
-    with pytest.raises(cd.LoaderClosedError, match="closed"):
+    with pytest.raises(cd.errors.LoaderClosedError, match="closed"):
         for _ in range(1000):
             next(loader)
     assert time.monotonic() - started < 30, "next() woke up once the loader was closed"
@@ -337,5 +337,5 @@ def test_close_from_another_thread_with_busy_workers_is_bounded_by_its_timeout(
     took = time.monotonic() - started
     consumer.join(10)
     assert took < 1.5 * 3, f"close(timeout=3) took {took:.1f} s"
-    assert not consumer.is_alive() and isinstance(ended[0], cd.LoaderClosedError), ended
+    assert not consumer.is_alive() and isinstance(ended[0], cd.errors.LoaderClosedError), ended
     assert settle(lambda: not children(), 10), f"left running: {children()}"

@@ -112,12 +112,12 @@ def test_lineage_errors(token_corpus: Path, mix_corpora: dict[str, Path]) -> Non
     position in batches."""
     packed = pipeline_of("packed", token_corpus, mix_corpora)
     _, state = read(packed, SAVED)
-    with pytest.raises(cd.StateError, match=r"step 2 is before this state, saved after step 2"):
+    with pytest.raises(cd.errors.StateError, match=r"step 2 is before this state, saved after step 2"):
         cd.lineage(packed, state, steps=range(2, 5))
     old = {k: v for k, v in state.items() if k != "step"}
-    with pytest.raises(cd.StateError, match="records no step"):
+    with pytest.raises(cd.errors.StateError, match="records no step"):
         cd.lineage(packed, old, steps=range(5, 6))
-    with pytest.raises(cd.ConfigError, match="give a range"):
+    with pytest.raises(cd.errors.ConfigError, match="give a range"):
         cd.lineage(packed, state, steps=[4, 5])  # type: ignore[arg-type]
     padded = pipeline_of("padded", token_corpus, mix_corpora)
     _, padded_state = read(padded, SAVED)
@@ -127,10 +127,10 @@ def test_lineage_errors(token_corpus: Path, mix_corpora: dict[str, Path]) -> Non
     )
     padded_finite = cd.Pipeline(source=cd.ArrowSource(str(token_corpus)), global_batch_size=8)  # 120 records
     assert len(cd.lineage(padded_finite, None, steps=range(14, 15))) == 1
-    with pytest.raises(cd.ConfigError, match=r"steps 14..15: the stream has 15 global batches \(steps 0..14\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"steps 14..15: the stream has 15 global batches \(steps 0..14\)"):
         cd.lineage(padded_finite, None, steps=range(14, 16))
     packed_finite = cd.Pipeline(source=cd.ArrowSource(str(token_corpus)), global_batch_size=8, pack=cd.Pack("tokens", 16))
-    with pytest.raises(cd.ConfigError, match=r"the stream has \d+ global batches"):
+    with pytest.raises(cd.errors.ConfigError, match=r"the stream has \d+ global batches"):
         cd.lineage(packed_finite, None, steps=range(0, 1000))
 
 
@@ -138,7 +138,7 @@ def test_a_grain_pipeline_has_no_lineage(tmp_path: Path) -> None:
     """A Grain pipeline's records carry no index colo-data can follow: a ConfigError."""
     paths = gp.write_records(tmp_path)
     pipeline = cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths), global_batch_size=gp.BATCH)
-    with pytest.raises(cd.ConfigError, match=r"cd.lineage takes a cd.Pipeline, not GrainPipeline"):
+    with pytest.raises(cd.errors.ConfigError, match=r"cd.lineage takes a cd.Pipeline, not GrainPipeline"):
         cd.lineage(pipeline, None, steps=range(0, 1))
 
 

@@ -78,5 +78,5 @@ def test_a_prepare_transform_must_keep_one_row_per_record(text: Path) -> None:
         source=cd.Mix(components, {n: 1 for n in components}), global_batch_size=BATCH, epochs=None,
         pack=cd.Pack("tokens", LENGTH, prepare=[tokens, halve]),
     )
-    with pytest.raises(cd.TransformError, match="keeps one row per record"), cd.Loader(pipeline) as loader:
+    with pytest.raises(cd.errors.TransformError, match="keeps one row per record"), cd.Loader(pipeline) as loader:
         next(loader)

@@ -237,17 +237,17 @@ def test_grain_map_dataset_source_and_per_record_transform() -> None:
 
 
 def test_batch_not_divisible_by_hosts(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"global_batch_size=12 is not divisible by 5 hosts"):
+    with pytest.raises(cd.errors.ConfigError, match=r"global_batch_size=12 is not divisible by 5 hosts"):
         cd.Loader(make_pipeline(token_corpus), hosts=5)
 
 
 def test_batch_not_divisible_by_mesh(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"global_batch_size=6 is not divisible by the 4 shards"):
+    with pytest.raises(cd.errors.ConfigError, match=r"global_batch_size=6 is not divisible by the 4 shards"):
         cd.Loader(make_pipeline(token_corpus, global_batch_size=6), hosts=1)
 
 
 def test_unknown_backend(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="backend='tpu'"):
+    with pytest.raises(cd.errors.ConfigError, match="backend='tpu'"):
         cd.Loader(make_pipeline(token_corpus), backend="tpu")
 
 
@@ -255,19 +255,19 @@ def test_state_from_another_pipeline_says_what_differs(token_corpus: Path) -> No
     with cd.Loader(make_pipeline(token_corpus, "block")) as loader:
         next(loader)
         state = loader.get_state()
-    with pytest.raises(cd.StateError, match=r"order: state has 'block:2', pipeline has 'global'"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2', pipeline has 'global'"):
         cd.Loader(make_pipeline(token_corpus, "global"), state=state)
     other = make_pipeline(token_corpus, order=cd.Order(shuffle="block", seed=8, window=2))
-    with pytest.raises(cd.StateError, match=r"seed: state has 7, pipeline has 8"):
+    with pytest.raises(cd.errors.StateError, match=r"seed: state has 7, pipeline has 8"):
         cd.Loader(other, state=state)
 
 
 def test_state_of_another_format_version(token_corpus: Path) -> None:
-    with pytest.raises(cd.StateError, match=r"format 'colo-data/1', from another colo-data version.*reads 'colo-data/2'"):
+    with pytest.raises(cd.errors.StateError, match=r"format 'colo-data/1', from another colo-data version.*reads 'colo-data/2'"):
         cd.Loader(make_pipeline(token_corpus), state={"format": "colo-data/1", "position": 0})
-    with pytest.raises(cd.StateError, match=r"format 'tf.data'; this colo-data reads 'colo-data/2'"):
+    with pytest.raises(cd.errors.StateError, match=r"format 'tf.data'; this colo-data reads 'colo-data/2'"):
         cd.Loader(make_pipeline(token_corpus), state={"format": "tf.data", "position": 0})
-    with pytest.raises(cd.StateError, match="format"):
+    with pytest.raises(cd.errors.StateError, match="format"):
         cd.Loader(make_pipeline(token_corpus), state=[1, 2])
 
 
@@ -277,13 +277,13 @@ def test_state_from_other_files(token_corpus: Path, tmp_path: Path) -> None:
     demo.write_corpus(tmp_path, files=3, rows_per_file=40, row_group_size=7, min_tokens=1, max_tokens=12, seed=1)
     demo.write_corpus(tmp_path / "more", files=1, rows_per_file=5, row_group_size=7, seed=1)
     other = make_pipeline(token_corpus, source=cd.ArrowSource(str(tmp_path), columns=["id", "tokens"]))
-    with pytest.raises(cd.StateError, match=r"records: state has 120, pipeline has 125.*source: state has"):
+    with pytest.raises(cd.errors.StateError, match=r"records: state has 120, pipeline has 125.*source: state has"):
         cd.Loader(other, state=state)
 
 
 def test_variable_length_column_left_unpadded(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[])
-    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError, match=r"'tokens'.*pad_or_truncate\('tokens'"):
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.TransformError, match=r"'tokens'.*pad_or_truncate\('tokens'"):
         next(loader)
 
 
@@ -293,7 +293,7 @@ def boom(batch: dict) -> dict:
 
 def test_failing_transform_names_itself_and_the_position(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), boom])
-    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError) as raised:
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.TransformError) as raised:
         next(loader)
     message = str(raised.value)
     assert "boom" in message and "ValueError: bad record" in message and "stream position 0" in message
@@ -305,7 +305,7 @@ def test_transform_that_drops_rows(token_corpus: Path) -> None:
         return {k: v[: len(v) // 2] for k, v in batch.items()}
 
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), first_half])
-    with cd.Loader(pipeline) as loader, pytest.raises(cd.TransformError, match=r"(\d+) rows after the transforms, but (\d+) records went in"):
+    with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.TransformError, match=r"(\d+) rows after the transforms, but (\d+) records went in"):
         next(loader)
 
 
@@ -320,7 +320,7 @@ def test_transform_that_drops_rows(token_corpus: Path) -> None:
     ],
 )
 def test_pipeline_settings(token_corpus: Path, overrides: dict, match: str) -> None:
-    with pytest.raises(cd.ConfigError, match=match):
+    with pytest.raises(cd.errors.ConfigError, match=match):
         make_pipeline(token_corpus, **overrides)
 
 
@@ -349,11 +349,11 @@ def test_a_dataset_of_fewer_files_than_hosts(token_corpus: Path, tmp_path: Path,
     ],
 )
 def test_a_removed_keyword_names_its_replacement(token_corpus: Path, removed: dict, replacement: str) -> None:
-    with pytest.raises(cd.ConfigError, match=rf"Loader\({next(iter(removed))}=.*was removed: give {replacement}") as raised:
+    with pytest.raises(cd.errors.ConfigError, match=rf"Loader\({next(iter(removed))}=.*was removed: give {replacement}") as raised:
         cd.Loader(make_pipeline(token_corpus), **removed)
     assert isinstance(raised.value, TypeError)  # what Python raises for a keyword a function does not take
 
 
 def test_an_unknown_keyword_lists_those_the_loader_takes(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, mesh"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, mesh"):
         cd.Loader(make_pipeline(token_corpus), prefech=2)

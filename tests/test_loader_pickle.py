@@ -34,7 +34,7 @@ def test_a_transform_capturing_a_lock_with_worker_processes(token_corpus: Path) 
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 8), locked])
     before = _children()
     named = r"(?s)transforms\[1\] \(\S*<lambda> at \S*test_loader_pickle.py:\d+\)"
-    with pytest.raises(cd.ConfigError, match=rf"{named}.*worker processes.*cannot pickle '_thread.lock'.*module level") as raised:
+    with pytest.raises(cd.errors.ConfigError, match=rf"{named}.*worker processes.*cannot pickle '_thread.lock'.*module level") as raised:
         cd.Loader(pipeline, backend=cd.InProcess(workers=2))
     assert not isinstance(raised.value, TypeError)
     assert _children() == before, "a process was started"
@@ -44,13 +44,13 @@ def test_a_transform_capturing_a_lock_with_worker_processes(token_corpus: Path) 
 def test_a_keep_capturing_an_open_file_with_worker_processes(token_corpus: Path, tmp_path: Path) -> None:
     with (tmp_path / "log").open("w") as log:
 
-        def keep_logged(columns: cd.Columns) -> object:
+        def keep_logged(columns: cd.sources.Columns) -> object:
             log.write(".")
             return columns["id"] >= 0
 
         pipeline = make_pipeline(token_corpus, keep=keep_logged)
         with pytest.raises(
-            cd.ConfigError, match=r"(?s)keep \(.*keep_logged at .*\).*Cannot pickle files that are not opened for reading"
+            cd.errors.ConfigError, match=r"(?s)keep \(.*keep_logged at .*\).*Cannot pickle files that are not opened for reading"
         ):
             cd.Loader(pipeline, backend=cd.InProcess(workers=2))
 
@@ -61,6 +61,6 @@ def test_an_unpicklable_make_dataset_with_a_sidecar(tmp_path: Path) -> None:
     make = functools.partial(lambda shard, lock: gp.records_of(shard, paths), lock=lock)
     pipeline = cd.GrainPipeline(make_dataset=make, global_batch_size=gp.BATCH, records=True)
     before = _children()
-    with pytest.raises(cd.ConfigError, match=r"(?s)make_dataset \(.*partial.*\).*sidecar.*cannot pickle '_thread.lock'"):
+    with pytest.raises(cd.errors.ConfigError, match=r"(?s)make_dataset \(.*partial.*\).*sidecar.*cannot pickle '_thread.lock'"):
         cd.Loader(pipeline, backend=cd.Sidecar(workers=0))
     assert _children() == before, "a sidecar was started"

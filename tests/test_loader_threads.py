@@ -44,7 +44,7 @@ def test_a_second_thread_in_next_is_an_error_not_a_hang_or_a_duplicate(
         reader = threading.Thread(target=lambda: got.append(to_numpy(next(loader))))
         reader.start()
         wait_until_reading(loader)
-        with pytest.raises(cd.LoaderBusyError, match="another thread is in next"):
+        with pytest.raises(cd.errors.LoaderBusyError, match="another thread is in next"):
             next(loader)  # raised, not waited: a next() that waited would have returned a batch
         reader.join(60)
         got += [to_numpy(batch) for batch in loader]
@@ -66,7 +66,7 @@ def test_set_state_from_another_thread_never_ends_the_readers_stream(
         reader = threading.Thread(target=lambda: got.extend(to_numpy(batch) for batch in loader))
         reader.start()
         wait_until_reading(loader)
-        with pytest.raises(cd.LoaderBusyError, match="set_state while another thread is in next"):
+        with pytest.raises(cd.errors.LoaderBusyError, match="set_state while another thread is in next"):
             loader.set_state(start)
         reader.join(120)
         assert not reader.is_alive()

@@ -28,12 +28,12 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 from packaging.requirements import Requirement
 
+from colo_data.errors import ConfigError
+from colo_data.host.ray_workers import RayWorkers
+from colo_data.host.resources import choose_workers, cpu_budget, workers_from
 from colo_data.ops import versions
 from colo_data.ops.config import Config, load_config
-from colo_data.errors import ConfigError
 from colo_data.ops.manifest import RAY_CONNECT_TIMEOUT, SOCKET, parse_override, render
-from colo_data.host.resources import choose_workers, cpu_budget, workers_from
-from colo_data.workers.ray_workers import RayWorkers
 
 ROOT = Path(__file__).resolve().parents[1]
 COLO = Path(sys.executable).parent / "colo-data"

@@ -164,16 +164,16 @@ def test_a_state_names_a_component_added_removed_or_changed(mix_corpora: dict[st
     state = loader.get_state()
     loader.close()
     fewer = mix_pipeline({k: mix_corpora[k] for k in ("web", "code")}, {"web": 1, "code": 1})
-    with pytest.raises(cd.StateError, match="component 'math' of the state is not in the pipeline"):
+    with pytest.raises(cd.errors.StateError, match="component 'math' of the state is not in the pipeline"):
         cd.Loader(fewer, state=state)
     other = demo.write_corpus(tmp_path / "other", files=1, rows_per_file=9, row_group_size=5, min_tokens=1, max_tokens=6)
     changed = mix_pipeline({**mix_corpora, "math": other}, {"web": 1, "code": 1, "math": 1})
-    with pytest.raises(cd.StateError, match="component 'math' has other data"):
+    with pytest.raises(cd.errors.StateError, match="component 'math' has other data"):
         cd.Loader(changed, state=state)
     more = mix_pipeline({**mix_corpora, "more": other}, {"web": 1, "code": 1, "math": 1, "more": 1})
-    with pytest.raises(cd.StateError, match="component 'more' is not in the state"):
+    with pytest.raises(cd.errors.StateError, match="component 'more' is not in the state"):
         cd.Loader(more, state=state)
-    with pytest.raises(cd.StateError, match="make a new loader"):
+    with pytest.raises(cd.errors.StateError, match="make a new loader"):
         with cd.Loader(mix_pipeline(mix_corpora, {"web": 3, "code": 1, "math": 1})) as open_loader:
             open_loader.set_state(state)
 
@@ -208,7 +208,7 @@ def test_the_state_stays_small_for_16_components(tmp_path: Path) -> None:
 )
 def test_bad_mixtures_are_config_errors(mix_corpora: dict[str, Path], make: object, match: str) -> None:
     components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
-    with pytest.raises(cd.ConfigError, match=match):
+    with pytest.raises(cd.errors.ConfigError, match=match):
         make(components)  # type: ignore[operator]
 
 

@@ -175,7 +175,7 @@ def loader_outside_the_mesh(args: dict[str, Any]) -> dict[str, Any]:
         with cd.Loader(make_pipeline(Path(args["corpus"])), mesh=mesh, hosts=1) as loader:
             batches = [record(b) for b in loader]
         return dict(batches=batches, info=dict(error=None))
-    except cd.ConfigError as e:
+    except cd.errors.ConfigError as e:
         return dict(batches=[], info=dict(error=str(e)))
 
 
@@ -245,7 +245,7 @@ def read_partitioned(args: dict[str, Any]) -> dict[str, Any]:
     try:
         cd.Loader(_partitioned(corpus, 2))
         refused = None
-    except cd.ConfigError as e:
+    except cd.errors.ConfigError as e:
         refused = str(e)
     with cd.Loader(_partitioned(corpus, None), state=args.get("state")) as loader:
         batches = [record(b) for b in itertools.islice(loader, args["steps"])]

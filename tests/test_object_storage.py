@@ -210,11 +210,11 @@ def test_a_lasting_failure_is_a_source_error_naming_the_object(store: ObjectStor
     thread.start()
     thread.join(120)
     assert not thread.is_alive(), "a lasting failure hung the read"
-    assert outcome and isinstance(outcome[0], cd.SourceError), outcome
+    assert outcome and isinstance(outcome[0], cd.errors.SourceError), outcome
     message = str(outcome[0])
     scheme = "s3" if store.kind == "s3" else "gs"
     assert f"{scheme}://{BUCKET}/part-" in message and "3 attempt(s)" in message and "the last error" in message, message
-    with pytest.raises(cd.SourceError, match=rf"{scheme}://{BUCKET}: listing the files failed after 3 attempt"):
+    with pytest.raises(cd.errors.SourceError, match=rf"{scheme}://{BUCKET}: listing the files failed after 3 attempt"):
         remote(store, proxy, client_retries=False, retries=2)  # a source made while the store fails
 
 
@@ -228,7 +228,7 @@ def test_a_gcsfs_store_that_went_away_is_named(corpus: Path) -> None:
         source = cd.ArrowSource(BUCKET, columns=["id"], filesystem=store.filesystem())
         assert source.take([0, 150]).column("id").to_pylist() == [0, 150]
         copy = pickle.loads(pickle.dumps(source))  # a process that opens the objects anew
-    with pytest.raises(cd.SourceError) as caught:
+    with pytest.raises(cd.errors.SourceError) as caught:
         copy.take([0])
     message = str(caught.value)
     assert f"gs://{BUCKET}/part-0.parquet: opening the object failed after 1 attempt(s)" in message, message
@@ -294,12 +294,12 @@ def test_an_object_rewritten_under_a_running_job_is_refused(store: ObjectStore, 
     source = cd.ArrowSource(bucket, filesystem=store.filesystem())
     assert source.take([0, 2 * ROWS]).column("id").to_pylist() == [0, 2 * ROWS]  # part-0 and part-2 open
     write("part-1.parquet", np.arange(ROWS, 2 * ROWS), GROUP + 5)
-    with pytest.raises(cd.SourceError, match=rf"{bucket}/part-1.parquet changed after the pipeline was built: row group"):
+    with pytest.raises(cd.errors.SourceError, match=rf"{bucket}/part-1.parquet changed after the pipeline was built: row group"):
         source.take([ROWS + 1])
     write("part-0.parquet", np.arange(ROWS) + 1000, GROUP)
     fresh = cd.ArrowSource(bucket, filesystem=store.filesystem())
     write("part-0.parquet", np.arange(ROWS) + 2000, GROUP)
-    with pytest.raises(cd.SourceError, match=r"part-0.parquet changed after the pipeline was built: written again"):
+    with pytest.raises(cd.errors.SourceError, match=r"part-0.parquet changed after the pipeline was built: written again"):
         fresh.take([0])
 
 
@@ -314,7 +314,7 @@ def test_uris_with_and_without_a_filesystem(store: ObjectStore, corpus: Path, mo
     assert with_fs.files == tuple(f"{BUCKET}/part-{f}.parquet" for f in range(FILES))
     assert all_records(with_fs).equals(expected)
     if store.client == "fsspec":
-        with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a GCSFileSystem \(fsspec: gs, gcs\)"):
+        with pytest.raises(cd.errors.ConfigError, match=r"s3:// URI but filesystem= is a GCSFileSystem \(fsspec: gs, gcs\)"):
             cd.ArrowSource(f"s3://{BUCKET}", filesystem=fs)
     if store.kind == "s3":
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -357,25 +357,25 @@ def test_every_path_given_must_name_a_data_file_in_the_store(store: ObjectStore)
         "listing/nothing/": "no such file or directory",
     }
     for path, why in bad.items():
-        with pytest.raises(cd.SourceError) as info:
+        with pytest.raises(cd.errors.SourceError) as info:
             cd.ArrowSource([f"{BUCKET}/part-0.parquet", path], filesystem=fs)
         assert f"{path!r} ({why}" in str(info.value) and "1 of the 2 paths given" in str(info.value), str(info.value)
-    with pytest.raises(cd.SourceError, match="4 of the 5 paths given") as info:
+    with pytest.raises(cd.errors.SourceError, match="4 of the 5 paths given") as info:
         cd.ArrowSource([BUCKET, *bad], filesystem=fs)
     assert all(repr(path) in str(info.value) for path in bad), str(info.value)
 
 
 def test_settings_are_checked(corpus: Path, tmp_path: Path) -> None:
     """Impossible settings are a ConfigError naming the setting."""
-    with pytest.raises(cd.ConfigError, match="io_concurrency=0"):
+    with pytest.raises(cd.errors.ConfigError, match="io_concurrency=0"):
         local(corpus, io_concurrency=0)
-    with pytest.raises(cd.ConfigError, match="retries=-1"):
+    with pytest.raises(cd.errors.ConfigError, match="retries=-1"):
         local(corpus, retries=-1)
     for bad in (0, True):
-        with pytest.raises(cd.ConfigError, match=f"cache_dir_bytes={bad}"):
+        with pytest.raises(cd.errors.ConfigError, match=f"cache_dir_bytes={bad}"):
             local(corpus, cache_dir=tmp_path / "c", cache_dir_bytes=bad)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(cd.ConfigError, match="cannot be used as a cache"):
+    with pytest.raises(cd.errors.ConfigError, match="cannot be used as a cache"):
         local(corpus, cache_dir=tmp_path / "file")
 
 

@@ -22,6 +22,7 @@ import pytest
 from jax.sharding import Mesh
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.host.packing import plan
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
@@ -100,7 +101,7 @@ def test_every_record_once_and_the_same_batches_for_any_host_count(token_corpus:
     reference = read_all(cd.Loader(pipeline, hosts=1))
     seen = check_rows(reference, token_corpus)
     assert sorted(seen) == list(range(RECORDS)), "every record exactly once"
-    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS)).tolist()
+    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS)).tolist()
     place = {record: i for i, record in enumerate(stream)}
     taken = 0
     for batch in reference:  # each batch takes the next records of the stream, in its rows in stream order
@@ -187,7 +188,7 @@ def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:
     assert len(seen) > RECORDS and state["epoch"] * RECORDS + state["position"] == len(seen), "the state counts them"
     # Bins fill side by side, so rows need not hold records in stream order, but they hold
     # exactly the stream's first len(seen) records: all of epoch 0 and the start of epoch 1.
-    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(len(seen)))
+    stream = HostPipeline(pipeline).stream_indices(np.arange(len(seen)))
     assert sorted(seen) == sorted(stream.tolist())
 
 
@@ -201,7 +202,7 @@ def inputs_and_targets(columns: dict) -> dict:
 def grain_first_fit(corpus: Path, pipeline: cd.Pipeline, rows: int) -> list[dict[str, np.ndarray]]:
     """Grain's FirstFitPackIterDataset (one bin a row, bins in order) over the pipeline's
     records in its stream order, batched by `rows`."""
-    stream = cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
     tokens = tokens_of(corpus)
     records = grain.MapDataset.source([{"inputs": tokens[i], "targets": tokens[i] + 1} for i in stream]).to_iter_dataset()
     packed = grain.experimental.FirstFitPackIterDataset(
@@ -298,18 +299,18 @@ def test_columns_of_other_lengths_share_the_slots(token_corpus: Path) -> None:
 
 
 def test_bad_packing(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"length=0 must be an int >= 1"):
+    with pytest.raises(cd.errors.ConfigError, match=r"length=0 must be an int >= 1"):
         cd.Pack("tokens", 0)
-    with pytest.raises(cd.ConfigError, match=r"method='worst_fit'; give one of best_fit, first_fit, next_fit"):
+    with pytest.raises(cd.errors.ConfigError, match=r"method='worst_fit'; give one of best_fit, first_fit, next_fit"):
         cd.Pack("tokens", 8, method="worst_fit")
-    with pytest.raises(cd.ConfigError, match=r"names='maxtext'; give 'colo-data'"):
+    with pytest.raises(cd.errors.ConfigError, match=r"names='maxtext'; give 'colo-data'"):
         cd.Pack("tokens", 8, names="maxtext")
-    with pytest.raises(cd.ConfigError, match=r"name the list column to pack, or several distinct ones"):
+    with pytest.raises(cd.errors.ConfigError, match=r"name the list column to pack, or several distinct ones"):
         cd.Pack("tokens", 8, columns=("inputs", "targets"))
-    with pytest.raises(cd.ConfigError, match=r"give a tuple of column names"):
+    with pytest.raises(cd.errors.ConfigError, match=r"give a tuple of column names"):
         cd.Pack(columns="inputs", length=8)
-    with pytest.raises(cd.ConfigError, match=r"no column 'words' in the source"):
+    with pytest.raises(cd.errors.ConfigError, match=r"no column 'words' in the source"):
         next(cd.Loader(dataclasses.replace(packed(token_corpus), pack=cd.Pack("words", 8))))
-    with pytest.raises(cd.TransformError, match=r"column is int64, expected a list column"):
+    with pytest.raises(cd.errors.TransformError, match=r"column is int64, expected a list column"):
         next(cd.Loader(dataclasses.replace(packed(token_corpus), pack=cd.Pack("id", 8))))
     assert read_all(cd.Loader(packed(token_corpus, keep=drop_all))) == []

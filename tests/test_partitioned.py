@@ -164,20 +164,20 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         next(loader)
         state = loader.get_state()
     assert state["parts"]["count"] == 4 and state["parts"]["phase"] == 1
-    with pytest.raises(cd.StateError, match=r"positions of 4 partitions.*this pipeline is of one partition.*partitions=4"):
+    with pytest.raises(cd.errors.StateError, match=r"positions of 4 partitions.*this pipeline is of one partition.*partitions=4"):
         cd.Loader(packed("none", 1), state=state)
-    with pytest.raises(cd.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
+    with pytest.raises(cd.errors.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
         cd.Loader(packed("none", 6), state=state)
-    with pytest.raises(cd.StateError, match=r"order: state has 'block:2/4x3 own', pipeline has 'block:2'.*partitions it was saved"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 own', pipeline has 'block:2'.*partitions it was saved"):
         cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3 own"})
     damaged = {**state, "parts": {**state["parts"], "deltas": "not base64!"}}
-    with pytest.raises(cd.StateError, match=r"partition positions \(`parts`\) are damaged"):
+    with pytest.raises(cd.errors.StateError, match=r"partition positions \(`parts`\) are damaged"):
         cd.Loader(packed("none", 4), state=damaged)
-    with pytest.raises(cd.StateError, match=r"5 batches into its partitions' packing plans, which span 4"):
+    with pytest.raises(cd.errors.StateError, match=r"5 batches into its partitions' packing plans, which span 4"):
         cd.Loader(packed("none", 4), state={**state, "parts": {**state["parts"], "phase": 5}})
-    with pytest.raises(cd.ConfigError, match=r"3 hosts for a packed pipeline of partitions=4.*\(1, 2, 4\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"3 hosts for a packed pipeline of partitions=4.*\(1, 2, 4\)"):
         cd.Loader(packed("none", 4), hosts=3)
-    with pytest.raises(cd.ConfigError, match=r"partitions=4 with pack=: verify does not yet check"):
+    with pytest.raises(cd.errors.ConfigError, match=r"partitions=4 with pack=: verify does not yet check"):
         cd.verify.verify(packed("none", 4))
 
 
@@ -300,5 +300,5 @@ def test_a_filter_that_rejects_everything_is_named_not_read_forever(token_corpus
     """An endless partitioned stream whose filter rejects two epochs' worth of a partition's
     records in a row is a TransformError naming the partition, not a read that never ends."""
     pipeline = make_pipeline(token_corpus, keep=reject_all, partitions=4, epochs=None)
-    with pytest.raises(cd.TransformError, match=r"keep=reject_all\) accepted none of the last [\d,]+ records of partition 0, .*two epochs.*Check the filter"):
+    with pytest.raises(cd.errors.TransformError, match=r"keep=reject_all\) accepted none of the last [\d,]+ records of partition 0, .*two epochs.*Check the filter"):
         read_all(cd.Loader(pipeline, hosts=2), 1)

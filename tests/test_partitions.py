@@ -129,18 +129,18 @@ def test_a_state_resumes_on_other_host_counts_and_names_the_partitions(token_cor
     with cd.Loader(make_pipeline(token_corpus, "block", epochs=None)) as loader:
         next(loader)
         unpartitioned = loader.get_state()
-    with pytest.raises(cd.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3 own'.*partitions=1"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3 own'.*partitions=1"):
         cd.Loader(pipeline, state=unpartitioned)
     with cd.Loader(pipeline) as loader:
         next(loader)
         state = loader.get_state()
     state["order"] = "block:2/4x3"  # as saved before partitions had epochs of their own: other records
-    with pytest.raises(cd.StateError, match=r"shared each shuffle window by stream position.*'block:2/4x3 own'"):
+    with pytest.raises(cd.errors.StateError, match=r"shared each shuffle window by stream position.*'block:2/4x3 own'"):
         cd.Loader(pipeline, state=state)
 
 
 def test_partitions_must_divide_the_batch(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=r"partitions=5: give a divisor of global_batch_size=12"):
+    with pytest.raises(cd.errors.ConfigError, match=r"partitions=5: give a divisor of global_batch_size=12"):
         make_pipeline(token_corpus, partitions=5)
 
 

@@ -250,7 +250,7 @@ def test_the_grafana_dashboard_queries_exported_metrics(corpora: dict[str, Path]
             names = queried_metrics(target["expr"])
             assert names and all(n.startswith("colo_data_") for n in names), target["expr"]
             queried |= names
-    export = cd.TelemetryExport(prometheus_port=0, prometheus_addr="127.0.0.1")
+    export = cd.telemetry.TelemetryExport(prometheus_port=0, prometheus_addr="127.0.0.1")
     pipeline = mixture(corpora, keep=keep_two_of_three)
     with cd.Loader(pipeline, warmup=2, telemetry_export=export) as loader:
         for _ in range(12):

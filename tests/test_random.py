@@ -92,5 +92,5 @@ def test_filtered_mixed_and_packed_pipelines_draw_by_record(token_corpus: Path, 
     )
     reference = read_all(cd.Loader(packed, hosts=1))
     assert_batches_equal(reference, read_all(cd.Loader(packed, hosts=2)), "packed, cropped in prepare")
-    with pytest.raises(cd.TransformError, match=r"cd.random_map\('crop', seed=0\) needs each record's epoch and index"):
+    with pytest.raises(cd.errors.TransformError, match=r"cd.random_map\('crop', seed=0\) needs each record's epoch and index"):
         next(cd.Loader(dataclasses.replace(packed, transforms=[cd.random_map(crop)])))

@@ -55,11 +55,11 @@ def test_the_uri_credentials_read_the_store(store: ObjectStore) -> None:
 
 def test_a_missing_object_is_named_without_its_credentials(store: ObjectStore) -> None:
     """The missing-file error names the object, its credentials replaced by `***`."""
-    with pytest.raises(cd.SourceError) as caught:
+    with pytest.raises(cd.errors.SourceError) as caught:
         cd.ArrowSource(uri(store, f"{BUCKET}/missing.parquet"))
     assert f"s3://***@{BUCKET}/missing.parquet" in str(caught.value), str(caught.value)
     assert_no_secret(caught.value)
-    with pytest.raises(cd.SourceError) as caught:
+    with pytest.raises(cd.errors.SourceError) as caught:
         cd.ArrowSource([uri(store, f"{BUCKET}/part-0.parquet"), uri(store, f"{BUCKET}/nothing/*.parquet")])
     assert "1 of the 2 paths given" in str(caught.value), str(caught.value)
     assert_no_secret(caught.value)
@@ -77,7 +77,7 @@ def test_other_messages_about_such_a_path_hold_no_secret(store: ObjectStore, tmp
         "filesystem given": lambda: cd.ArrowSource(uri(store, f"{BUCKET}/part-0.parquet"), filesystem=pafs.LocalFileSystem()),
         "not a URI": lambda: cd.ArrowSource(bad),
         "write_index": lambda: cd.write_index(uri(store, f"{BUCKET}/no-such-dir")),
-        "ArrayRecord": lambda: cd.ArrayRecordSource(uri(store, f"{BUCKET}/x.array_record")),
+        "ArrayRecord": lambda: cd.sources.ArrayRecordSource(uri(store, f"{BUCKET}/x.array_record")),
         "listing refused": lambda: cd.ArrowSource(uri(store, "no-such-bucket/x.parquet"), retries=0),
     }
     for what, call in calls.items():

@@ -45,7 +45,7 @@ CASES = {
 def test_an_endless_stream_that_rejects_every_record_is_named(token_corpus: Path, case: str) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[], **CASES[case])
     seen.clear()
-    with mock.patch.object(filtering, "REJECTED_RECORDS", LIMIT), pytest.raises(cd.TransformError) as raised:
+    with mock.patch.object(filtering, "REJECTED_RECORDS", LIMIT), pytest.raises(cd.errors.TransformError) as raised:
         read_all(cd.Loader(pipeline, hosts=2 if "partitions" in case else 1), 1)
     message = str(raised.value)
     assert "keep=reject_all) accepted none of the last" in message and "Check the filter" in message, message
@@ -61,7 +61,7 @@ def test_two_epochs_rejected_are_enough(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[], **PACK, keep=reject_all)
     seen.clear()
     with pytest.raises(
-        cd.TransformError, match=r"keep=reject_all\) accepted none of the last \d+ records.*The limit is 240 records"
+        cd.errors.TransformError, match=r"keep=reject_all\) accepted none of the last \d+ records.*The limit is 240 records"
     ):
         read_all(cd.Loader(pipeline), 1)
     assert 240 <= sum(seen) <= 2 * 240, seen

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from colo_data import ConfigError, CpuBudget, cpu_budget, memory_limit
+from colo_data.errors import ConfigError
+from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
 from colo_data.host.resources import WorkerChoice, auto_workers, choose_workers, shm_capacity
 
@@ -296,7 +297,7 @@ import dataclasses, json, os, sys
 import colo_data
 with open(sys.argv[1], "w") as procs:  # join the cgroup, then measure
     procs.write(str(os.getpid()))
-print(json.dumps(dataclasses.asdict(colo_data.cpu_budget())))
+print(json.dumps(dataclasses.asdict(colo_data.resources.cpu_budget())))
 """
 
 

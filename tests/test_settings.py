@@ -25,7 +25,7 @@ def test_a_loader_setting_that_is_not_an_int_is_a_config_error_naming_it(
     token_corpus: Path, setting: str, value: object
 ) -> None:
     """A bool, a float, a string or a count below the least is refused before anything starts."""
-    with pytest.raises(cd.ConfigError, match=rf"^{setting}={value!r}: give an int >= [01] \("):
+    with pytest.raises(cd.errors.ConfigError, match=rf"^{setting}={value!r}: give an int >= [01] \("):
         cd.Loader(make_pipeline(token_corpus), **{setting: value})  # type: ignore[arg-type]
 
 
@@ -43,7 +43,7 @@ def test_numpy_integers_are_accepted_as_loader_settings(token_corpus: Path) -> N
 @pytest.mark.parametrize("setting", SOURCE_SETTINGS)
 def test_an_arrow_source_setting_that_is_a_bool_is_a_config_error(token_corpus: Path, setting: str) -> None:
     """`True` is not a count of bytes, reads or retries."""
-    with pytest.raises(cd.ConfigError, match=rf"^{setting}=True: give an int >= [01] \("):
+    with pytest.raises(cd.errors.ConfigError, match=rf"^{setting}=True: give an int >= [01] \("):
         cd.ArrowSource(str(token_corpus), **{setting: True})  # type: ignore[arg-type]
 
 
@@ -55,7 +55,7 @@ def test_numpy_integers_are_accepted_as_arrow_source_settings(token_corpus: Path
 
 def test_a_pad_length_is_an_int_not_a_bool() -> None:
     """`pad_or_truncate`'s length: `True` is refused, a numpy integer is stored as an int."""
-    with pytest.raises(cd.TransformError, match=r"length=True\): length must be an int >= 1"):
+    with pytest.raises(cd.errors.TransformError, match=r"length=True\): length must be an int >= 1"):
         cd.pad_or_truncate("tokens", True)
     padded = cd.pad_or_truncate("tokens", np.int64(4))  # type: ignore[arg-type]
     assert type(padded.length) is int

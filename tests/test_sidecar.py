@@ -21,6 +21,8 @@ import psutil
 import pytest
 
 import colo_data as cd
+from colo_data.backends.options import auto_backend
+from colo_data.host.pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.backends.sidecar.client import SidecarClient
@@ -100,8 +102,8 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
     # 12 rows x 26,000 int32 tokens: 1.25 MiB a batch, so a 4 MiB slot holds 3 of the 10
     # batches and the last slot 1; starting at batch 4 cuts the first group short.
     pipeline = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 26_000)])
-    batch_bytes = sum(v.nbytes for v in next(cd.HostPipeline(pipeline).chunks(0, batches=1)).columns.values())
-    assert batches_per_slot(next(cd.HostPipeline(pipeline).chunks(0)).columns, BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
+    batch_bytes = sum(v.nbytes for v in next(HostPipeline(pipeline).chunks(0, batches=1)).columns.values())
+    assert batches_per_slot(next(HostPipeline(pipeline).chunks(0)).columns, BATCH, 42) == SLOT_TARGET_BYTES // batch_bytes == 3
     expected = read_all(cd.Loader(pipeline))
     got = read_all(cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir), slots=2)))
     assert_batches_equal(expected, got, "3 batches a slot")
@@ -114,7 +116,7 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
         views = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
     finally:
         sidecar.stop()
-    assert_batches_equal([to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)], views, "views, 3 batches a slot")
+    assert_batches_equal([to_numpy(c.columns) for c in HostPipeline(pipeline).chunks(0, batches=1)], views, "views, 3 batches a slot")
 
 
 def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Path) -> None:
@@ -128,7 +130,7 @@ def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Pat
         finally:
             sidecar.stop()
         assert client.info["batches_per_slot"] == 1, client.info
-        assert_batches_equal([to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)], got, "6 MB tmpfs")
+        assert_batches_equal([to_numpy(c.columns) for c in HostPipeline(pipeline).chunks(0, batches=1)], got, "6 MB tmpfs")
 
 
 def test_batches_per_slot() -> None:
@@ -150,7 +152,7 @@ def test_worker_exception_reaches_the_trainer_with_its_traceback(token_corpus: P
     os.environ["COLO_DATA_TEST_FAIL"] = "1"  # inherited by the sidecar and its worker
     try:
         with cd.Loader(pipeline, backend=cd.Sidecar(workers=2, shm_dir=str(shm_dir))) as loader:
-            with pytest.raises(cd.TransformError) as raised:
+            with pytest.raises(cd.errors.TransformError) as raised:
                 next(loader)
     finally:
         del os.environ["COLO_DATA_TEST_FAIL"]
@@ -167,7 +169,7 @@ def test_sidecar_killed_is_detected_and_its_segments_removed(token_corpus: Path,
         (victim,) = sidecars()
         victim.send_signal(signal.SIGKILL)
         started = time.monotonic()
-        with pytest.raises(cd.SidecarError, match="died"):
+        with pytest.raises(cd.errors.SidecarError, match="died"):
             for _ in range(100):
                 next(loader)
         assert time.monotonic() - started < 10
@@ -275,7 +277,7 @@ def test_sidecar_in_a_cpu_limited_cgroup(
             got = [{k: np.array(v) for k, v in b.columns.items()} for b in client.batches(pipeline, 0, 1, 0)]
             client.close()
             assert client.info["budget"]["cpus"] == cpus and client.info["workers"] == workers, client.info
-            expected = [to_numpy(c.columns) for c in cd.HostPipeline(pipeline).chunks(0, batches=1)]
+            expected = [to_numpy(c.columns) for c in HostPipeline(pipeline).chunks(0, batches=1)]
             assert_batches_equal(expected, got, f"sidecar with budget {client.info['budget']}")
         finally:
             server.terminate()
@@ -286,7 +288,7 @@ def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> Non
     with tmpfs(tmp_path / "shm", "64m") as mount:  # fails if a segment is left in it
         big = make_pipeline(token_corpus, transforms=[cd.pad_or_truncate("tokens", 2**20)], global_batch_size=12)
         with cd.Loader(big, backend=cd.Sidecar(workers=0, shm_dir=str(mount), slots=4)) as loader:
-            with pytest.raises(cd.ShmError, match=r"needs \d+ bytes.*free") as raised:
+            with pytest.raises(cd.errors.ShmError, match=r"needs \d+ bytes.*free") as raised:
                 next(loader)
         assert "--shm-size" in str(raised.value)
         assert not any(mount.iterdir())
@@ -299,12 +301,12 @@ def test_ring_too_big_for_the_shm_dir(token_corpus: Path, tmp_path: Path) -> Non
 
 
 def test_sidecar_address_needs_one_per_host(token_corpus: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="one address per host"):
+    with pytest.raises(cd.errors.ConfigError, match="one address per host"):
         cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address="unix:///tmp/x.sock"), hosts=2)
 
 
 def test_no_sidecar_at_the_address(tmp_path: Path) -> None:
-    with pytest.raises(cd.SidecarError, match=r"no sidecar answers at unix://.*none\.sock"):
+    with pytest.raises(cd.errors.SidecarError, match=r"no sidecar answers at unix://.*none\.sock"):
         SidecarClient(f"unix://{tmp_path / 'none.sock'}", connect_timeout=0.5)
 
 
@@ -327,8 +329,8 @@ def test_auto_backend_on_pathways_is_colocated(monkeypatch: pytest.MonkeyPatch) 
     # No Pathways proxy backend can start here; what is checked is the decision on its signal.
     import pathwaysutils
 
-    assert cd.auto_backend() == cd.InProcess()
+    assert auto_backend() == cd.InProcess()
     monkeypatch.setenv("COLO_DATA_SIDECAR", "unix:///run/colo/host0.sock")
-    assert cd.auto_backend() == cd.Sidecar() and cd.Sidecar().addresses() == ("unix:///run/colo/host0.sock",)
+    assert auto_backend() == cd.Sidecar() and cd.Sidecar().addresses() == ("unix:///run/colo/host0.sock",)
     monkeypatch.setattr(pathwaysutils, "is_pathways_backend_used", lambda: True)
-    assert cd.auto_backend() == cd.Colocated()
+    assert auto_backend() == cd.Colocated()

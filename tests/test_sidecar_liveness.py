@@ -41,7 +41,7 @@ from pipelines import make_pipeline
 loader = cd.Loader(make_pipeline({corpus!r}), backend=cd.Sidecar(address="unix://{socket}", timeout={timeout}))
 try:
     next(loader)
-except cd.SidecarError as e:
+except cd.errors.SidecarError as e:
     print("SidecarError:", e, flush=True)
     sys.exit(3)
 print("took a batch", flush=True)
@@ -117,7 +117,7 @@ def test_a_frozen_sidecar_is_an_error_within_its_timeout_and_a_batch_twice_as_lo
         (_, pid), = loader._runner.backend._targets
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        with pytest.raises(cd.SidecarError) as raised:
+        with pytest.raises(cd.errors.SidecarError) as raised:
             for _ in range(10_000):  # what the ring and the prefetch hold, then the wait
                 next(loader)
         waited = time.monotonic() - stopped
@@ -176,5 +176,5 @@ def test_a_peer_that_connects_and_says_nothing_does_not_hold_the_door(
 
 @pytest.mark.parametrize("value", [0, 1.5, -3, True, "20"])
 def test_a_sidecar_timeout_below_two_heartbeats_is_a_config_error(value: object) -> None:
-    with pytest.raises(cd.ConfigError, match=r"Sidecar\(timeout=.*twice the sidecar's heartbeat"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Sidecar\(timeout=.*twice the sidecar's heartbeat"):
         cd.Sidecar(timeout=value)  # type: ignore[arg-type]

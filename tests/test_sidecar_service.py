@@ -213,7 +213,7 @@ def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
             workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
             assert 1 <= len([p for p in workers if "colo_data.workers.processes" in " ".join(psutil.Process(p).cmdline())]) <= 2
             server.send_signal(signal.SIGKILL)
-            with pytest.raises(cd.SidecarError):
+            with pytest.raises(cd.errors.SidecarError):
                 for _ in range(10_000):
                     next(loader)
         assert not wait_gone(workers, 10), "worker processes outlived their sidecar"
@@ -320,7 +320,7 @@ def test_a_trainer_with_another_key_gets_a_clear_error(
 ) -> None:
     socket, server = sidecar
     monkeypatch.setenv("COLO_DATA_SIDECAR_KEY", "ab" * 32)  # the sidecar wrote its own key file
-    with pytest.raises(cd.SidecarError, match="refused this trainer's key"):
+    with pytest.raises(cd.errors.SidecarError, match="refused this trainer's key"):
         read_all(cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}")))
     monkeypatch.delenv("COLO_DATA_SIDECAR_KEY")
     assert_serves(socket, token_corpus, "the right key, after a wrong one")

@@ -84,7 +84,7 @@ def test_a_root_trainer_refuses_another_users_sidecar_before_reading_from_it(sha
     try:
         assert impostor.stdout.readline().strip() == "listening", impostor.stderr.read()
         assert socket.stat().st_uid == Path(f"{socket}.key").stat().st_uid == NOBODY
-        with pytest.raises(cd.SidecarError) as raised:
+        with pytest.raises(cd.errors.SidecarError) as raised:
             SidecarClient(f"unix://{socket}", timeout=2)
     finally:
         out, err = impostor.communicate(timeout=30)
@@ -130,7 +130,7 @@ def test_a_socket_that_another_user_could_have_placed_is_refused(tmp_path: Path,
         else:
             key.chmod(0o666)
             expected = f"the sidecar's key {key} is writable by its group and others (mode 666)"
-    with pytest.raises(cd.SidecarError) as raised:
+    with pytest.raises(cd.errors.SidecarError) as raised:
         SidecarClient(f"unix://{socket}", timeout=2)
     assert str(raised.value).startswith(f"refusing to connect: {expected}"), str(raised.value)
     assert "run the sidecar as the trainer's user or root" in str(raised.value)
@@ -143,7 +143,7 @@ def test_with_no_sidecar_the_wait_is_the_sidecar_timeout(tmp_path: Path, token_c
     socket = tmp_path / "none.sock"
     loader = cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}", timeout=2))
     started = time.monotonic()
-    with pytest.raises(cd.SidecarError, match=rf"no sidecar answers at unix://{socket} after 2\.\d s"):
+    with pytest.raises(cd.errors.SidecarError, match=rf"no sidecar answers at unix://{socket} after 2\.\d s"):
         next(loader)
     waited = time.monotonic() - started
     loader.close()
@@ -155,7 +155,7 @@ def test_a_missing_key_file_is_named_not_a_missing_sidecar(tmp_path: Path) -> No
     socket = tmp_path / "host0.sock"
     with _bound(socket) as listening:
         listening.listen()  # a socket that answers, without its key beside it
-        with pytest.raises(cd.SidecarError) as raised:
+        with pytest.raises(cd.errors.SidecarError) as raised:
             SidecarClient(f"unix://{socket}", timeout=2)
     message = str(raised.value)
     assert message.startswith(f"the sidecar's key file {socket}.key is missing, though its socket {socket} is there"), message
@@ -169,8 +169,8 @@ def test_a_socket_path_too_long_is_named_with_its_length(tmp_path: Path) -> None
     size = len(os.fsencode(str(socket)))
     expected = rf"socket path {socket} is {size} bytes, longer than the limit of 107 bytes .*: choose a shorter path"
     server = SidecarServer(str(socket), shm_dir=str(tmp_path), workers=0)
-    with pytest.raises(cd.ConfigError, match=expected):
+    with pytest.raises(cd.errors.ConfigError, match=expected):
         server.listen()
     assert not any(socket.parent.iterdir()), "nothing is made for a path that cannot be used"
-    with pytest.raises(cd.ConfigError, match=expected):
+    with pytest.raises(cd.errors.ConfigError, match=expected):
         SidecarClient(f"unix://{socket}", timeout=2)

@@ -98,14 +98,14 @@ def test_bad_skips_are_named_errors(token_corpus: Path, mix_corpora: dict[str, P
         epochs=1,
     )  # 120 records: 15 batches
     _, state = read(finite, 2)
-    with pytest.raises(cd.ConfigError, match=r"batches=14: the stream has only 13 more global batches"):
+    with pytest.raises(cd.errors.ConfigError, match=r"batches=14: the stream has only 13 more global batches"):
         cd.skip(finite, state, batches=14)
     end = cd.skip(finite, state, batches=13)
     assert (end["epoch"], end["position"]) == (1, 0), end  # the stream's end: nothing left to read
     with cd.Loader(finite, state=end) as loader:
         assert next(loader, None) is None
     for bad in (-1, 2.0, True):
-        with pytest.raises(cd.ConfigError, match=f"batches={bad!r}: give an int >= 0"):
+        with pytest.raises(cd.errors.ConfigError, match=f"batches={bad!r}: give an int >= 0"):
             cd.skip(finite, state, batches=bad)
     assert cd.skip(finite, state, batches=np.int64(3)) == cd.skip(finite, state, batches=3)
     packed = cd.Pipeline(
@@ -114,10 +114,10 @@ def test_bad_skips_are_named_errors(token_corpus: Path, mix_corpora: dict[str, P
         epochs=1,
         pack=cd.Pack("tokens", 64),
     )
-    with pytest.raises(cd.ConfigError, match=r"batches=1000: the stream has only \d+ more global batches"):
+    with pytest.raises(cd.errors.ConfigError, match=r"batches=1000: the stream has only \d+ more global batches"):
         cd.skip(packed, None, batches=1000)
     other = pipeline_of("padded", token_corpus, mix_corpora)
-    with pytest.raises(cd.StateError):
+    with pytest.raises(cd.errors.StateError):
         cd.skip(other, state, batches=1)
 
 
@@ -125,5 +125,5 @@ def test_a_grain_pipeline_is_refused_with_what_to_do_instead(tmp_path: Path) -> 
     """A Grain pipeline's position is its iterators' state: no skip without reading."""
     paths = gp.write_records(tmp_path)
     pipeline = cd.GrainPipeline(make_dataset=functools.partial(gp.maxtext_like, paths=paths), global_batch_size=gp.BATCH)
-    with pytest.raises(cd.ConfigError, match=r"cd.skip takes a cd.Pipeline, not GrainPipeline.*next\(loader\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"cd.skip takes a cd.Pipeline, not GrainPipeline.*next\(loader\)"):
         cd.skip(pipeline, None, batches=1)

@@ -565,14 +565,14 @@ def test_rowgroup_cache_errors_propagate_and_are_not_cached() -> None:
     def load(group: int, _fetched: object) -> pa.Table:
         attempts.append(group)
         if broken:
-            raise cd.CorruptFileError(f"group {group} is bad")
+            raise cd.errors.CorruptFileError(f"group {group} is bad")
         return pa.table({"v": [group]})
 
     cache = RowGroupCache(load, max_bytes=10**6)
     cache.prefetch([4])  # fails in the background; nobody asks yet
-    with pytest.raises(cd.CorruptFileError, match="group 4 is bad"):
+    with pytest.raises(cd.errors.CorruptFileError, match="group 4 is bad"):
         cache.get(4)
-    with pytest.raises(cd.CorruptFileError, match="group 4 is bad"):
+    with pytest.raises(cd.errors.CorruptFileError, match="group 4 is bad"):
         cache.get(4)
     tried = len(attempts)
     broken = False
@@ -611,14 +611,14 @@ def test_paths_matching_nothing(tmp_path: Path) -> None:
     (tmp_path / "only_text" / "notes.txt").write_text("hello")
     nothing = (f"{tmp_path}/missing.parquet", f"{tmp_path}/*.parquet", f"{tmp_path}/empty", f"{tmp_path}/only_text")
     for paths in (*nothing, [str(tmp_path / "gone")]):
-        with pytest.raises(cd.SourceError) as info:
+        with pytest.raises(cd.errors.SourceError) as info:
             cd.ArrowSource(paths)
-        assert not isinstance(info.value, cd.CorruptFileError)
+        assert not isinstance(info.value, cd.errors.CorruptFileError)
         shown = paths if isinstance(paths, str) else paths[0]
         assert shown in str(info.value)
-    with pytest.raises(cd.SourceError, match="empty list of paths"):
+    with pytest.raises(cd.errors.SourceError, match="empty list of paths"):
         cd.ArrowSource([])
-    with pytest.raises(cd.SourceError, match="_MockFileSystem"):
+    with pytest.raises(cd.errors.SourceError, match="_MockFileSystem"):
         cd.ArrowSource("nowhere", filesystem=pafs._MockFileSystem())
 
 
@@ -643,7 +643,7 @@ def test_a_path_that_names_no_data_file_is_an_error_beside_good_ones(parquet_dir
     given must name a data file, and the error names the one that does not."""
     name, why = NAMES_NOTHING[kind]
     bad = str(nothing_there / name)
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         cd.ArrowSource([str(parquet_dir / "part-2.parquet"), bad])
     message = str(info.value)
     assert f"{bad!r} ({why}" in message and "1 of the 2 paths given" in message, message
@@ -653,7 +653,7 @@ def test_a_path_that_names_no_data_file_is_an_error_beside_good_ones(parquet_dir
 def test_every_path_that_names_no_data_file_is_named(parquet_dir: Path, nothing_there: Path) -> None:
     """Several such paths: one error that names each, not only the first."""
     bad = [str(nothing_there / name) for name, _ in NAMES_NOTHING.values()]
-    with pytest.raises(cd.SourceError) as info:
+    with pytest.raises(cd.errors.SourceError) as info:
         cd.ArrowSource([str(parquet_dir), *bad])
     assert "3 of the 4 paths given" in str(info.value) and all(repr(b) in str(info.value) for b in bad), str(info.value)
 
@@ -664,14 +664,14 @@ def test_every_path_that_names_no_data_file_is_named(parquet_dir: Path, nothing_
 )
 def test_a_record_that_is_not_a_dict_is_named_with_its_index_and_type(records: list[Any], at: int, kind: str) -> None:
     """Issue 26: a record that is not a dict (after dict ones) was a raw AttributeError."""
-    source = cd.RecordSource(records)
-    with pytest.raises(cd.SourceError, match=rf"list: record {at} is of type {kind}, not dict; .*make every record a dict"):
+    source = cd.sources.RecordSource(records)
+    with pytest.raises(cd.errors.SourceError, match=rf"list: record {at} is of type {kind}, not dict; .*make every record a dict"):
         source.take(np.arange(len(records)))
 
 
 @pytest.mark.parametrize("cache_bytes", [0, -1, 1.5, None, True])
 def test_bad_cache_bytes(cache_bytes: Any, parquet_dir: Path) -> None:
-    with pytest.raises(cd.ConfigError, match=rf"cache_bytes={cache_bytes!r}: give an int >= 1"):
+    with pytest.raises(cd.errors.ConfigError, match=rf"cache_bytes={cache_bytes!r}: give an int >= 1"):
         cd.ArrowSource(str(parquet_dir), cache_bytes=cache_bytes)
 
 
@@ -685,7 +685,7 @@ def test_truncated_parquet(tmp_path: Path) -> None:
     path = good_file(tmp_path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(cd.CorruptFileError, match="truncated or damaged") as info:
+    with pytest.raises(cd.errors.CorruptFileError, match="truncated or damaged") as info:
         cd.ArrowSource(str(path))
     assert str(path) in str(info.value) and "parquet" in str(info.value)
 
@@ -695,7 +695,7 @@ def test_truncated_ipc(tmp_path: Path) -> None:
     write_ipc(path, 0, [10, 10], np.random.default_rng(14))
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(cd.CorruptFileError) as info:
+    with pytest.raises(cd.errors.CorruptFileError) as info:
         cd.ArrowSource(str(tmp_path))
     assert str(path) in str(info.value)
 
@@ -725,7 +725,7 @@ def test_corrupt_row_group(tmp_path: Path, garbage: bytes) -> None:
     src = cd.ArrowSource(str(path))  # the footer still parses
     assert src.row_group_sizes.tolist() == [10, 10, 10]
     for read in (lambda: src.take([25, 12]), lambda: src[15], lambda: (src.prefetch([19]), src.take([19]))):
-        with pytest.raises(cd.CorruptFileError) as info:
+        with pytest.raises(cd.errors.CorruptFileError) as info:
             read()
         assert str(path) in str(info.value) and "row group 1" in str(info.value)
     assert src.take([0, 29, 9, 20]).column("id").to_pylist() == [0, 29, 9, 20]  # the other groups still read
@@ -748,7 +748,7 @@ def test_corrupt_ipc_batch(tmp_path: Path) -> None:
     assert at > 0 and raw.count(needle) == 1
     overwrite(path, at + 4 * 5, np.int32(2**30).tobytes())  # offset 5 (of 11) jumps out of range
     src = cd.ArrowSource(str(path))
-    with pytest.raises(cd.CorruptFileError) as info:
+    with pytest.raises(cd.errors.CorruptFileError) as info:
         src.take([15])
     assert str(path) in str(info.value) and "row group 1" in str(info.value)
     assert src.take([0, 25]).column("id").to_pylist() == [0, 25]
@@ -762,7 +762,7 @@ def test_damaged_column_name_in_footer(tmp_path: Path) -> None:
     raw = path.read_bytes()
     assert raw.count(b"colname_xyz") >= 1
     path.write_bytes(raw.replace(b"colname_xyz", b"col\xffame_xyz"))  # same length, not UTF-8
-    with pytest.raises(cd.CorruptFileError) as info:
+    with pytest.raises(cd.errors.CorruptFileError) as info:
         cd.ArrowSource(str(path))
     assert str(path) in str(info.value)
 
@@ -772,7 +772,7 @@ def test_not_parquet(tmp_path: Path, content: bytes) -> None:
     good_file(tmp_path, "a.parquet")
     path = tmp_path / "b.parquet"
     path.write_bytes(content)
-    with pytest.raises(cd.CorruptFileError, match="neither Parquet nor Arrow IPC") as info:
+    with pytest.raises(cd.errors.CorruptFileError, match="neither Parquet nor Arrow IPC") as info:
         cd.ArrowSource(str(tmp_path))
     assert str(path) in str(info.value)
 
@@ -782,13 +782,13 @@ def test_ipc_stream_is_refused(tmp_path: Path) -> None:
     table = make_table(0, 5, np.random.default_rng(16))
     with ipc.new_stream(path, table.schema) as writer:
         writer.write_table(table)
-    with pytest.raises(cd.SourceError, match="stream") as info:
+    with pytest.raises(cd.errors.SourceError, match="stream") as info:
         cd.ArrowSource(str(path))
     assert str(path) in str(info.value) and "ipc.new_file" in str(info.value)
 
 
 def test_missing_column(parquet_dir: Path) -> None:
-    with pytest.raises(cd.SchemaError) as info:
+    with pytest.raises(cd.errors.SchemaError) as info:
         cd.ArrowSource(str(parquet_dir), columns=["id", "labels", "tokens", "mask"])
     message = str(info.value)
     assert "'labels'" in message and "'mask'" in message
@@ -799,7 +799,7 @@ def test_missing_column(parquet_dir: Path) -> None:
 def test_missing_column_in_a_later_file(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [1], "tokens": [[1]]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"id": [2]}), tmp_path / "b.parquet")
-    with pytest.raises(cd.SchemaError) as info:
+    with pytest.raises(cd.errors.SchemaError) as info:
         cd.ArrowSource(str(tmp_path))
     message = str(info.value)
     assert str(tmp_path / "b.parquet") in message and "'tokens'" in message and "'id'" in message
@@ -810,7 +810,7 @@ def test_schema_mismatch(tmp_path: Path) -> None:
     a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
     pq.write_table(pa.table({"id": [1], "tokens": pa.array([[1, 2]], pa.list_(pa.int32()))}), a)
     pq.write_table(pa.table({"id": [2], "tokens": pa.array([[3]], pa.list_(pa.int64()))}), b)
-    with pytest.raises(cd.SchemaError) as info:
+    with pytest.raises(cd.errors.SchemaError) as info:
         cd.ArrowSource(str(tmp_path))
     message = str(info.value)
     assert str(a) in message and str(b) in message and "'tokens'" in message
@@ -822,7 +822,7 @@ def test_out_of_range_indices(parquet_dir: Path) -> None:
     src = cd.ArrowSource(str(parquet_dir))
     n = len(src)
     for indices in ([n], [-1], [0, 5, n + 7], np.array([3, -2, 1]), [2**40]):
-        with pytest.raises(cd.RecordIndexError) as info:
+        with pytest.raises(cd.errors.RecordIndexError) as info:
             src.take(indices)
         assert isinstance(info.value, IndexError)
         bad = next(int(i) for i in indices if i < 0 or i >= n)
@@ -830,9 +830,9 @@ def test_out_of_range_indices(parquet_dir: Path) -> None:
     for index in (n, n + 1, -1, -n):
         with pytest.raises(IndexError):
             src[index]
-        with pytest.raises(cd.RecordIndexError, match=f"record index {index} "):
+        with pytest.raises(cd.errors.RecordIndexError, match=f"record index {index} "):
             src[index]
-    with pytest.raises(cd.RecordIndexError, match="one-dimensional"):
+    with pytest.raises(cd.errors.RecordIndexError, match="one-dimensional"):
         src.take(np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(TypeError):
         src["3"]  # type: ignore[index]
@@ -887,9 +887,9 @@ def test_an_fsspec_filesystem_reads_the_same_records(tmp_path: Path) -> None:
         assert source.files == plain.files, path
         assert source.take(order).equals(plain.take(order)), path
         assert pickle.loads(pickle.dumps(source)).take(order).equals(plain.take(order)), path
-    with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem \(fsspec: file, local\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem \(fsspec: file, local\)"):
         cd.ArrowSource("s3://bucket/data", filesystem=local)
-    with pytest.raises(cd.SourceError, match=r"no-such-dir.*no such file or directory"):
+    with pytest.raises(cd.errors.SourceError, match=r"no-such-dir.*no such file or directory"):
         cd.ArrowSource(str(tmp_path / "no-such-dir"), filesystem=local)
 
 
@@ -901,9 +901,9 @@ def test_a_uri_with_a_filesystem_of_its_kind_reads_and_of_another_kind_is_a_conf
     plain = cd.ArrowSource(str(tmp_path))
     uri = cd.ArrowSource(f"file://{tmp_path}/*.parquet", filesystem=pafs.LocalFileSystem())
     assert uri.files == plain.files and uri.take(np.arange(10)).equals(plain.take(np.arange(10)))
-    with pytest.raises(cd.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem"):
+    with pytest.raises(cd.errors.ConfigError, match=r"s3:// URI but filesystem= is a LocalFileSystem"):
         cd.ArrowSource("s3://bucket/data/*.parquet", filesystem=pafs.LocalFileSystem())
-    with pytest.raises(cd.ConfigError, match="give the path inside that filesystem"):
+    with pytest.raises(cd.errors.ConfigError, match="give the path inside that filesystem"):
         cd.ArrowSource(f"file://{tmp_path}", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
 
 
@@ -919,5 +919,5 @@ def test_brackets_in_a_path_are_its_name_not_a_pattern(tmp_path: Path) -> None:
     assert cd.ArrowSource(str(tmp_path / "run[1]" / "*.parquet")).files == (str(tmp_path / "run[1]" / "a.parquet"),)
     assert cd.ArrowSource(str(tmp_path / "run1" / "[b]*.parquet")).files == (str(tmp_path / "run1" / "b.parquet"),)
     (tmp_path / "data[1].parquet").unlink()
-    with pytest.raises(cd.SourceError, match=r"data\[1\]\.parquet.*no such file"):
+    with pytest.raises(cd.errors.SourceError, match=r"data\[1\]\.parquet.*no such file"):
         cd.ArrowSource(str(tmp_path / "data[1].parquet"))

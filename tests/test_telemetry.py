@@ -71,7 +71,7 @@ def one_batch_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
 
 
-def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.Telemetry, float]:
+def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.telemetry.Telemetry, float]:
     """`steps` steps, each sleeping `step_s` after its batch. Returns the telemetry and the
     input-wait share measured here, by the test's own clock, over the steady-state steps."""
     warmup = loader.options["warmup"]
@@ -234,7 +234,7 @@ def test_verdict_lines() -> None:
 
 def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:
     jsonl = tmp_path / "telemetry.jsonl"
-    export = cd.TelemetryExport(jsonl=str(jsonl), every_s=0.2, prometheus_port=0, prometheus_addr="127.0.0.1")
+    export = cd.telemetry.TelemetryExport(jsonl=str(jsonl), every_s=0.2, prometheus_port=0, prometheus_addr="127.0.0.1")
     loader = cd.Loader(make_pipeline(token_corpus, epochs=None), warmup=2, telemetry_export=export)
     with loader:
         for i, _ in enumerate(loader):
@@ -275,14 +275,14 @@ def test_counters_survive_a_restart(token_corpus: Path) -> None:
 
 
 def test_telemetry_export_checks_its_settings(token_corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(cd.ConfigError, match="prometheus_port"):
-        cd.TelemetryExport(prometheus_port=70000)
-    with pytest.raises(cd.ConfigError, match="every_s"):
-        cd.TelemetryExport(every_s=0)
-    with pytest.raises(cd.ConfigError, match="warmup"):
+    with pytest.raises(cd.errors.ConfigError, match="prometheus_port"):
+        cd.telemetry.TelemetryExport(prometheus_port=70000)
+    with pytest.raises(cd.errors.ConfigError, match="every_s"):
+        cd.telemetry.TelemetryExport(every_s=0)
+    with pytest.raises(cd.errors.ConfigError, match="warmup"):
         cd.Loader(make_pipeline(token_corpus), warmup=-1)
-    export = cd.TelemetryExport(jsonl=str(tmp_path / "missing" / "telemetry.jsonl"))
-    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match="cannot write"):
+    export = cd.telemetry.TelemetryExport(jsonl=str(tmp_path / "missing" / "telemetry.jsonl"))
+    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.errors.ConfigError, match="cannot write"):
         next(loader)
 
 
@@ -290,8 +290,8 @@ def test_an_exporter_that_cannot_start_stops_the_others(token_corpus: Path, tmp_
     with socket.socket() as probe:  # a free port, for the exporter that starts
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
-    export = cd.TelemetryExport(jsonl=str(tmp_path / "missing" / "t.jsonl"), prometheus_port=free, prometheus_addr="127.0.0.1")
-    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match="jsonl"):
+    export = cd.telemetry.TelemetryExport(jsonl=str(tmp_path / "missing" / "t.jsonl"), prometheus_port=free, prometheus_addr="127.0.0.1")
+    with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.errors.ConfigError, match="jsonl"):
         next(loader)
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", free), timeout=2):
         pass  # no metrics server was left listening
@@ -300,9 +300,9 @@ def test_an_exporter_that_cannot_start_stops_the_others(token_corpus: Path, tmp_
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
-    export = cd.TelemetryExport(jsonl=str(tmp_path / "telemetry.jsonl"), prometheus_port=port, prometheus_addr="127.0.0.1")
+    export = cd.telemetry.TelemetryExport(jsonl=str(tmp_path / "telemetry.jsonl"), prometheus_port=port, prometheus_addr="127.0.0.1")
     try:
-        with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.ConfigError, match=f"prometheus_port={port}"):
+        with cd.Loader(make_pipeline(token_corpus), telemetry_export=export) as loader, pytest.raises(cd.errors.ConfigError, match=f"prometheus_port={port}"):
             next(loader)
     finally:
         busy.close()

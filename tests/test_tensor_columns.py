@@ -69,7 +69,7 @@ def test_nested_lists_of_other_lengths_are_named(tmp_path: Path) -> None:
     records[5][1] = records[5][1][:2]  # one inner list of 2
     records[6] = records[6][:2]  # one record of 2 lists
     pq.write_table(pa.table({"id": np.arange(RECORDS), "m": nested_lists(records)}), tmp_path / "m.parquet")
-    with pytest.raises(cd.TransformError) as raised:
+    with pytest.raises(cd.errors.TransformError) as raised:
         read(tmp_path / "m.parquet", shuffle="none")
     message = str(raised.value)
     assert "column 'm'" in message and "pad_or_truncate" not in message, message

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from tokenizers import Tokenizer
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.ops import demo
 from colo_data.testing import read_all
 
@@ -96,7 +97,7 @@ def test_loader_batches_hold_encode_batchs_ids_on_every_backend_and_host_count(
         index_column="_index",
     )
     if workers:  # more batches than the host's first chunk, so that the workers make some
-        chunk = cd.HostPipeline(pipeline, 0, hosts).chunk
+        chunk = HostPipeline(pipeline, 0, hosts).chunk
         pipeline = dataclasses.replace(pipeline, epochs=chunk * BATCH // 120 + 2)
     batches = read_all(cd.Loader(pipeline, backend=backend_of(backend, workers, tmp_path), **loader_options(backend, hosts)))
     assert len(batches) == pipeline.epochs * 120 // BATCH
@@ -159,23 +160,23 @@ def test_a_path_is_loaded_once_per_process_and_not_pickled(text_data: tuple[Path
 def test_bad_input_is_a_named_error(text_data: tuple[Path, Path], tmp_path: Path) -> None:
     _, path = text_data
     transform = cd.tokenize("text", path)
-    with pytest.raises(cd.TransformError, match=r"cd.tokenize\('text'\): column 'text' is int64, expected a string column"):
+    with pytest.raises(cd.errors.TransformError, match=r"cd.tokenize\('text'\): column 'text' is int64, expected a string column"):
         transform({"text": pa.array([1, 2])})
-    with pytest.raises(cd.TransformError, match="column 'text' is a numpy array of dtype int32"):
+    with pytest.raises(cd.errors.TransformError, match="column 'text' is a numpy array of dtype int32"):
         transform({"text": np.zeros(2, np.int32)})
-    with pytest.raises(cd.TransformError, match=r"no column 'text' in the batch; it has \['body'\]"):
+    with pytest.raises(cd.errors.TransformError, match=r"no column 'text' in the batch; it has \['body'\]"):
         transform({"body": pa.array(["x"])})
     missing = tmp_path / "nowhere" / "tokenizer.json"
-    with pytest.raises(cd.ConfigError, match=f"no tokenizer file at '{missing}'"):
+    with pytest.raises(cd.errors.ConfigError, match=f"no tokenizer file at '{missing}'"):
         cd.tokenize("text", missing)
     not_json = tmp_path / "tokens.parquet"
     pq.write_table(pa.table({"x": [1]}), not_json)
-    with pytest.raises(cd.ConfigError, match=f"'{not_json}' is not a Hugging Face tokenizer.json"):
+    with pytest.raises(cd.errors.ConfigError, match=f"'{not_json}' is not a Hugging Face tokenizer.json"):
         cd.tokenize("text", not_json)
-    with pytest.raises(cd.ConfigError, match="tokenizer=42 is not a tokenizers.Tokenizer"):
+    with pytest.raises(cd.errors.ConfigError, match="tokenizer=42 is not a tokenizers.Tokenizer"):
         cd.tokenize("text", 42)
     short = cd.tokenize("text", EncodeBatch(path, drop_last=True))
-    with pytest.raises(cd.TransformError, match="returned 1 id lists for 2 texts"):
+    with pytest.raises(cd.errors.TransformError, match="returned 1 id lists for 2 texts"):
         short({"text": pa.array(["a", "b"])})
 
 
@@ -249,5 +250,5 @@ def test_sentencepiece_ids_are_the_processors_own(text_data: tuple[Path, Path], 
                 np.testing.assert_array_equal(batch["text"][row][: len(want[index])], want[index], err_msg=f"{tokenizer!r}")
     broken = sentencepiece_model.with_name("broken.model")
     broken.write_bytes(b"not a model")
-    with pytest.raises(cd.ConfigError, match=r"broken.model' is not a SentencePiece model"):
+    with pytest.raises(cd.errors.ConfigError, match=r"broken.model' is not a SentencePiece model"):
         cd.tokenize("text", broken)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import colo_data as cd
-from colo_data import TransformError
+from colo_data.errors import TransformError
 from colo_data.io.columns import from_records, table_to_columns, to_records
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.cli import main
 from colo_data.ops.config import load_config
 from colo_data.ops.verify import Check, verify
@@ -148,7 +149,7 @@ def host_1_of_2_rows(pipeline: cd.Pipeline, batch: int) -> tuple[int, int, int]:
     """The first two records that host 1 of 2 serves in `batch` (global rows 6 and 7), and
     how many rows that host transforms at a time (its chunk of batches; the whole epoch
     here), which tells its pieces from other host counts' to the broken transform."""
-    host = cd.HostPipeline(pipeline, 1, 2)
+    host = HostPipeline(pipeline, 1, 2)
     first, second = (int(i) for i in host.stream_indices(np.arange(2) + batch * BATCH + host.rows.start))
     return first, second, min(host.chunk, RECORDS // BATCH) * BATCH // 2
 
@@ -265,7 +266,7 @@ def test_host_counts_that_do_not_divide_the_batch_are_skipped(
     assert checks[1].detail.startswith("hosts 1, 2, 3 give the same 7 batches")
     assert checks[2].detail.startswith("each record once per epoch over stream positions 0-41: 42 of epoch 0's 120")
     assert checks[-1].detail.startswith("state after 3 batches with 1 host, restored with 3 hosts")
-    with pytest.raises(cd.ConfigError, match=r"hosts=\(4, 5\): none divides global_batch_size=6"):
+    with pytest.raises(cd.errors.ConfigError, match=r"hosts=\(4, 5\): none divides global_batch_size=6"):
         verify(pipeline, hosts=(4, 5))
 
 
@@ -281,7 +282,7 @@ def test_packed_pipeline_losing_a_record_fails_naming_it(
     workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pipeline = build(workdir, monkeypatch, "packed", corpus=str(token_corpus))
-    kept = [int(i) for i in cd.HostPipeline(pipeline).stream_indices(np.arange(RECORDS)) if i % 3]
+    kept = [int(i) for i in HostPipeline(pipeline).stream_indices(np.arange(RECORDS)) if i % 3]
     lost = kept[20]
     checks = by_name(verify(build(workdir, monkeypatch, "packed", corpus=str(token_corpus), lose=lost)))
     assert checks["identical batches"].status == "PASS"  # every host count loses it
@@ -303,10 +304,10 @@ def test_packed_pipeline_losing_a_record_fails_naming_it(
 def test_library_refuses_what_it_cannot_verify(
     workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(cd.ConfigError, match="no index column"):
+    with pytest.raises(cd.errors.ConfigError, match="no index column"):
         verify(build(workdir, monkeypatch, "tokens", corpus=str(token_corpus), index=False))
     pipeline = build(workdir, monkeypatch, "tokens", corpus=str(token_corpus))
-    with pytest.raises(cd.ConfigError, match=r"resume_at=10: the run reads 10 batches"):
+    with pytest.raises(cd.errors.ConfigError, match=r"resume_at=10: the run reads 10 batches"):
         verify(pipeline, resume_at=10)
-    with pytest.raises(cd.ConfigError, match=r"hosts=\(0,\)"):
+    with pytest.raises(cd.errors.ConfigError, match=r"hosts=\(0,\)"):
         verify(pipeline, hosts=(0,))

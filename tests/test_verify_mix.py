@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import colo_data as cd
+from colo_data.host.pipeline import HostPipeline
 from colo_data.ops.verify import Check, verify
 from colo_data.spec import mix as mix_module
 
@@ -123,7 +124,7 @@ def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora:
     components, own = order.positions(np.arange(3 * BATCH + 6, 3 * BATCH + 11))
     row = int(np.flatnonzero(components == 0)[0])
     record = int(order.orders[0].stream_indices(own[row : row + 1])[0])
-    rows = cd.HostPipeline(pipeline, 1, 2).chunk * BATCH // 2
+    rows = HostPipeline(pipeline, 1, 2).chunk * BATCH // 2
     checks = by_name(verify(mix_pipeline(mix_corpora, (CopyOver(0, record, rows),)), hosts=(1, 2, 3), resume_at=2))
     identical = checks["identical batches"].detail
     assert identical.startswith(f"batch 3 row {6 + row} differs in ") and identical.endswith(" with 2 hosts")
@@ -142,7 +143,7 @@ def drop_component(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def test_a_dropped_component_column_is_a_config_error(mix_corpora: dict[str, Path]) -> None:
-    with pytest.raises(cd.ConfigError, match=r"Mix\(component_column='_component'\): the batches have no such column"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Mix\(component_column='_component'\): the batches have no such column"):
         verify(mix_pipeline(mix_corpora, (drop_component,)), hosts=(1, 2), steps=3)
 
 

@@ -110,6 +110,6 @@ def test_installed_wheel_renders_manifests_and_runs_doctor(tmp_path: Path, token
     report = json.loads(run([colo, "doctor", "--json"], work))
     assert report["versions"]["colo-data"] == "0.1.0"
     assert report["jax"]["backend"] == "cpu" and report["jax"]["devices"]
-    assert report["cpu"]["workers"] == cd.cpu_budget().workers  # what this process, in the same cgroup, sees
+    assert report["cpu"]["workers"] == cd.resources.cpu_budget().workers  # what this process, in the same cgroup, sees
     doctor_text = run([colo, "doctor"], work)
     assert "jax devices" in doctor_text and "version colo-data" in doctor_text

@@ -248,10 +248,10 @@ def test_block_shares_take_as_many_row_groups_of_each_window(token_corpus: Path)
 def test_shares_that_disagree_on_a_column_are_an_error() -> None:
     a = HostChunk({"tokens": np.zeros((2, 4), np.int32)}, places=np.array([0, 2]))
     b = HostChunk({"tokens": np.zeros((1, 5), np.int32)}, places=np.array([1]))
-    with pytest.raises(cd.TransformError, match=r"column 'tokens' came out as int32 rows of shape \(4,\)"):
+    with pytest.raises(cd.errors.TransformError, match=r"column 'tokens' came out as int32 rows of shape \(4,\)"):
         merge_shares([a, b])
     c = HostChunk({"tokens": np.zeros((1, 4), np.int32), "extra": np.zeros(1)}, places=np.array([1]))
-    with pytest.raises(cd.TransformError, match=r"columns \['extra'\] came out"):
+    with pytest.raises(cd.errors.TransformError, match=r"columns \['extra'\] came out"):
         merge_shares([a, c])
 
 
@@ -267,7 +267,7 @@ def test_a_transform_whose_shape_depends_on_the_records_fails_clearly_with_worke
     pipeline = make_pipeline(token_corpus, "global", transforms=[pad_to_longest], epochs=None)
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
         # the shares of one chunk disagree, or a chunk disagrees with the first: either is named
-        with pytest.raises(cd.TransformError, match=r"'tokens'.*(came out as int|where the first batch had)"):
+        with pytest.raises(cd.errors.TransformError, match=r"'tokens'.*(came out as int|where the first batch had)"):
             for _ in range(20):
                 next(loader)
 
@@ -321,7 +321,7 @@ def test_a_worker_is_warmed_where_the_stream_is_before_it_says_it_is_ready(token
         want = work.compute(at + BATCH, 2)
         np.testing.assert_array_equal(got.columns["_index"], want.columns["_index"])
         stream.ask(at, 1, 1)  # the warm batch's error is the chunk's
-        with pytest.raises(cd.TransformError, match=f"record {warm[0]}"):
+        with pytest.raises(cd.errors.TransformError, match=f"record {warm[0]}"):
             stream.take()
     finally:
         owner.close()

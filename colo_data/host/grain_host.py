@@ -153,7 +153,7 @@ class GrainHost:
                 f"MultiprocessingOptions(num_workers=...)); this host's dataset has {workers}. A Grain iterator's state "
                 f"restores with the worker count that saved it: build the dataset with mp_prefetch(MultiprocessingOptions("
                 f"num_workers={before})) "
-                "(cd.grain_multiprocessing_options() sizes it from the CPU budget, which may differ after a restart), "
+                "(cd.resources.grain_multiprocessing_options() sizes it from the CPU budget, which may differ after a restart), "
                 "or start without a state"
             )
 

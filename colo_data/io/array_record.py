@@ -93,7 +93,9 @@ class ArrayRecordSource:
             )
         files = sorted({f for found in matched.values() for f in found})
         if not callable(parse):
-            raise SourceError(f"ArrayRecordSource(parse={parse!r}): give a function of a list of bytes, e.g. cd.parse_json")
+            raise SourceError(
+                f"ArrayRecordSource(parse={parse!r}): give a function of a list of bytes, e.g. cd.sources.parse_json"
+            )
         self.files = tuple(files)
         self.parse = parse
         self._counts = np.array([_count(f) for f in self.files], dtype=np.int64)

@@ -62,7 +62,7 @@ def parse_tf_example(records: Sequence[bytes]) -> dict[str, Any]:
     """Columns of serialized `tf.train.Example`s: one per feature (in name order), one entry a record. A
     feature with one value in every record is a scalar column (int64, float32, or bytes);
     any other is a list column (a numpy array a record). A feature a record lacks is None
-    there. For `cd.ArrayRecordSource(paths, parse=cd.parse_tf_example)`.
+    there. For `cd.sources.ArrayRecordSource(paths, parse=cd.sources.parse_tf_example)`.
 
     Raises:
         SourceError: a record that is not an Example, or a feature of two kinds (named).

@@ -263,7 +263,7 @@ class Loader:
             or `cd.Colocated(...)` (the Pathways colocated-Python sidecars of the hosts),
             or one of their names, "inprocess", "sidecar", "colocated", for their default
             settings; "auto" picks colocated on Pathways, sidecar when sidecar addresses
-            are configured (`COLO_DATA_SIDECAR`), else inprocess (`cd.auto_backend()`).
+            are configured (`COLO_DATA_SIDECAR`), else inprocess.
         hosts: the host count (default: the JAX process count; in one process, a larger
             count simulates hosts; colocated: one host per CPU device colocated with the
             mesh). Each process computes only the hosts whose rows its devices hold.
@@ -301,7 +301,7 @@ class Loader:
         if hosts is not None:
             hosts = int_setting("hosts", hosts, 1, "host pipelines that share each global batch; None: the backend's own")
         if telemetry_export is not None and not isinstance(telemetry_export, TelemetryExport):
-            raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.TelemetryExport(...) or None")
+            raise ConfigError(f"telemetry_export={telemetry_export!r}: give a cd.telemetry.TelemetryExport(...) or None")
         if not isinstance(pipeline, AnyPipeline):
             raise ConfigError(f"pipeline={pipeline!r}: give a cd.Pipeline or a cd.GrainPipeline")
         self.backend: BackendOptions = resolve(backend)
@@ -343,7 +343,7 @@ class Loader:
 
     def telemetry(self) -> Telemetry:
         """Input wait, throughput, per-stage times, worker CPU, queue depth and a verdict
-        naming the bottleneck (see `cd.Telemetry`); cheap enough to call every few seconds."""
+        naming the bottleneck (see `cd.telemetry.Telemetry`); cheap enough to call every few seconds."""
         return self._runner.telemetry()
 
     def step_trace(self) -> StepTrace:

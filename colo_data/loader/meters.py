@@ -46,7 +46,7 @@ class LoaderMeters:
             self._at_warmup = self.backend.counters()
 
     def telemetry(self) -> Telemetry:
-        """The telemetry now (see `cd.Telemetry`)."""
+        """The telemetry now (see `cd.telemetry.Telemetry`)."""
         handoff, now = self.backend.counters()
         at = self._at_warmup
         return summarize(

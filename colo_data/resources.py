@@ -1,0 +1,7 @@
+"""`cd.resources`: what this host may spend, as colo-data reads it from the container
+(cgroup CPU quotas, affinity, memory limit) rather than from `os.cpu_count()`, and Grain's
+multiprocessing options sized from it."""
+
+from colo_data.host.resources import CpuBudget, cpu_budget, grain_multiprocessing_options, memory_limit
+
+__all__ = ["CpuBudget", "cpu_budget", "grain_multiprocessing_options", "memory_limit"]
