@@ -72,7 +72,12 @@ HEADLINES = (
     ("light, inprocess: the count auto picks", '`workers="auto"`, in process, light pipeline', "the best fixed count"),
     ("cpu, inprocess: the count auto picks", '`workers="auto"`, in process, CPU-bound pipeline', "the best fixed count"),
     ("cpu: sidecar, 2 workers / in process, none", "CPU-bound pipeline: sidecar with 2 workers", "in process, no workers"),
+    ("light, inprocess: 2 workers / none, lowest", "light pipeline, in process, 2 workers, lowest window", "no workers"),
+    ("light, sidecar: 2 workers / none, lowest", "light pipeline, sidecar, 2 workers, lowest window", "no workers"),
     ("cpu packed, inprocess: 2 workers / none", "packed CPU-bound pipeline, in process: 2 workers", "no workers"),
+    ("cpu packed, sidecar: 2 workers / none", "packed CPU-bound pipeline, sidecar: 2 workers", "no workers"),
+    ("cpu filtered, inprocess: 2 workers / none", "filtered CPU-bound pipeline, in process: 2 workers", "no workers"),
+    ("cpu filtered, sidecar: 2 workers / none", "filtered CPU-bound pipeline, sidecar: 2 workers", "no workers"),
     ("cpu, inprocess: 2 workers / none, the first", "CPU-bound pipeline, in process, 2 workers, first 120 steps", "no workers"),
 )
 
