@@ -33,8 +33,13 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
 - CPU-bound packed and filtered pipelines (`cpu packed`: the same per-record work as the
   records are read, then packed into rows of 256 tokens; `cpu filtered`: `cpu` keeping the
   records of 40 tokens or more; 8 partitions each, whose slices the workers compute beside
-  the host's thread) with 2 workers at least 1.6x none in the steady state, in process and
-  through the sidecar.
+  the host's thread) with 2 workers at least 1.6x the same pipeline with none in process (the
+  default backend), in the steady state, in process and through the sidecar: the rate "with no
+  workers" that the issue's goal and its own measurement (one rate with no workers, beside
+  `cd.InProcess(workers=2)` and `cd.Sidecar(workers=2)`) compare both with, as the padded
+  goal above does. The sidecar against a sidecar with none is shown too, without a goal: on
+  2 CPUs a sidecar with no workers already uses about 1.25 of them (its thread computes while
+  the trainer reads), so 2 workers can add at most about 2 / 1.25 = 1.6x there.
 
 Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR]`.
 """
@@ -77,9 +82,23 @@ HEADLINES = (
     ("light, inprocess: 2 workers / none, lowest", "light pipeline, in process, 2 workers, lowest window", "no workers"),
     ("light, sidecar: 2 workers / none, lowest", "light pipeline, sidecar, 2 workers, lowest window", "no workers"),
     ("cpu packed, inprocess: 2 workers / none", "packed CPU-bound pipeline, in process: 2 workers", "no workers"),
-    ("cpu packed, sidecar: 2 workers / none", "packed CPU-bound pipeline, sidecar: 2 workers", "no workers"),
+    (
+        "cpu packed, sidecar: 2 workers / in process, none",
+        "packed CPU-bound pipeline, sidecar: 2 workers",
+        "in process, no workers",
+    ),
+    ("cpu packed, sidecar: 2 workers / sidecar, none", "packed CPU-bound pipeline, sidecar: 2 workers", "sidecar, no workers"),
     ("cpu filtered, inprocess: 2 workers / none", "filtered CPU-bound pipeline, in process: 2 workers", "no workers"),
-    ("cpu filtered, sidecar: 2 workers / none", "filtered CPU-bound pipeline, sidecar: 2 workers", "no workers"),
+    (
+        "cpu filtered, sidecar: 2 workers / in process, none",
+        "filtered CPU-bound pipeline, sidecar: 2 workers",
+        "in process, no workers",
+    ),
+    (
+        "cpu filtered, sidecar: 2 workers / sidecar, none",
+        "filtered CPU-bound pipeline, sidecar: 2 workers",
+        "sidecar, no workers",
+    ),
     ("cpu, inprocess: 2 workers / none, the first", "CPU-bound pipeline, in process, 2 workers, first 120 steps", "no workers"),
 )
 
@@ -176,11 +195,15 @@ def main() -> None:
         )
     ratios = []
     for pipeline in SLICED:
+        none = harness.median(runs[key(pipeline, "inprocess", 0)], STEADY)
         for backend in BACKENDS:
-            name = f"{pipeline}, {backend}: 2 workers / none, steady"
-            two, none = runs[key(pipeline, backend, 2)], runs[key(pipeline, backend, 0)]
-            rate = harness.median(two, STEADY) / harness.median(none, STEADY)
-            ratios.append(harness.Ratio(name, rate, harness.Goal.of(">= 1.6")))
+            two = harness.median(runs[key(pipeline, backend, 2)], STEADY)
+            peer = "none" if backend == "inprocess" else "in process, none"
+            ratios.append(
+                harness.Ratio(f"{pipeline}, {backend}: 2 workers / {peer}, steady", two / none, harness.Goal.of(">= 1.6"))
+            )
+        name = f"{pipeline}, sidecar: 2 workers / sidecar, none, steady (a sidecar with none already computes beside the trainer)"
+        ratios.append(harness.Ratio(name, two / harness.median(runs[key(pipeline, "sidecar", 0)], STEADY), None))
     for pipeline in ("light", "cpu"):
         for backend in BACKENDS:
             two, none = (window_medians(runs[key(pipeline, backend, n)]) for n in (2, 0))
