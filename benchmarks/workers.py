@@ -203,7 +203,8 @@ def main() -> None:
                 harness.Ratio(f"{pipeline}, {backend}: 2 workers / {peer}, steady", two / none, harness.Goal.of(">= 1.6"))
             )
         name = f"{pipeline}, sidecar: 2 workers / sidecar, none, steady (a sidecar with none already computes beside the trainer)"
-        ratios.append(harness.Ratio(name, two / harness.median(runs[key(pipeline, "sidecar", 0)], STEADY), None))
+        two, none = (harness.median(runs[key(pipeline, "sidecar", n)], STEADY) for n in (2, 0))
+        ratios.append(harness.Ratio(name, two / none, None))
     for pipeline in ("light", "cpu"):
         for backend in BACKENDS:
             two, none = (window_medians(runs[key(pipeline, backend, n)]) for n in (2, 0))
