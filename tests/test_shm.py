@@ -331,6 +331,27 @@ def test_exit_removes_the_ring_but_a_forked_child_exit_does_not(tmp_path: Path) 
     assert os.listdir(tmp_path) == []  # removed at the writer's exit, without close()
 
 
+def test_a_sigterm_while_the_ring_closes_leaves_no_segment(tmp_path: Path) -> None:
+    """A sidecar's SIGTERM raises SystemExit wherever its main thread is: here while close()
+    waits for a copy thread that is still busy. The ring's files must still all go."""
+    child = _python(
+        """
+        import os, signal, sys, threading, time
+        from colo_data.backends.sidecar.shm import ShmRing
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as `colo-data sidecar serve` does
+        ring = ShmRing.create(sys.argv[1], 4, 4096, copy_threads=2)
+        ring._pool.submit(time.sleep, 2)  # a copy still under way when the ring closes
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        ring.close()
+        print("close was not interrupted", flush=True)
+        """,
+        str(tmp_path),
+    )
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0 and "not interrupted" not in out, (child.returncode, out)
+    assert os.listdir(tmp_path) == []
+
+
 @contextmanager
 def read_only_tmpfs(path: Path) -> Iterator[Path]:
     """A tmpfs mounted read-only at `path`: a directory that not even root may write."""

@@ -192,6 +192,7 @@ class ShmRing:
         self.names = [f"colo-data-{run_id}-{slot}" for slot in range(len(fds))]
         self._fds, self._maps = fds, maps
         self._pid = os.getpid()
+        self._removed = False
         self._threads = max(1, copy_threads)
         self._pool = ThreadPoolExecutor(self._threads - 1, "colo-data-shm-copy") if self._threads > 1 else None
         self._at_exit = process.at_exit(self.close)
@@ -267,21 +268,25 @@ class ShmRing:
             piece.result()
 
     def close(self) -> None:
-        """Unmap and remove every slot; idempotent. In a forked child it only unmaps: the
-        segments are the parent's."""
+        """Remove every slot file, then unmap and close them; idempotent. The files go first,
+        and are marked gone only once all are: a signal that interrupts this (a sidecar's
+        SIGTERM raises SystemExit wherever its main thread is) leaves them to the next call,
+        which the exit hook makes. In a forked child it only unmaps: the segments are the
+        parent's."""
+        if os.getpid() == self._pid and not self._removed:
+            for name in self.names:
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except FileNotFoundError:  # removed already: by the trainer (ShmReader.unlink_all), or an interrupted call
+                    pass
+            self._removed = True
         fds, maps = self._fds, self._maps
-        self._fds, self._maps = [], []  # first, so that a signal arriving mid-way cannot close twice
+        self._fds, self._maps = [], []  # before closing them: a call that interrupted this one cannot close them twice
         if self._pool is not None:
             self._pool.shutdown()
         for segment in maps:
             _unmap(segment)
-        owner = os.getpid() == self._pid
-        for name, fd in zip(self.names[: len(fds)], fds, strict=True):
-            if owner:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except FileNotFoundError:  # the trainer removed it (ShmReader.unlink_all)
-                    pass
+        for fd in fds:
             os.close(fd)
         process.forget(self._at_exit)
 
