@@ -11,6 +11,7 @@ swept at the next start. Unlike pids, locks stay right across pid reuse and pid 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import mmap
@@ -168,6 +169,13 @@ def _ours(info: os.stat_result) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
+def _remove(directory: str, names: Sequence[str]) -> None:
+    """Remove the files `names` in `directory`, those that are still there."""
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+
+
 def _unmap(segment: mmap.mmap) -> None:
     """Unmap now, or, while numpy views still use the mapping, when the last one is gone."""
     try:
@@ -274,11 +282,7 @@ class ShmRing:
         which the exit hook makes. In a forked child it only unmaps: the segments are the
         parent's."""
         if os.getpid() == self._pid and not self._removed:
-            for name in self.names:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except FileNotFoundError:  # removed already: by the trainer (ShmReader.unlink_all), or an interrupted call
-                    pass
+            _remove(self.directory, self.names)  # some may be gone: the trainer's unlink_all, an interrupted call
             self._removed = True
         fds, maps = self._fds, self._maps
         self._fds, self._maps = [], []  # before closing them: a call that interrupted this one cannot close them twice
@@ -361,8 +365,4 @@ class ShmReader:
 
     def unlink_all(self) -> None:
         """Remove the ring's files: for the trainer, once it knows the writer died."""
-        for name in self.names:
-            try:
-                os.unlink(os.path.join(self.directory, name))
-            except FileNotFoundError:
-                pass
+        _remove(self.directory, self.names)
