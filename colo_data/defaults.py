@@ -7,6 +7,13 @@ SLOTS = 4  # slots of a sidecar's ring: how far it may run ahead of the trainer
 # fewer): a plan's fill grows with its rows (best fit on the demo corpus, rows of 512 tokens:
 # 95.8% over 16 rows, 97.8% over 64, 98.8% over 256, 99.0% over 512)
 PACK_PLAN_ROWS = 256
+# The partitions of an endless packed or filtered pipeline that names none
+# (`colo_data.spec.pipeline.default_partitions`): PARTITIONS up to batches of PARTITIONS *
+# PARTITION_ROWS rows, a partition per PARTITION_ROWS rows above. A host computes its own
+# partitions (1/H of the work) for up to that many hosts; at one host its packing plans
+# hold 16 batches' rows (PARTITIONS * min(B, PACK_PLAN_ROWS) rows up to B = 256).
+PARTITIONS = 16
+PARTITION_ROWS = 16
 CHUNK_RECORDS = 512  # records of one host computed per call, so that per-call costs are shared
 # Chunks of CHUNK_RECORDS in one chunk that worker processes share out: every chunk costs
 # each worker a request, a reply and a wake-up, so theirs are larger (benchmarks/startup.py:

@@ -59,7 +59,7 @@ def test_every_accepted_record_once_with_every_column_on_every_backend(token_cor
 
 
 def test_the_state_counts_the_rejected_records_and_restores_on_other_host_counts(token_corpus: Path) -> None:
-    pipeline = filtered(token_corpus, epochs=None)
+    pipeline = filtered(token_corpus, epochs=None, partitions=1)  # one stream position in the state
     with cd.Loader(pipeline, hosts=1) as loader:
         first = [to_numpy(next(loader)) for _ in range(3)]
         state = loader.get_state()
@@ -80,7 +80,7 @@ def test_a_filtered_mixture_passes_verify(mix_corpora: dict[str, Path]) -> None:
     pipeline = cd.Pipeline(
         source=cd.Mix(components, {"web": 0.5, "code": 0.3, "math": 0.2}), order=cd.Order(shuffle="global", seed=3),
         transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=BATCH, epochs=None, index_column="_index",
-        keep=not_thirds,
+        keep=not_thirds, partitions=1,  # verify checks one stream (it refuses partitioned filtered pipelines)
     )
     checks = {c.name: c for c in cd.verify.verify(pipeline, hosts=(1, 2), steps=8)}
     assert not any(c.failed for c in checks.values()), checks
@@ -113,4 +113,4 @@ def test_bad_filters_are_named_errors(token_corpus: Path) -> None:
     nothing = filtered(token_corpus, keep=lambda columns: np.zeros(len(columns["id"]), bool))
     assert read_all(cd.Loader(nothing)) == [], "a finite stream that keeps nothing ends"
     with pytest.raises(cd.errors.TransformError, match=r"keep=\S*<lambda>\) accepted none of the last [\d,]+ records of the stream"):
-        next(cd.Loader(dataclasses.replace(nothing, epochs=None)))  # an endless one is told, not read forever
+        next(cd.Loader(dataclasses.replace(nothing, epochs=None, partitions=1)))  # an endless one is told, not read forever

@@ -6,6 +6,8 @@ in process and through the sidecar. Real Parquet text, a BPE trained here."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +44,30 @@ def expected_ids(root: Path) -> dict[tuple[int, int], list[int]]:
 
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_every_packed_segment_is_the_tokenizers_ids_of_the_record_it_names(text: Path, tmp_path: Path, backend: str) -> None:
-    pipeline = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
+    """The LM pipeline as it is (it chooses partitions: each reads, tokenizes and packs its own
+    records) and with one partition (one stream: each batch holds the mixture's next records)."""
+    chosen = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
+    assert chosen.partitioned
+    want = expected_ids(text)
+    segments, _ = _segments(chosen, want, tmp_path, backend)
+    assert len(segments) > BATCH * 12, "rows hold several records each"
+    segments, per_batch = _segments(dataclasses.replace(chosen, partitions=1), want, tmp_path, backend)
+    plain = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
+    order = plain.source.bind(plain.order)
+    components, own = order.positions(np.arange(len(segments)))
+    in_order = [(int(c), int(order.orders[c].stream_indices(np.array([q]))[0])) for c, q in zip(components, own, strict=True)]
+    for b, (start, stop) in enumerate(zip(per_batch, [*per_batch[1:], len(segments)], strict=True)):
+        # a batch holds the mixture's next records (in its rows by fit, not in stream order)
+        assert sorted(segments[start:stop]) == sorted(in_order[start:stop]), f"batch {b}: not the mixture's next records"
+
+
+def _segments(
+    pipeline: cd.Pipeline, want: dict, tmp_path: Path, backend: str
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """The (component, record) of every segment of 12 batches, each checked against the
+    tokenizer's ids of that record, and where each batch's segments start."""
     with cd.Loader(pipeline, backend=cd.Sidecar(shm_dir=str(tmp_path)) if backend == "sidecar" else backend) as loader:
         batches = [to_numpy(next(loader)) for _ in range(12)]
-    want = expected_ids(text)
     segments, per_batch = [], []
     for batch in batches:
         per_batch.append(len(segments))
@@ -58,14 +80,7 @@ def test_every_packed_segment_is_the_tokenizers_ids_of_the_record_it_names(text:
                 got = batch["tokens"][row][place].tolist()
                 assert got == want[(int(c), int(i))][:LENGTH], f"row {row} segment {seg}: component {c} record {i}"
                 segments.append((int(c), int(i)))
-    assert len(segments) > BATCH * 12, "rows hold several records each"
-    plain = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
-    order = plain.source.bind(plain.order)
-    components, own = order.positions(np.arange(len(segments)))
-    in_order = [(int(c), int(order.orders[c].stream_indices(np.array([q]))[0])) for c, q in zip(components, own, strict=True)]
-    for b, (start, stop) in enumerate(zip(per_batch, [*per_batch[1:], len(segments)], strict=True)):
-        # a batch holds the mixture's next records (in its rows by fit, not in stream order)
-        assert sorted(segments[start:stop]) == sorted(in_order[start:stop]), f"batch {b}: not the mixture's next records"
+    return segments, per_batch
 
 
 def test_a_prepare_transform_must_keep_one_row_per_record(text: Path) -> None:

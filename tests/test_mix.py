@@ -223,6 +223,7 @@ def test_a_packed_mixture_names_each_segments_component_and_index(
     packed = cd.Pipeline(
         source=cd.Mix(components, weights), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,
         epochs=None, index_column="_index", pack=cd.Pack("tokens", 8, max_segments=4),
+        partitions=1,  # one stream, in the mixture's order (an endless packed pipeline would choose partitions)
     )
     rows = read(cd.Loader(packed, backend=backend_of(backend, 0, tmp_path)), 6)
     placed = rows["_component"] >= 0

@@ -180,7 +180,7 @@ def test_packed_on_colocated_as_in_process_and_resumed(token_corpus: Path, hosts
 
 
 def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:
-    pipeline = dataclasses.replace(packed(token_corpus, "global"), epochs=None)
+    pipeline = dataclasses.replace(packed(token_corpus, "global"), epochs=None, partitions=1)  # one stream of epochs
     with cd.Loader(pipeline, hosts=2) as loader:
         batches = [to_numpy(next(loader)) for _ in range(40)]
         state = loader.get_state()

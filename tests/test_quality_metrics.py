@@ -87,6 +87,7 @@ def mixture(corpora: dict[str, Path], **pack: object) -> cd.Pipeline:
         epochs=None,
         index_column="_index",
         pack=cd.Pack("tokens", PACK, max_segments=4, **pack),  # type: ignore[arg-type]
+        partitions=1,  # one stream: the counts are those of the batches read (partitions count theirs by plan)
     )
 
 

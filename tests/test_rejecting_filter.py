@@ -52,13 +52,13 @@ def test_an_endless_stream_that_rejects_every_record_is_named(token_corpus: Path
     assert f"The limit is {LIMIT} records in a row, the smaller of colo_data.host.filtering.REJECTED_RECORDS ({LIMIT})" in message
     # a bounded read: the limit's records, and at most as many again in the read that passed it
     # (a packed window doubles its look-ahead), a read's worth for each partition
-    partitions = pipeline.partitions
+    partitions = pipeline.partitioning.partitions
     assert sum(seen) <= 2 * partitions * max(LIMIT, filtering.READ_RECORDS // partitions), seen
 
 
 def test_two_epochs_rejected_are_enough(token_corpus: Path) -> None:
     """A source smaller than `REJECTED_RECORDS`: two epochs in a row hold every record."""
-    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[], **PACK, keep=reject_all)
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[], **PACK, keep=reject_all, partitions=1)
     seen.clear()
     with pytest.raises(
         cd.errors.TransformError, match=r"keep=reject_all\) accepted none of the last \d+ records.*The limit is 240 records"

@@ -192,6 +192,11 @@ class Colocated:
 
         from colo_data.backends.colocated import ColocatedBackend
 
+        if placement.only is not None:
+            raise ConfigError(
+                f"Loader(host={placement.only}) with the colocated backend: its hosts are the mesh's colocated CPU "
+                "devices, which run together; run one host alone with backend='inprocess' or 'sidecar'"
+            )
         pathwaysutils.initialize()  # a no-op off Pathways
         return ColocatedBackend(pipeline, placement, self.workers, owner)
 

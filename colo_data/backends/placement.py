@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import numpy as np
@@ -22,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
 from colo_data.spec import parts
-from colo_data.spec.order import host_rows
+from colo_data.spec.order import Partitioning, host_rows
 
 Index = tuple[slice, ...]
 
@@ -39,20 +38,37 @@ def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
 
 class Placement:
     """Host pieces -> global arrays for `mesh`/`spec`, `hosts` hosts of `global_batch_size`
-    rows. `local_hosts` lists the hosts whose rows this process's devices hold."""
+    rows. `local_hosts` lists the hosts whose rows this process's devices hold;
+    `partitioning`, a partitioned packed or filtered pipeline's partitions (None for
+    others), which partitions each host's position covers. With `only`, this process runs
+    that one host and its batches are that host's rows alone (`batch_rows` of them), on
+    the whole mesh: one host of a large job, run alone."""
 
-    def __init__(self, mesh: Mesh, spec: PartitionSpec, global_batch_size: int, hosts: int) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        spec: PartitionSpec,
+        global_batch_size: int,
+        hosts: int,
+        partitioning: Partitioning | None = None,
+        only: int | None = None,
+    ) -> None:
+        host_rows(global_batch_size, 0 if only is None else only, hosts)  # checks the host, and that hosts divide the batch
+        self.mesh, self.spec = mesh, spec
+        self.global_batch_size, self.hosts, self.partitioning, self.only = global_batch_size, hosts, partitioning, only
+        self.per_host = global_batch_size // hosts
+        self.batch_rows = global_batch_size if only is None else self.per_host
         shards = batch_shards(mesh, spec)
-        if global_batch_size % shards:
+        if self.batch_rows % shards:
+            what = "global_batch_size" if only is None else f"host {only}'s rows (global_batch_size / hosts)"
             raise ConfigError(
-                f"global_batch_size={global_batch_size} is not divisible by the {shards} shards of the batch "
+                f"{what}={self.batch_rows} is not divisible by the {shards} shards of the batch "
                 f"dimension (partition_spec={spec}, mesh {dict(mesh.shape)}): use a multiple of {shards}"
             )
-        host_rows(global_batch_size, 0, hosts)  # checks hosts divides the batch
-        self.mesh, self.spec = mesh, spec
-        self.global_batch_size, self.hosts = global_batch_size, hosts
-        self.per_host = global_batch_size // hosts
         self._shardings: dict[int, NamedSharding] = {}
+        if only is not None:
+            self.local_hosts = [only]
+            return
         needed: set[int] = set()
         for index in self.sharding(1).addressable_devices_indices_map((global_batch_size,)).values():
             # jax types the values `Index | None`, but they come from `devices_indices_map`: never None
@@ -66,26 +82,27 @@ class Placement:
                 "or do not build one in this process"
             )
 
-    def local_partitions(self, pipeline: Any) -> np.ndarray | None:
+    def local_partitions(self) -> np.ndarray | None:
         """For a partitioned packed or filtered pipeline, which entries of its position
         (`colo_data.spec.parts`) this process's hosts know: the phase and their partitions'
         (a mask); None for other pipelines."""
-        if not getattr(pipeline, "partitioned", False):
+        if self.partitioning is None:
             return None
-        mask = np.zeros(1 + pipeline.partitions, bool)
+        mask = np.zeros(1 + self.partitioning.partitions, bool)
         mask[0] = True
         for host in self.local_hosts:
-            owned = pipeline.partitioning.owned(host, self.hosts)
+            owned = self.partitioning.owned(host, self.hosts)
             mask[1 + owned.start : 1 + owned.stop] = True
         return mask
 
     def ends(self, pieces: Mapping[int, np.ndarray]) -> np.ndarray:
         """A partitioned pipeline's position after a batch, from the local hosts' shares of
-        it (host -> `[phase, its partitions' own positions]`, as many as every host's): -1
-        for the partitions of other processes' hosts."""
-        share = len(next(iter(pieces.values()))) - 1
+        it (host -> `[phase, its partitions' own positions]`): -1 for the partitions of
+        other processes' hosts."""
+        assert self.partitioning is not None  # only a partitioned pipeline's hosts end with own positions
         phase = int(next(iter(pieces.values()))[0])
-        return parts.joined(phase, {host * share: end[1:] for host, end in pieces.items()}, share * self.hosts)
+        firsts = {self.partitioning.owned(host, self.hosts).start: end[1:] for host, end in pieces.items()}
+        return parts.joined(phase, firsts, self.partitioning.partitions)
 
     def sharding(self, ndim: int) -> NamedSharding:
         """The sharding of an `ndim`-dimensional column: the spec, cut to `ndim` entries."""
@@ -96,6 +113,8 @@ class Placement:
     def _rows(self, parts: Mapping[int, np.ndarray], index: Index) -> np.ndarray:
         """The block at `index`, cut from the local host pieces; concatenated only when the
         block spans hosts."""
+        if self.only is not None:
+            return parts[self.only][index]
         start, stop, _ = index[0].indices(self.global_batch_size)
         first, last = start // self.per_host, (stop - 1) // self.per_host
         offset = start - first * self.per_host
@@ -121,6 +140,6 @@ class Placement:
                         f"{got}; transforms must give every host the same columns, dtypes and trailing shapes"
                     )
                 parts[h] = part
-            shape = (self.global_batch_size, *first.shape[1:])
+            shape = (self.batch_rows, *first.shape[1:])
             out[name] = jax.make_array_from_callback(shape, self.sharding(len(shape)), functools.partial(self._rows, parts))
         return out

@@ -157,7 +157,6 @@ class ChunkWork:
     def __init__(self, pipeline: Pipeline, host: int = 0, hosts: int = 1) -> None:
         self.pipeline, self.host, self.hosts = pipeline, host, hosts
         self.rows = range(*host_rows(pipeline.global_batch_size, host, hosts))
-        pipeline.check_hosts(hosts)
         self.stages = StageTimes()
         self.quality = QualityCounts()
         self._order: BoundStream | None = None

@@ -39,6 +39,9 @@ class _Mine:
         self.partitions = np.arange(self.owned.start, self.owned.stop, dtype=np.int64)
         self.totals = pipeline.own_totals(self.partitions)
         self.rows = self.parts.rows
+        # the host's rows among its partitions' (all of them, unless it shares one with a neighbour)
+        kept = self.parts.kept(work.host, work.hosts, self.owned)
+        self.kept = None if len(kept) == len(self.owned) * self.rows else slice(kept.start, kept.stop)
 
     def stop(self, i: int, first: int, count: int) -> int:
         """The end of own positions `[first, first + count)` of the host's i-th partition, cut at its stream's end."""
@@ -122,7 +125,7 @@ def _packed(
             packed_rows(window, row_of, offset_of, first, stop, pipeline.index_column, pipeline.stream, work.quality)
             for window, (_, row_of, offset_of) in zip(windows, plans, strict=True)
         ]
-        batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
+        batch = {name: np.concatenate([piece[name] for piece in pieces])[mine.kept or slice(None)] for name in pieces[0]}
         work.stages.add(BATCH, perf_counter() - t0, len(batch[pack.columns[0]]), sum(c.nbytes for c in batch.values()))
         phase = (phase + 1) % batches
         if not phase:  # the plans are handed out: the partitions move on (the filter's verdicts on their records counted)
@@ -172,8 +175,11 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
             tables[i], places[i] = [window.slice(rows)], [accepted_at[rows:]]
         positions = np.concatenate(stream)
         work.quality.judged(int(sum(ends) - own.sum()), rows * count)  # the partitions' records this batch consumed
+        table = pa.concat_tables(batch)
+        if mine.kept is not None:  # a partition shared with a neighbouring host: this host's rows of it
+            positions, table = positions[mine.kept], table.slice(mine.kept.start, mine.kept.stop - mine.kept.start)
         keys = work.order.record_keys(positions, work.stream_indices(positions)) if work.draws else None
-        columns = table_to_columns(pa.concat_tables(batch))
+        columns = table_to_columns(table)
         yield work.transformed(columns, int(positions[0]), keys=keys), parts.start(ends)
         own = np.array(ends)
 

@@ -285,7 +285,8 @@ class HostPipeline:
                     self.stages.add(POOL_WAIT, waited, part.rows, 0)
                     self._took(part)
                     at = asked.popleft()
-                    theirs = (owned.stop - cut(owned, level, 0, mine_count).stop) * self.pipeline.partitioning.rows
+                    workers = range(cut(owned, level, 0, mine_count).stop, owned.stop)
+                    theirs = len(self.pipeline.partitioning.kept(self.host, self.hosts, workers))
                     made = _joined(mine, part, theirs)
                     share = balance.record(len(made), waited) if share is None else share
                 for columns, end in made:

@@ -64,10 +64,11 @@ class SliceStream:
             stages.merge([a - b for a, b in zip(self.work.stages.values, before, strict=True)])
         if quality is not self.work.quality:
             quality.merge(difference(self.work.quality.values, counted))
-        rows = len(mine) * self.work.pipeline.partitioning.rows
+        partitioning, host, hosts = self.work.pipeline.partitioning, self.work.host, self.work.hosts
+        rows = len(partitioning.kept(host, hosts, mine))  # the host's rows among the slice's
         here = cut(owned, resume.parts, 0, resume.here)
-        workers = (owned.stop - here.stop) * self.work.pipeline.partitioning.rows  # the workers' rows a batch
-        first = (mine.start - here.stop) * self.work.pipeline.partitioning.rows
+        workers = len(partitioning.kept(host, hosts, range(here.stop, owned.stop)))  # the workers' rows a batch
+        first = len(partitioning.kept(host, hosts, range(here.stop, mine.start)))
         places = (np.arange(len(made))[:, None] * workers + first + np.arange(rows)).ravel()
         end = np.array([e for _, e in made], np.int64).reshape(len(made), 1 + len(mine))
         if not made or not rows:

@@ -267,6 +267,12 @@ class Loader:
         hosts: the host count (default: the JAX process count; in one process, a larger
             count simulates hosts; colocated: one host per CPU device colocated with the
             mesh). Each process computes only the hosts whose rows its devices hold.
+        host: run host `host` of `hosts` alone in this process: each batch is that host's
+            rows of the global batch (`global_batch_size / hosts` of them) on the mesh, and
+            this process does that host's work only (one host of a large job, to measure or
+            debug it). None: the hosts of the mesh, as above. Not with the colocated backend;
+            `get_state()` of a partitioned packed or filtered pipeline needs every host's
+            positions, so it is a `StateError` there.
         mesh: where batches are placed (default: every device on one `"data"` axis).
         partition_spec: how the batch is sharded (default: the batch dimension over the
             mesh's first axis).
@@ -286,6 +292,7 @@ class Loader:
         *,
         backend: str | BackendOptions = "inprocess",
         hosts: int | None = None,
+        host: int | None = None,
         mesh: Mesh | None = None,
         partition_spec: PartitionSpec | None = None,
         state: dict[str, Any] | None = None,
@@ -306,19 +313,25 @@ class Loader:
             raise ConfigError(f"pipeline={pipeline!r}: give a cd.Pipeline or a cd.GrainPipeline")
         self.backend: BackendOptions = resolve(backend)
         self.options: dict[str, Any] = {
-            "backend": self.backend, "hosts": hosts, "partition_spec": partition_spec, "prefetch": prefetch,
+            "backend": self.backend, "hosts": hosts, "host": host, "partition_spec": partition_spec, "prefetch": prefetch,
             "warmup": warmup, "telemetry_export": telemetry_export,
         }  # what `colo_data.elastic.rebuild` passes on to the loader that replaces this one
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), ("data",))
         self.partition_spec = partition_spec if partition_spec is not None else PartitionSpec(self.mesh.axis_names[0])
         self.hosts = self.backend.host_count(self.mesh, hosts)
+        if host is not None:
+            host = int_setting("host", host, 0, "the one host this process runs alone")
+            if host >= self.hosts:
+                raise ConfigError(f"host={host}: there are {self.hosts} hosts (0 to {self.hosts - 1}); give hosts= too")
         pipeline, position = (pipeline, pipeline.at(0)) if state is None else restore(pipeline, state, self.hosts)
         step = state_step(pipeline, state, position)
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
         check_picklable(pipeline, self.backend)
         pipeline.check_run(self.hosts, jax.process_count())
-        self.placement = Placement(self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts)
+        self.placement = Placement(
+            self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts, pipeline.position_partitioning, host
+        )
         owner = Lifecycle(f"Loader(backend={self.backend.name!r})")
         parts = owner.child("transport")  # what the transport starts: replaced with it (set_state of a Grain pipeline)
         try:
@@ -366,7 +379,13 @@ class Loader:
         gathered from all of them; so for a partitioned packed or filtered pipeline, whose
         position is one per partition, each process knowing its own hosts')."""
         runner = self._runner
-        position = all_parts(runner.position, self.placement.local_partitions(self.pipeline))
+        if self.placement.only is not None and self.placement.partitioning is not None:
+            raise StateError(
+                f"get_state of a loader of host {self.placement.only} alone (Loader(host=...)) of a partitioned packed or "
+                "filtered pipeline: its state is a position per partition, and this loader knows only its own "
+                "partitions'. Save the state from a loader of every host"
+            )
+        position = all_parts(runner.position, self.placement.local_partitions())
         host_states = all_host_states(runner.host_states, self.pipeline)
         return make_state(self.pipeline, position, self.hosts, host_states, runner.step)
 

@@ -110,11 +110,12 @@ def _check_settings(
     if not hosts or any(not isinstance(h, int) or h < 1 for h in hosts):
         raise ConfigError(f"hosts={tuple(hosts)!r}: give one or more positive host counts, e.g. (1, 2, 4)")
     if pipeline.partitioned:
+        chosen = " (chosen: the pipeline names none)" if pipeline.partitions is None else ""
         raise ConfigError(
-            f"partitions={pipeline.partitions} with {'pack=' if pipeline.pack is not None else 'keep='}: verify does "
-            "not yet check a partitioned packed or filtered pipeline (each partition reads at its own pace, so its "
-            "records are in no one stream order); verify the same source, order and packing with partitions=1, "
-            "in one stream"
+            f"partitions={pipeline.partitioning.partitions}{chosen} with "
+            f"{'pack=' if pipeline.pack is not None else 'keep='}: verify does not yet check a partitioned packed or "
+            "filtered pipeline (each partition reads at its own pace, so its records are in no one stream order); "
+            "verify the same source, order and packing with partitions=1, in one stream"
         )
     for name, value, least in (("steps", steps, 1), ("resume_at", resume_at, 0), ("resume_hosts", resume_hosts, 1)):
         if value is not None and (not isinstance(value, int) or value < least):
@@ -531,9 +532,10 @@ def _shares_check(pipeline: Pipeline, runs: list[_Run], expected: _Expected) -> 
         return [Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")]
     weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(stream.names, stream.shares, strict=True) if s)
     passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
-    if pipeline.partitions > 1:  # each partition runs the schedule from its own slot on: a difference of two prefixes
+    partitions = pipeline.partitioning.partitions
+    if partitions > 1:  # each partition runs the schedule from its own slot on: a difference of two prefixes
         passed = (
-            f"in every prefix of each of the {pipeline.partitions} partitions' records in stream positions 0-{end - 1} "
+            f"in every prefix of each of the {partitions} partitions' records in stream positions 0-{end - 1} "
             f"each component is within two records of its share ({weights})"
         )
     return [_per_run("shares", runs, lambda run: _shares(pipeline, stream.shares or (), run), passed)]
@@ -547,21 +549,21 @@ def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | Non
     unknown = _outside(pipeline, delivered)[1]
     if unknown:
         return unknown
-    rows = pipeline.partitioning.rows
+    rows, partitions = pipeline.partitioning.rows, pipeline.partitioning.partitions
     partition_of = delivered.places[:, 1] // rows
-    for k in range(pipeline.partitions):
+    for k in range(partitions):
         mine = np.flatnonzero(partition_of == k)
         prefix = np.arange(1, len(mine) + 1, dtype=np.int64)
         first: tuple[int, int, int] | None = None  # (its record, component, its count there)
         for c, share in enumerate(shares):
             counts = np.cumsum(delivered.components[mine] == c)
-            off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > min(pipeline.partitions, 2) * DENOMINATOR)
+            off = np.flatnonzero(np.abs(counts * DENOMINATOR - prefix * share) > min(partitions, 2) * DENOMINATOR)
             if len(off) and (first is None or off[0] < first[0]):
                 first = (int(off[0]), c, int(counts[off[0]]))
         if first is not None:
             i, c, count = first
             exact = (i + 1) * shares[c] / DENOMINATOR
-            whose = f" of partition {k}'s" if pipeline.partitions > 1 else ""
+            whose = f" of partition {k}'s" if partitions > 1 else ""
             return (
                 f"component {pipeline.stream.names[c]!r} has {count} of the first {i + 1} records{whose} (through "
                 f"{_place(delivered.places[mine[i]])}), its share ({shares[c]}/{DENOMINATOR}) of them is {exact:.2f}"

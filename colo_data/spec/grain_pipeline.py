@@ -56,6 +56,7 @@ class GrainPipeline:
     index_column = None
     variable_batches = False
     partitioned = False
+    position_partitioning = None
     # its records are its datasets' own, not a function of a stream position that colo-data computes
     positional: ClassVar[Literal[False]] = False
 

@@ -104,9 +104,18 @@ class Partitioning:
         return self.bounds(records, np.asarray(partition) + 1) - self.bounds(records, partition)
 
     def owned(self, host: int, hosts: int) -> range:
-        """The partitions host `host` of `hosts` owns (`hosts` dividing `partitions`)."""
-        share = self.partitions // hosts
-        return range(host * share, (host + 1) * share)
+        """The partitions that host `host` of `hosts` computes: those its rows of every batch
+        fall in. Where `hosts` divides `partitions` they are its own alone; otherwise two
+        hosts share a partition at their boundary (each computes it and keeps its rows)."""
+        per_host = self.rows * self.partitions // hosts
+        return range(host * per_host // self.rows, -(-(host + 1) * per_host // self.rows))
+
+    def kept(self, host: int, hosts: int, partitions: range) -> range:
+        """Host `host` of `hosts`'s rows of each batch among the rows of `partitions` (a
+        slice of its own), counted from the first of those partitions' rows."""
+        per_host, first = self.rows * self.partitions // hosts, partitions.start * self.rows
+        start = min(max(host * per_host, first), partitions.stop * self.rows)
+        return range(start - first, max(start, min((host + 1) * per_host, partitions.stop * self.rows)) - first)
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:

@@ -46,7 +46,8 @@ class Pipeline:
             partition every host evaluates it on the whole global batch's records; with
             several, each partition on its own records (its rows are its next accepted
             ones). It must give the same answer for a record wherever it runs.
-        partitions: the stream's partitions: partition k is rows
+        partitions: the stream's partitions (None: chosen from the pipeline, see
+            `default_partitions`): partition k is rows
             `[k*B/partitions, (k+1)*B/partitions)` of every global batch, and the `block` and
             `global` orders give each partition its own slice of every window's (`global`:
             the epoch's) records in row-group order, shuffled, so that host h of H (H
@@ -55,10 +56,9 @@ class Pipeline:
             must divide `global_batch_size`; one per batch row is the most. The batches do
             not depend on the host count; they do on `partitions`, which a state records
             (docs/scaling.md). With `pack` or `keep`, each partition reads, filters and
-            packs its own records at its own pace (a host only its own partitions'), the
-            state holds a position per partition, and the host count must divide
-            `partitions`; a finite stream ends at the first batch that one partition cannot
-            fill.
+            packs its own records at its own pace (a host only those its rows fall in), the
+            state holds a position per partition, and a finite stream ends at the first
+            batch that one partition cannot fill.
     """
 
     source: Source | Any
@@ -69,7 +69,7 @@ class Pipeline:
     index_column: str | None = None
     pack: Pack | None = None
     keep: Callable[[Columns], np.ndarray] | None = None
-    partitions: int = 1
+    partitions: int | None = None
     # every record a function of its stream position: skip, lineage, verify's record checks and worker pools apply
     positional: ClassVar[Literal[True]] = True
 
@@ -80,13 +80,15 @@ class Pipeline:
         if size is None or size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size!r}: must be a positive int")
         object.__setattr__(self, "global_batch_size", size)
-        partitions = as_int(self.partitions)
-        if partitions is None or partitions < 1 or size % partitions:
-            raise ConfigError(
-                f"partitions={self.partitions!r}: give a divisor of global_batch_size={size} (each partition is "
-                f"{size}/partitions rows of every batch), e.g. {size} (a partition a row) or 1"
-            )
-        object.__setattr__(self, "partitions", partitions)
+        if self.partitions is not None:
+            partitions = as_int(self.partitions)
+            if partitions is None or partitions < 1 or size % partitions:
+                raise ConfigError(
+                    f"partitions={self.partitions!r}: give a divisor of global_batch_size={size} (each partition is "
+                    f"{size}/partitions rows of every batch), e.g. {size} (a partition a row) or 1; or None, to "
+                    "let the pipeline choose"
+                )
+            object.__setattr__(self, "partitions", partitions)
         if self.epochs is not None:
             epochs = as_int(self.epochs)
             if epochs is None or epochs < 1:
@@ -121,10 +123,18 @@ class Pipeline:
         (`colo_data.spec.stream`)."""
         return stream_of(self.source)
 
-    @property
+    @functools.cached_property
     def partitioning(self) -> Partitioning:
-        """The stream's partitions: `partitions` of `global_batch_size / partitions` rows."""
-        return Partitioning(self.partitions, self.global_batch_size // self.partitions)
+        """The stream's partitions: `partitions` (or `default_partitions`) of
+        `global_batch_size / partitions` rows."""
+        count = self.partitions if self.partitions is not None else default_partitions(self)
+        return Partitioning(count, self.global_batch_size // count)
+
+    @property
+    def position_partitioning(self) -> Partitioning | None:
+        """The partitions a position holds one entry for (`partitioned`); None when it is
+        one stream position."""
+        return self.partitioning if self.partitioned else None
 
     def with_source(self, source: Any) -> Pipeline:
         """This pipeline over another source (a rebased `cd.Mix`, say)."""
@@ -144,7 +154,7 @@ class Pipeline:
         if self.epochs is None:
             return None
         if self.own_epochs:
-            return self.epochs * self.partitions * (len(self.source) // self.partitions)
+            return self.epochs * self.partitioning.partitions * (len(self.source) // self.partitioning.partitions)
         return self.epochs * len(self.source)
 
     @property
@@ -152,7 +162,7 @@ class Pipeline:
         """Whether each partition runs through epochs of its own, its slice of each shuffle
         window (`colo_data.spec.order.GlobalOrder`): several partitions under a `block` or
         `global` order."""
-        return self.partitions > 1 and self.order.shuffle != "none"
+        return self.partitioning.partitions > 1 and self.order.shuffle != "none"
 
     def own_totals(self, partitions: np.ndarray) -> np.ndarray | None:
         """Own positions in each of these partitions' streams (None: endless): their
@@ -174,7 +184,7 @@ class Pipeline:
         """Whether each partition reads, filters and packs its own records at its own pace
         (a packed or filtered pipeline of several partitions): its position is then one per
         partition (`colo_data.host.partitioned`)."""
-        return self.partitions > 1 and self.variable_batches
+        return self.partitioning.partitions > 1 and self.variable_batches
 
     def at(self, position: int) -> Position:
         """Where the stream stands after `position` records: that position, or a
@@ -191,24 +201,11 @@ class Pipeline:
             return 1
         return max(1, min(self.global_batch_size, defaults.PACK_PLAN_ROWS) // self.partitioning.rows)
 
-    def check_hosts(self, hosts: int) -> None:
-        """Raise ConfigError when `hosts` hosts cannot run this pipeline's partitions: a
-        partitioned packed or filtered pipeline's hosts own whole partitions."""
-        if self.partitioned and self.partitions % hosts:
-            fits = [h for h in range(1, self.partitions + 1) if self.partitions % h == 0]
-            raise ConfigError(
-                f"{hosts} hosts for a {'packed' if self.pack is not None else 'filtered'} pipeline of "
-                f"partitions={self.partitions}: each host owns whole partitions, so the host count must divide "
-                f"{self.partitions} ({', '.join(map(str, fits[:12]))}{', ...' if len(fits) > 12 else ''}); give "
-                "the pipeline a partition count that the host counts you run on divide (docs/scaling.md)"
-            )
-
     def check_run(self, hosts: int, processes: int) -> None:
-        """Raise ConfigError when this pipeline cannot run on `hosts` hosts in `processes`
-        processes: a partitioned packed or filtered pipeline's hosts own whole partitions
-        (`check_hosts`), and in a run of several processes it runs only endlessly, since no
-        process knows when another one's partitions run out (the stream's end)."""
-        self.check_hosts(hosts)
+        """Raise ConfigError when this pipeline cannot run in `processes` processes: a
+        partitioned packed or filtered pipeline runs there only endlessly, since no process
+        knows when another one's partitions run out (the stream's end). Any host count that
+        divides the batch runs it (`Partitioning.owned`)."""
         if self.partitioned and self.epochs is not None and processes > 1:
             raise ConfigError(
                 f"epochs={self.epochs} for a partitioned {'packed' if self.pack is not None else 'filtered'} "
@@ -257,3 +254,23 @@ class Pipeline:
         if total is None or self.variable_batches:
             return None
         return max(0, (total - position) // self.global_batch_size)
+
+
+def default_partitions(pipeline: Pipeline) -> int:
+    """The partitions of a pipeline that names none. An endless packed or filtered pipeline
+    gets the largest divisor of its batch size B up to `max(defaults.PARTITIONS, B //
+    defaults.PARTITION_ROWS)` (16 up to batches of 256, then a partition per 16 rows), and
+    no more than its smallest weighted component's records: each host then reads, filters
+    and packs about its share of every batch for up to that many hosts, and shares its
+    edge partitions beyond. A finite one, and a padded one, keep one partition (a finite
+    partitioned stream ends where one partition runs out, which a multi-controller run
+    cannot agree on; a padded one's hosts already do their share). The count depends on
+    the pipeline alone, never on the host or worker count, so the batches do not either
+    (docs/scaling.md)."""
+    if not pipeline.variable_batches or pipeline.epochs is not None:
+        return 1
+    size = pipeline.global_batch_size
+    stream = pipeline.stream
+    smallest = min(n for n, share in zip(stream.sizes, stream.shares or (1,) * len(stream.sizes), strict=True) if share)
+    most = min(max(defaults.PARTITIONS, size // defaults.PARTITION_ROWS), smallest)
+    return max(d for d in range(1, min(size, most) + 1) if size % d == 0)
