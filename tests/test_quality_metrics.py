@@ -191,8 +191,9 @@ def test_packed_mixture_in_process(corpora: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "filtered"])
 def test_partitioned_pipelines_add_up_over_hosts(corpora: dict[str, Path], packed: bool) -> None:
-    """Each host filters (and packs) its own partitions: the counts are the same for 2 and 4
-    hosts, and those of the batches (read to the end of a plan: verdicts count by plan)."""
+    """Each host filters (and packs) its own partitions: the counts are the same for 2, 3 and
+    4 hosts (3 share a partition at their boundaries: each counts its own rows, and one of them
+    its verdicts), and those of the batches (read to the end of a plan: verdicts count by plan)."""
     how: dict = (
         {"pack": cd.Pack("tokens", LENGTH, max_segments=4, keep=keep_two_of_three)}
         if packed
@@ -201,11 +202,11 @@ def test_partitioned_pipelines_add_up_over_hosts(corpora: dict[str, Path], packe
     source = cd.ArrowSource(str(corpora["long"]), columns=["id", "tokens"])
     pipeline = cd.Pipeline(source=source, global_batch_size=12, epochs=None, partitions=4, index_column="_index", **how)
     got = []
-    for hosts in (2, 4):
+    for hosts in (2, 3, 4):
         with cd.Loader(pipeline, hosts=hosts, prefetch=0) as loader:
             batches = [to_numpy(next(loader)) for _ in range(2 * pipeline.plan_batches)]
             got.append(loader.telemetry().quality)
-    assert got[0] == got[1]
+    assert got[0] == got[1] == got[2]
     index, tokens = (np.concatenate([b[name] for b in batches]) for name in ("_index", "segment_ids" if packed else "tokens"))
     placed = index[index >= 0]
     (column,) = got[0].columns

@@ -43,6 +43,16 @@ class _Mine:
         kept = self.parts.kept(work.host, work.hosts, self.owned)
         self.kept = None if len(kept) == len(self.owned) * self.rows else slice(kept.start, kept.stop)
 
+    def kept_rows(self) -> list[tuple[int, int]]:
+        """The rows `[a, b)` of each of the host's partitions (of `rows`) that are its own."""
+        kept = range(0, len(self.owned) * self.rows) if self.kept is None else range(self.kept.start, self.kept.stop)
+        return [(max(0, kept.start - i * self.rows), min(self.rows, kept.stop - i * self.rows)) for i in range(len(self.owned))]
+
+    def counted(self) -> list[bool]:
+        """Whether this host counts each partition's filter verdicts: where two hosts share
+        a partition, the one that keeps its first row does."""
+        return [a == 0 for a, _ in self.kept_rows()]
+
     def stop(self, i: int, first: int, count: int) -> int:
         """The end of own positions `[first, first + count)` of the host's i-th partition, cut at its stream's end."""
         return first + count if self.totals is None else min(first + count, int(self.totals[i]))
@@ -121,16 +131,16 @@ def _packed(
         first, stop = phase * rows, (phase + 1) * rows
         if any(not ((row_of >= first) & (row_of < stop)).any() for _, row_of, _ in plans):
             return  # a partition has no records left for its rows: the stream ends
-        pieces = [
-            packed_rows(window, row_of, offset_of, first, stop, pipeline.index_column, pipeline.stream, work.quality)
-            for window, (_, row_of, offset_of) in zip(windows, plans, strict=True)
+        pieces = [  # each partition's rows of this batch that the host keeps (all but where it shares one)
+            packed_rows(window, row_of, offset_of, first + a, first + b, pipeline.index_column, pipeline.stream, work.quality)
+            for window, (_, row_of, offset_of), (a, b) in zip(windows, plans, mine.kept_rows(), strict=True)
         ]
-        batch = {name: np.concatenate([piece[name] for piece in pieces])[mine.kept or slice(None)] for name in pieces[0]}
+        batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
         work.stages.add(BATCH, perf_counter() - t0, len(batch[pack.columns[0]]), sum(c.nbytes for c in batch.values()))
         phase = (phase + 1) % batches
         if not phase:  # the plans are handed out: the partitions move on (the filter's verdicts on their records counted)
-            for window, (consumed, _, _) in zip(windows, plans, strict=True):
-                if filters(work):
+            for window, (consumed, _, _), counts in zip(windows, plans, mine.counted(), strict=True):
+                if filters(work) and counts:
                     work.quality.judged(consumed, int((window.lengths[:consumed] >= 0).sum()))
                 window.drop(consumed)
             plans = []
@@ -174,7 +184,9 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
             ends.append(int(accepted_at[rows - 1]) + 1)
             tables[i], places[i] = [window.slice(rows)], [accepted_at[rows:]]
         positions = np.concatenate(stream)
-        work.quality.judged(int(sum(ends) - own.sum()), rows * count)  # the partitions' records this batch consumed
+        counted = mine.counted()  # the partitions' records this batch consumed (a shared one's by one host only)
+        consumed = sum(end - start for end, start, count in zip(ends, own.tolist(), counted, strict=True) if count)
+        work.quality.judged(int(consumed), rows * sum(counted))
         table = pa.concat_tables(batch)
         if mine.kept is not None:  # a partition shared with a neighbouring host: this host's rows of it
             positions, table = positions[mine.kept], table.slice(mine.kept.start, mine.kept.stop - mine.kept.start)
