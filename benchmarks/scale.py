@@ -285,6 +285,10 @@ def main() -> None:
         ratios,
         [
             ("packed: CPU, 4 hosts / 1", "packed pipeline, one partition: CPU of 4 hosts", "1 host"),
+            ("packed, named none: CPU, 4 hosts / 1", "packed pipeline, no partitions named: CPU of 4 hosts", "1 host"),
+            ("packed, named none: CPU, 16 hosts / 1", "packed pipeline, no partitions named: CPU of 16 hosts", "1 host"),
+            ("filtered, named none: CPU, 16 hosts / 1", "filtered pipeline, no partitions named: CPU of 16 hosts", "1 host"),
+            ("packed, named none: bytes decoded", "packed pipeline, no partitions named: bytes decoded by 4 hosts", "1 host"),
             ("packed, partitions: CPU, 4 hosts / 1", "packed pipeline, a partition per row: CPU of 4 hosts", "1 host"),
             ("padded, partitions: bytes decoded", "padded pipeline, a partition per row: bytes decoded by 4 hosts", "1 host"),
         ],
