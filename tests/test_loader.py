@@ -355,5 +355,5 @@ def test_a_removed_keyword_names_its_replacement(token_corpus: Path, removed: di
 
 
 def test_an_unknown_keyword_lists_those_the_loader_takes(token_corpus: Path) -> None:
-    with pytest.raises(cd.errors.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, mesh"):
+    with pytest.raises(cd.errors.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, host, mesh"):
         cd.Loader(make_pipeline(token_corpus), prefech=2)
