@@ -41,12 +41,24 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
   2 CPUs a sidecar with no workers already uses about 1.25 of them (its thread computes while
   the trainer reads), so 2 workers can add at most about 2 / 1.25 = 1.6x there.
 
-Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR]`.
+Start (issue 57, "workers ready sooner"), timed from `cd.Loader(...)`: how much sooner 2 workers
+bring batch N than none (none's time to it over 2 workers'), with the goals: the CPU-bound
+pipeline's batch 120 at least 1.3x and batch 1,200 at least 1.75x sooner, the light pipeline's
+batches 400 and 4,000 at least 0.9x (never later); a sidecar's first batch with 2 workers within
+1.0 s; and, shown without a goal, when the first worker process began its first chunk (after
+its warm-up batch; workers_pipeline.note_start notes it in the worker).
+
+Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR] [--pipelines light,cpu]
+[--before PATH]`. `--before` names another colo-data tree (e.g. the commit before a change, without
+its own venv: its `colo_data` is imported from it, the benchmark's modules from here): the light and
+CPU-bound pipelines' configurations with 0 and 2 workers run with it too, interleaved with the others
+in every round, and their start figures are compared.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -72,6 +84,11 @@ SLICED = ("cpu packed", "cpu filtered")  # partitioned: run with 0 and 2 workers
 BACKENDS = ("inprocess", "sidecar")
 COUNTS: tuple[int | str, ...] = (0, 1, 2, "auto")
 AGAIN = "0 (again)"
+BEFORE = " [before]"  # the suffix of a configuration run with the `--before` tree
+# the start goals: none's time to batch N, timed from `cd.Loader(...)`, over 2 workers'
+SOONER = {"cpu": ((120, ">= 1.3"), (1200, ">= 1.75")), "light": ((400, ">= 0.9"), (4000, ">= 0.9"))}
+SIDECAR_FIRST_BATCH = "<= 1.0"  # seconds, with 2 workers
+FIRST_CHUNK = "first_worker_chunk_s"  # when the first worker process began its first chunk, after the loader was made
 STEADY = "steady_records_per_s"
 FIRST_STEPS = "first_steps_records_per_s"  # over the `EARLY` steps after the first batch
 # the performance page's figures: (the start of a ratio's name, what, peer)
@@ -108,11 +125,20 @@ def key(pipeline: str, backend: str, workers: int | str) -> str:
     return f"{pipeline}, {backend}, workers={workers}"
 
 
-def one_run(spec: dict[str, Any], env: dict[str, str]) -> harness.Measurement:
-    """One configuration in a fresh process: its window rates, steady rate and first batch."""
-    _, _, out, _, left = run([sys.executable, "-c", CHILD, json.dumps(spec)], env, ROOT)
+def to_batch(n: int) -> str:
+    """The name of the time to batch `n` from the loader made."""
+    return f"to_batch_{n}_s"
+
+
+def one_run(spec: dict[str, Any], env: dict[str, str], tree: Path = ROOT) -> harness.Measurement:
+    """One configuration in a fresh process whose `colo_data` is `tree`'s: its window rates,
+    steady rate, first batch, times to the batches of `SOONER`, and when its first worker
+    began its first chunk (None where none did)."""
+    _, _, out, _, left = run([sys.executable, "-c", CHILD, json.dumps(spec)], env, tree)
     got = json.loads(out.strip().splitlines()[-1])
     arrived = got["arrived"]
+    reached = {to_batch(n): arrived[n - 1] - got["made"] for goals in SOONER.values() for n, _ in goals if n <= len(arrived)}
+    began = got["worker_first_chunk"]
     windows = [WINDOW * BATCH / (arrived[end] - arrived[end - WINDOW]) for end in range(WINDOW, len(arrived), WINDOW)]
     half = len(arrived) // 2
     steady = (len(arrived) - 1 - half) * BATCH / (arrived[-1] - arrived[half])
@@ -125,7 +151,18 @@ def one_run(spec: dict[str, Any], env: dict[str, str]) -> harness.Measurement:
         "first_batch_s": arrived[0] - got["made"],
         "chosen": got["chosen"],
         "left_behind": left,
+        FIRST_CHUNK: None if began is None else began - got["made"],
+        **reached,
     }
+
+
+def first_chunk(side: list[harness.Measurement]) -> str:
+    """The median time to the first worker's first chunk over the rounds that had one, and
+    how many did where not all."""
+    times = [m[FIRST_CHUNK] for m in side if m[FIRST_CHUNK] is not None]
+    if not times:
+        return "-"
+    return f"{statistics.median(times):.2f}" + (f" ({len(times)}/{len(side)} rounds)" if len(times) < len(side) else "")
 
 
 def show(m: harness.Measurement) -> str:
@@ -157,44 +194,83 @@ def rounds_of(pipeline: str, rounds: int) -> int:
     return 2 * rounds + 1 if pipeline == "light" else rounds
 
 
+def start_ratios(runs: harness.Runs, pipelines: list[str], before: str | None) -> list[harness.Ratio]:
+    """The start goals (`SOONER`, `SIDECAR_FIRST_BATCH`) of `pipelines` that ran long enough,
+    and with a `before` tree, its start against this one's: the time to the first worker's
+    first chunk, and to each batch of `SOONER`, with 2 workers (shown without goals)."""
+    ratios = []
+    for pipeline in (p for p in SOONER if p in pipelines):
+        for backend in BACKENDS:
+            none, two = runs[key(pipeline, backend, 0)], runs[key(pipeline, backend, 2)]
+            for n, goal in SOONER[pipeline]:
+                if to_batch(n) in two[0]:
+                    took = harness.median(two, to_batch(n))
+                    name = f"{pipeline}, {backend}: none / 2 workers, time to batch {n} ({took:.2f} s with 2 workers)"
+                    ratios.append(harness.ratio_of_medians(name, none, two, to_batch(n), goal))
+            if backend == "sidecar":
+                name = f"{pipeline}, sidecar, 2 workers: first batch after the Loader was made"
+                value = harness.median(two, "first_batch_s")
+                ratios.append(harness.Ratio(name, value, harness.Goal.of(SIDECAR_FIRST_BATCH), unit=" s"))
+            if before is None:
+                continue
+            old = runs[key(pipeline, backend, 2) + before]
+            olds, news = ([m[FIRST_CHUNK] for m in side if m[FIRST_CHUNK] is not None] for side in (old, two))
+            if olds and news:
+                name = f"{pipeline}, {backend}, 2 workers: before / now, time to the first worker's first chunk"
+                ratios.append(harness.Ratio(name, statistics.median(olds) / statistics.median(news)))
+            for n, _ in SOONER[pipeline]:
+                if to_batch(n) in two[0]:
+                    name = f"{pipeline}, {backend}, 2 workers: before / now, time to batch {n}"
+                    ratios.append(harness.ratio_of_medians(name, old, two, to_batch(n)))
+    return [r for r in ratios if not math.isnan(r.value)]
+
+
 def main() -> None:
     """Run every configuration in interleaved rounds and write the window and steady tables."""
     options = harness.parser(__doc__, rounds=5)
+    options.add_argument("--pipelines", default=",".join(PIPELINES), help=f"a subset of {','.join(PIPELINES)}")
+    options.add_argument("--before", type=Path, default=None, help="a colo-data tree to compare the start with")
     args = harness.parse(options)
+    pipelines = [p for p in PIPELINES if p in args.pipelines.split(",")]
     pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": pythonpath}
     corpus = Path(os.environ.get("COLO_DATA_CACHE", Path.home() / ".cache" / "colo-data")) / "workers-bench"
     retried: list[str] = []
     runs: harness.Runs = {}
-    for pipeline in PIPELINES:
+    for pipeline in pipelines:
         contenders = {}
         for backend in BACKENDS:
             for workers in (0, 2) if pipeline in SLICED else COUNTS:
                 spec = {"pipeline": pipeline, "backend": backend, "workers": workers, "corpus": str(corpus)}
                 spec["batches"] = 2 * WINDOW + 1 if args.quick else BATCHES[pipeline]
                 contenders[key(pipeline, backend, workers)] = partial(one_run, spec, env)
+                if args.before and pipeline in SOONER and workers in (0, 2):
+                    contenders[key(pipeline, backend, workers) + BEFORE] = partial(one_run, spec, env, args.before.resolve())
             if pipeline == "light":  # the same as workers=0, for the noise floor of the window ratios
                 contenders[key(pipeline, backend, AGAIN)] = contenders[key(pipeline, backend, 0)]
         runs |= harness.interleave(contenders, rounds_of(pipeline, args.rounds), show, retried)
 
     lines = [
         f"Light and CPU-bound pipelines (block shuffle, 64-token pad, batch {BATCH}; CPU-bound packed and filtered ones); "
-        f"{', '.join(f'{BATCHES[p]}' for p in PIPELINES)} batches a run, each in a fresh process; windows of {WINDOW} "
+        f"{', '.join(f'{BATCHES[p]}' for p in pipelines)} batches a run, each in a fresh process; windows of {WINDOW} "
         "batches after the first; "
-        f"medians of {rounds_of('light', args.rounds)} and {args.rounds} interleaved rounds; {os.cpu_count()} CPUs.",
+        f"medians of {rounds_of('light', args.rounds)} and {args.rounds} interleaved rounds; {os.cpu_count()} CPUs"
+        + (f"; {BEFORE.strip()}: colo_data of {args.before}." if args.before else "."),
         "",
-        "| configuration | workers used (why) | first batch (s) | steady records/s | lowest window | first 3 windows |",
-        "| --- | --- | ---: | ---: | ---: | --- |",
+        "| configuration | workers used (why) | first batch (s) | first worker's first chunk (s) | steady records/s | "
+        "lowest window | first 3 windows |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, side in runs.items():
         medians = window_medians(side)
         chosen = "; ".join(f"{count}: {why}" for count, why in side[-1]["chosen"])
         lines.append(
-            f"| {name} | {chosen} | {harness.median(side, 'first_batch_s'):.2f} | {harness.median(side, STEADY):,.0f} | "
+            f"| {name} | {chosen} | {harness.median(side, 'first_batch_s'):.2f} | {first_chunk(side)} | "
+            f"{harness.median(side, STEADY):,.0f} | "
             f"{min(medians):,.0f} | {', '.join(f'{r:,.0f}' for r in medians[:3])} |"
         )
-    ratios = []
-    for pipeline in SLICED:
+    ratios = start_ratios(runs, pipelines, BEFORE if args.before else None)
+    for pipeline in (p for p in SLICED if p in pipelines):
         none = harness.median(runs[key(pipeline, "inprocess", 0)], STEADY)
         for backend in BACKENDS:
             two = harness.median(runs[key(pipeline, backend, 2)], STEADY)
@@ -205,7 +281,7 @@ def main() -> None:
         name = f"{pipeline}, sidecar: 2 workers / sidecar, none, steady (a sidecar with none already computes beside the trainer)"
         two, none = (harness.median(runs[key(pipeline, "sidecar", n)], STEADY) for n in (2, 0))
         ratios.append(harness.Ratio(name, two / none, None))
-    for pipeline in ("light", "cpu"):
+    for pipeline in (p for p in ("light", "cpu") if p in pipelines):
         for backend in BACKENDS:
             two, none = (window_medians(runs[key(pipeline, backend, n)]) for n in (2, 0))
             per_window = [a / b for a, b in zip(two, none, strict=False)]
@@ -229,7 +305,7 @@ def main() -> None:
             ratios.append(harness.Ratio(name, fixed[picked] / fixed[best], harness.Goal.of(">= 0.9")))
             name = f"{pipeline}, {backend}: auto's own runs / {picked} fixed, steady (the same configuration twice)"
             ratios.append(harness.Ratio(name, harness.median(auto, STEADY) / fixed[picked], None))
-    for backend in BACKENDS:
+    for backend in BACKENDS if "cpu" in pipelines else ():
         two, none = runs[key("cpu", backend, 2)], runs[key("cpu", backend, 0)]
         name = (
             f"cpu, {backend}: 2 workers / none, the first {EARLY} steps after the first batch "
@@ -237,15 +313,16 @@ def main() -> None:
             f"{harness.median(two, 'first_batch_s'):.2f} s after the loader was made)"
         )
         ratios.append(harness.ratio_of_medians(name, two, none, FIRST_STEPS, ">= 1.7"))
-    ratios.append(
-        harness.ratio_within_rounds(
-            "cpu: sidecar, 2 workers / in process, none, steady (every round)",
-            runs[key("cpu", "sidecar", 2)],
-            runs[key("cpu", "inprocess", 0)],
-            STEADY,
-            ">= 1.85",
+    if "cpu" in pipelines:
+        ratios.append(
+            harness.ratio_within_rounds(
+                "cpu: sidecar, 2 workers / in process, none, steady (every round)",
+                runs[key("cpu", "sidecar", 2)],
+                runs[key("cpu", "inprocess", 0)],
+                STEADY,
+                ">= 1.85",
+            )
         )
-    )
     lines += ["", *harness.ratio_table(ratios)]
     left = [f"{name}: {p}" for name, side in runs.items() for m in side for p in m["left_behind"]]
     lines += ["", "left behind: " + ("; ".join(left) if left else "nothing")]

@@ -3,6 +3,9 @@ processes and sidecars import it to unpickle the CPU-bound function by name."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,21 @@ import colo_data as cd
 
 VOCAB = 32_000
 PASSES = 3  # passes over a record's tokens: about 70 µs of Python a record here, so the transform is the cost
+NOTES = "COLO_DATA_BENCH_WORKER_NOTES"  # a folder where each worker process notes when it began its first batches
+_began = 0  # batches this process has begun (counted up to 2)
+
+
+def note_start(batch: dict[str, Any]) -> dict[str, Any]:
+    """The padded pipelines' first transform: in a worker process, with `NOTES` set, append
+    the time (time.monotonic) at which it began its first two batches to NOTES/PID: its
+    warm-up batch (computed before it says it is ready) and its first chunk."""
+    global _began
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if _began < 2 and NOTES in os.environ and getattr(main, "name", None) == "colo_data.workers.processes":
+        _began += 1
+        with open(Path(os.environ[NOTES]) / str(os.getpid()), "a") as notes:
+            notes.write(f"{time.monotonic()}\n")
+    return batch
 
 
 def token_passes(record: dict[str, Any]) -> dict[str, Any]:
@@ -57,12 +75,13 @@ def long_enough(columns: dict[str, Any]) -> np.ndarray:
 
 
 def pipeline(kind: str, directory: Path) -> cd.Pipeline:
-    """`light`: block shuffle, a 64-token pad, batch 32; `cpu`: `token_passes` before it;
+    """`light`: block shuffle, a 64-token pad, batch 32; `cpu`: `token_passes` before it
+    (both after `note_start`);
     `cpu filtered`: the same keeping `long_enough` records, and `cpu packed`: `token_passes`
     as the records are read, then packed into rows of 256 tokens, each in 8 partitions."""
-    transforms: list[Any] = [cd.pad_or_truncate("tokens", 64)]
+    transforms: list[Any] = [note_start, cd.pad_or_truncate("tokens", 64)]
     if kind in ("cpu", "cpu filtered"):
-        transforms.insert(0, cd.per_record(token_passes))
+        transforms.insert(1, cd.per_record(token_passes))
     settings: dict[str, Any] = {}
     if kind == "cpu filtered":
         settings = {"keep": long_enough, "partitions": 8}

@@ -1,29 +1,28 @@
-"""`WorkerPool`: processes that compute a host pipeline's chunks. Each is a fresh
-interpreter running this module, which imports only colo-data's chunk work (no JAX, no
-Grain: about 0.3 s) and never the user's `__main__` (cloudpickle sends the script's
-functions by value), so scripts need no `if __name__ == "__main__":` guard for it. Grain's
-multiprocessing spawns new processes for every iterator, each importing Grain and JAX
-(seconds). A pool outlives streams: a loader or a sidecar starts it once and every run or
-trainer session reuses it.
+"""`WorkerPool`: processes that compute a host pipeline's chunks. Each is forked from the
+pool's fork server (colo_data/workers/forks.py), a fresh interpreter started with the pool
+that runs this module: it imports only colo-data's chunk work (no JAX, no Grain: about
+0.3 s, in the background while the first batches are made) and never the user's `__main__`
+(cloudpickle sends the script's functions by value), so scripts need no
+`if __name__ == "__main__":` guard for it, and a worker is ready in milliseconds once it is
+asked for. Grain's multiprocessing spawns new processes for every iterator, each importing
+Grain and JAX (seconds). A pool outlives streams: a loader or a sidecar starts it once and
+every run or trainer session reuses it.
 
 Every worker computes its share of every chunk: the records whose row groups are its own
 (`Share`), so no two workers decode the same row group (when each took whole chunks in turn,
 each decoded every row group of a shuffle window, and two workers were slower than none on
 a light pipeline). The parent puts the shares back in their places, in chunk order, so the
 stream is the same for any worker count. A worker exits when its socket closes (its parent
-is gone); the pool's `close()` ends them within a deadline, killing what does not stop.
+is gone) or its fork server dies; the pool's `close()` ends them within a deadline, killing
+what does not stop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import os
 import queue
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,11 +40,13 @@ from colo_data.host.cpu_use import IdleCpus
 from colo_data.host.resources import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
+from colo_data.workers import forks
+from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
+
+__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
 
 READY = "ready"  # a worker's reply to a job it has set up
-WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
 _POLL_S = 0.5
-_EXIT_S = 0.5  # a worker still running this long after its socket closed is killed: it computes a chunk nobody takes
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 
 
@@ -83,49 +84,38 @@ def _serve(conn: socket.socket) -> None:
 
 
 class _Worker:
-    """One worker process, its socket, and the thread that receives its replies as they come
-    (so that a worker finishing ahead of the consumer is never blocked on a full socket)."""
+    """One worker process, forked by `server`, its socket, and the thread that receives its
+    replies as they come (so that a worker finishing ahead of the consumer is never blocked
+    on a full socket)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, server: ForkServer) -> None:
         ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", "colo_data.workers.processes", str(theirs.fileno())]
-        env = child_env(threads)
         try:
-            self.process = subprocess.Popen(
-                command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True
-            )
+            self.number = server.fork(theirs)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        # Below the trainer and the host's own thread: a worker takes the CPU that those
-        # leave, so that its start (its imports while the first batches are made) and its
-        # work slow the training loop as little as can be (at nice 10, starting two workers
-        # beside a light in-process pipeline still cost a third of its rate for a moment:
-        # its two threads hand the GIL to each other thousands of times a second, and each
-        # wake-up waited for a worker). Any user may lower a process's priority.
-        # In a session of its own (above), at the same nice: where the kernel schedules
-        # sessions as groups (autogroup, for processes outside a container's cgroup), nice
-        # ranks processes only within a session, and a nice worker in the trainer's session
-        # still held up the trainer's threads' wake-ups (the light pipeline ran at 0.81x of
-        # none while one started, 8 rounds of benchmarks/workers.py's pipeline); in a session
-        # of its own whose nice is WORKER_NICE, 0.88x (none against none: 0.89x), and it
-        # stays below the trainer's session. Its parent's Ctrl-C never reached it anyway (it
-        # ignores SIGINT), and it ends when its socket closes: with the pool, or its parent.
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, self.process.pid, WORKER_NICE)
-        with contextlib.suppress(OSError), open(f"/proc/{self.process.pid}/autogroup", "w") as group:
-            group.write(str(WORKER_NICE))  # the session's nice (no such file: the kernel has no autogroup)
+        self._server = server
         self.sock = ours
         self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
-        self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.process.pid}", daemon=True)
+        self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.number}", daemon=True)
         self.reader.start()
+
+    @property
+    def pid(self) -> int:
+        """Its pid (waiting for the server to fork it)."""
+        return self._server.pid(self.number)
+
+    def poll(self) -> int | None:
+        """Its exit code, None while it runs."""
+        return self._server.exit_code(self.number)
 
     def _read(self) -> None:
         try:
             while True:
-                self.replies.put(frames.receive(self.sock, lambda: self.process.poll() is None, _POLL_S))
+                self.replies.put(frames.receive(self.sock, lambda: self.poll() is None, _POLL_S))
         except (EOFError, OSError, ValueError):  # the worker died or the pool closed the socket
             self.replies.put(_GONE)
 
@@ -140,25 +130,17 @@ class _Worker:
             pass
         self.sock.close()
 
-    def stop(self, deadline: float) -> None:
-        """Hang up, wait until `deadline` for the worker to exit, then kill it."""
-        self.hang_up()
-        try:
-            self.process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.reader.join(max(0.0, deadline - time.monotonic()))
-
 
 class WorkerPool:
     """Up to `count` worker processes, owned by `owner`, on the CPUs of `budget`, below
-    everything else's scheduling priority. Each starts when a stream first asks for it,
-    which a host pipeline does once CPU goes unused and one more worker would pay, and
-    serves every stream after: workers that would not pay never cost the CPU of starting
-    (two workers started beside a light pipeline through a sidecar, on 2 busy CPUs, halved
-    its rate while they started; in process, two starting at once cost a fifth of it for
-    a second, one a twentieth).
+    everything else's scheduling priority. The fork server starts now; each worker is
+    forked from it when a stream first asks for it, which a host pipeline does once CPU
+    goes unused and one more worker would pay, and serves every stream after: workers that
+    would not pay never cost the CPU of their set-up and work beside the pipeline (two
+    workers started beside a light pipeline through a sidecar, on 2 busy CPUs, halved its
+    rate while they started; in process, two starting at once cost a fifth of it for a
+    second, one a twentieth). The server's own start (its imports: about 0.3 s of one CPU,
+    at the lowest priority) is paid once, while the first batches are made.
 
     Args:
         count: worker processes.
@@ -177,16 +159,18 @@ class WorkerPool:
         self._budget = budget or cpu_budget()
         self._idle = IdleCpus(self._budget, also)
         self._closed = False
+        threads = max(1, math.ceil(self._budget.cpus) // count)  # each worker's share, for its native thread pools
+        self._server = ForkServer([sys.executable, "-m", "colo_data.workers.processes"], child_env(threads))
+        self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `idle_cpus`
         self._key = owner.add(f"{count} worker processes", self.close)
 
     def _grow(self, count: int, job: tuple[Any, ...]) -> None:
         """Start workers until `count` run, each handed `job` (the stream's set-up)."""
         if self._closed:
             raise ColoDataError("the worker processes were stopped: their loader or sidecar was closed")
-        threads = max(1, math.ceil(self._budget.cpus) // self.count)  # each worker's share, for its native thread pools
         try:
             while len(self._workers) < count:
-                self._workers.append(_Worker(threads))
+                self._workers.append(_Worker(self._server))
                 self._send(self._workers[-1], job)
         except BaseException:
             self.close(0.0)
@@ -194,11 +178,22 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        """The workers' pids (waiting for the server to fork those asked for)."""
+        return [w.pid for w in self._workers]
 
     def idle_cpus(self) -> float | None:
-        """CPUs of the budget left unused since the last call (None at the first)."""
-        return self._idle.read()
+        """CPUs of the budget left unused since the last call (None at the first), the fork
+        server's counted as unused: its start (its imports, while the first batches are made)
+        takes at the lowest priority only CPU that nothing else wants, and is over before a
+        worker is asked for. Counted as busy, it held the first worker back by one of the
+        host's measurements (benchmarks/workers.py's CPU-bound pipeline in process: a worker
+        began at 1.16 s, against 1.0 s with no server, 3 runs each; counted as unused, 0.63 s)."""
+        idle = self._idle.read()
+        now, spent = time.monotonic(), self._server.cpu_seconds()
+        last, self._server_seen = self._server_seen, (now, spent)
+        if idle is None or last is None or now <= last[0]:
+            return idle
+        return min(self._budget.cpus, idle + max(0.0, spent - last[1]) / (now - last[0]))
 
     def stream(self, payload: bytes, host: int, hosts: int, position: int) -> ProcessStream:
         """A stream of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
@@ -237,23 +232,26 @@ class WorkerPool:
         raise from_wire(result, "a worker process", TransformError)
 
     def _died(self) -> ColoDataError:
-        codes = [w.process.poll() for w in self._workers]
+        codes = [w.poll() for w in self._workers]
         return ColoDataError(
             f"a worker process died (exit codes {codes}; -9 is a kill, e.g. out of memory): check the memory "
             "limit and the transforms; restart the loader to go on from its state"
         )
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        """End the workers: close all their sockets (idle ones exit at once), wait up to
-        `_EXIT_S` (at most `timeout`) seconds, then kill what is left, so that a worker
-        busy with a long chunk does not hold the close for its whole timeout; safe to call twice."""
+        """End the workers and their fork server: close all their sockets (idle ones exit
+        at once), have the server wait up to `EXIT_S` (at most `timeout`) seconds, then kill
+        what is left, so that a worker busy with a long chunk does not hold the close for its
+        whole timeout; safe to call twice."""
         self._closed = True
         workers, self._workers = self._workers, []
         for worker in workers:
             worker.hang_up()
-        deadline = time.monotonic() + min(timeout, _EXIT_S)
+        seconds = min(timeout, EXIT_S)
+        deadline = time.monotonic() + seconds
+        self._server.stop(seconds)
         for worker in workers:
-            worker.stop(deadline)
+            worker.reader.join(max(0.0, deadline - time.monotonic()))
 
 
 class ProcessStream:
@@ -271,7 +269,7 @@ class ProcessStream:
         it cannot import, say) raises its error here, and a worker that died is a
         ColoDataError here, whether the stream uses the pool at the moment or not."""
         self._pool._grow(workers, self._set_up)
-        if any(worker.process.poll() is not None for worker in self._pool._workers):
+        if any(worker.poll() is not None for worker in self._pool._workers):
             raise self._pool._died()
         for i, worker in enumerate(self._pool._workers[:workers]):
             if not self._ready[i]:
@@ -307,6 +305,5 @@ class ProcessStream:
         return merge_shares(shares)
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle: it stops the workers
-    _serve(socket.socket(fileno=int(sys.argv[1])))
+if __name__ == "__main__":  # the pool's fork server; its workers, forked from it, have this module as `__main__`
+    forks.serve(socket.socket(fileno=int(sys.argv[1])), _serve)

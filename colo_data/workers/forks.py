@@ -1,0 +1,250 @@
+"""`ForkServer`: the process that worker processes are forked from. A fresh interpreter
+spends about 0.3 s importing numpy, pyarrow, cloudpickle and colo-data's chunk work before a
+worker can take a job, which a CPU-bound pipeline's first second runs without. A pool
+therefore starts one server when it is made (a fresh interpreter that imports exactly what a
+worker does, and never JAX or the user's `__main__`), in the background, at the workers'
+priority; each worker is then forked from it, ready in milliseconds. Forking the trainer
+itself would copy JAX's threads and locks into the worker: the server holds no thread of
+Python's and no state of the trainer's.
+
+`multiprocessing`'s fork server does not fit: its children import the parent's `__main__`
+(scripts would need an `if __name__ == "__main__":` guard again), its preload list is one
+setting for the whole process, and it hands a child its own pipes, where a worker talks to
+its pool over a socket of the pool's (colo_data/host/frames.py). This one takes that socket
+over its control connection (`SCM_RIGHTS`), forks, and answers with the worker's pid, then
+with its exit code once it has reaped it.
+
+Who stops what: the pool's owner stops the server (`stop`); the server stops its workers
+(each ends when its socket closes, the server kills what is still running at the deadline
+and reaps them all) and then exits. A worker dies with the server (`PR_SET_PDEATHSIG`), and
+the server with its parent: when the control connection closes without `stop`, it stops
+its workers as `stop` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy.random  # a worker reseeds it, and the chunk work's orders use it: preloaded with the rest
+import psutil
+
+from colo_data.errors import ColoDataError
+
+WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
+EXIT_S = 0.5  # a worker still running this long after its pool stopped (or the pool's process died) is killed
+_POLL_S = 0.5  # how often the server reaps its workers while it waits for requests
+_REAP_S = 1.0  # beyond a stop's seconds, what the server gets to kill and reap its workers before it is killed
+_PR_SET_PDEATHSIG = 1
+_TITLE = b"colo-data worker fork server"
+
+
+def lower(pid: int) -> None:
+    """Put process `pid` at `WORKER_NICE`, and the session it leads too where the kernel
+    schedules sessions as groups (autogroup, for processes outside a container's cgroup).
+    Below the trainer and the host's own thread, a worker takes the CPU that those leave (at
+    nice 10, starting two workers beside a light in-process pipeline still cost a third of
+    its rate for a moment: its two threads hand the GIL to each other thousands of times a
+    second, and each wake-up waited for a worker). Where sessions are grouped, nice ranks
+    processes only within a session, and a nice worker in the trainer's session still held
+    up the trainer's threads' wake-ups (a light pipeline in process ran at 0.81x of none
+    while a worker started; in a session of its own at the same nice, 0.88x, with none
+    against none 0.89x). Any user may lower a process's priority."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, WORKER_NICE)
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as group:
+        group.write(str(WORKER_NICE))  # no such file: the kernel has no autogroup
+
+
+def _retitle(title: bytes) -> None:
+    """Show `title` as this process's command line (`ps`, /proc/PID/cmdline), written over
+    the memory of its arguments, cut to fit; nothing where that memory cannot be written.
+    The server's command line names colo_data.workers.processes, which its workers show
+    (they are the workers); the server shows what it is."""
+    fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of proc(5)
+    with contextlib.suppress(OSError), open("/proc/self/mem", "r+b", buffering=0) as memory:
+        memory.seek(start)
+        memory.write(title[: end - start - 1].ljust(end - start, b"\0"))
+
+
+class ForkServer:
+    """A fork server, started now as `command` (which runs `serve` on the file descriptor
+    it is given as its last argument) with the environment `env`, at `WORKER_NICE` in a
+    session of its own. It ignores Ctrl-C, which is its trainer's to handle."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [*command, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        lower(self.process.pid)
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._forks = 0
+        self._pids: dict[int, int] = {}  # by worker
+        self._codes: dict[int, int] = {}  # by worker, once it has exited
+
+    def cpu_seconds(self) -> float:
+        """The CPU time the server itself has used (its workers' not counted; 0 once it is gone)."""
+        try:
+            times = psutil.Process(self.process.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system
+
+    def fork(self, conn: socket.socket) -> int:
+        """Ask for a worker serving `conn` (the server takes a copy: close it after); its
+        number, for `pid` and `exit_code`. Does not wait: a server still importing forks it
+        once it is ready."""
+        with self._lock:
+            worker = self._forks
+            self._forks += 1
+            try:
+                socket.send_fds(self._sock, [pickle.dumps(("fork", worker))], [conn.fileno()])
+            except OSError as e:
+                raise ColoDataError(
+                    f"the worker processes' fork server exited (code {self.process.poll()}): restart the loader"
+                ) from e
+        return worker
+
+    def _take(self, wait: bool) -> None:
+        """Note the server's messages that have come (a fork's pid, an exit code); with
+        `wait`, wait up to `_POLL_S` for the first."""
+        timeout = _POLL_S if wait else 0.0
+        while self._sock.fileno() >= 0 and select.select([self._sock], [], [], timeout)[0]:  # not after `stop`
+            try:
+                message = self._sock.recv(256)
+            except OSError:  # the server is gone
+                return
+            if not message:
+                return
+            kind, worker, value = pickle.loads(message)
+            (self._pids if kind == "forked" else self._codes)[worker] = value
+            timeout = 0.0
+
+    def pid(self, worker: int) -> int:
+        """The pid of `worker`, waiting for the server to fork it."""
+        with self._lock:
+            while worker not in self._pids:
+                if self.process.poll() is not None:
+                    raise ColoDataError(f"the worker processes' fork server exited (code {self.process.poll()})")
+                self._take(wait=True)
+            return self._pids[worker]
+
+    def exit_code(self, worker: int) -> int | None:
+        """`worker`'s exit code (negative: the signal that ended it), None while it runs.
+        When the server is gone its workers were killed with it."""
+        with self._lock:
+            self._take(wait=False)
+            if worker not in self._codes and self.process.poll() is not None:
+                return -signal.SIGKILL
+            return self._codes.get(worker)
+
+    def stop(self, seconds: float) -> None:
+        """Have the server stop its workers, killing those still running after `seconds`
+        (their sockets should be closed first: idle ones then exit at once), and exit; kill
+        it if it has not within `_REAP_S` more (its workers die with it). Safe to call twice."""
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._sock.send(pickle.dumps(("stop", seconds)))
+            self._sock.close()
+        try:
+            self.process.wait(seconds + _REAP_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve(control: socket.socket, work: Callable[[socket.socket], None]) -> None:
+    """The server: fork a worker that runs `work(conn)` for each socket that comes over
+    `control`, report each one's pid and exit code, until told to stop or the control
+    connection closes (its pool's process died); then stop the workers and return."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle: it stops the pool
+    title = Path("/proc/self/cmdline").read_bytes()  # what its workers show
+    _retitle(_TITLE)
+    me = os.getpid()
+    workers: dict[int, int] = {}  # worker number by pid
+
+    def report(*message: object) -> None:
+        with contextlib.suppress(OSError):  # the pool has gone: nobody is waiting
+            control.send(pickle.dumps(message))
+
+    def reap() -> None:
+        while workers:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                return
+            report("exited", workers.pop(pid), os.waitstatus_to_exitcode(status))
+
+    deadline = None
+    while deadline is None:
+        if select.select([control], [], [], _POLL_S)[0]:
+            message, fds, _, _ = socket.recv_fds(control, 256, 1)
+            if not message:  # the pool's process died
+                deadline = time.monotonic() + EXIT_S
+                break
+            kind, value = pickle.loads(message)
+            if kind == "stop":
+                deadline = time.monotonic() + value
+                break
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                os._exit(_worker(me, title, socket.socket(fileno=fds[0]), work))
+            os.close(fds[0])
+            workers[pid] = value
+            report("forked", value, pid)
+        reap()
+    while workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+        reap()
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in workers:
+        os.waitpid(pid, 0)
+
+
+def _worker(server: int, title: bytes, conn: socket.socket, work: Callable[[socket.socket], None]) -> int:
+    """A forked worker: in a session of its own at `WORKER_NICE` (see `lower`), killed
+    with its server, with numpy's global random state of its own (as a fresh interpreter
+    has), showing the server's own command line (`title`); runs `work(conn)`. Its exit code."""
+    try:
+        os.setsid()
+        lower(os.getpid())
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != server:  # the server died before the line above
+            return 1
+        numpy.random.seed()
+        _retitle(title)
+        work(conn)
+        return 0
+    except BaseException:  # noqa: BLE001 - a fork's error must not run the server's code after it
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()

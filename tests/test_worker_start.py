@@ -1,0 +1,195 @@
+"""Workers ready sooner (colo_data/workers/forks.py): a pool starts a fork server when it is
+made, which has imported numpy, pyarrow and colo-data's chunk work (and never JAX), and
+forks each worker from it. The server and its workers are gone after `close()`, after the
+loader is dropped unclosed, after a script that just ends, and when the process that owns
+the pool is killed; workers die with their server."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+from pipelines import make_pipeline
+
+import colo_data as cd
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.workers.processes import WorkerPool
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+
+TESTS = Path(__file__).parent
+PRELOADED = ("numpy", "numpy.random", "pyarrow", "cloudpickle", "colo_data.host.chunk_work", "colo_data.host.slices")
+MARK = "colo_data.workers.processes"  # on the command line of worker processes (and of no fork server)
+
+
+class NoteArrival:
+    """A transform (doing nothing to the batch) that, as a worker process unpickles it (the
+    job has just arrived), writes the worker's pid, parent pid, which of `PRELOADED` it has
+    imported already, whether it has JAX, and a draw from numpy's global random state, to
+    `directory`/PID.json."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, batch: dict) -> dict:
+        return batch
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) != MARK:
+            return
+        import numpy as np
+
+        seen = {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "preloaded": [m for m in PRELOADED if m in sys.modules],
+            "jax": "jax" in sys.modules,
+            "draw": float(np.random.random()),
+        }
+        (self.directory / f"{os.getpid()}.json").write_text(json.dumps(seen))
+
+
+def settle(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether `check()` holds within `seconds` (a bound for a slow machine, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    return check()
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (not zombies)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def descendants() -> list[int]:
+    """This process's live descendants, without multiprocessing's resource tracker."""
+    return alive([c.pid for c in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())])
+
+
+def ready(pool: WorkerPool, payload: bytes, workers: int) -> None:
+    """Start a stream of `payload` on `pool` and wait until its first `workers` have set it up."""
+    stream = pool.stream(payload, 0, 1, 0)
+    assert settle(lambda: stream.ready(workers), 60), "the workers were not ready in 60 s"
+
+
+def test_workers_are_forked_from_a_server_started_with_the_pool_that_preloaded_their_imports(
+    token_corpus: Path, tmp_path: Path
+) -> None:
+    owner = Lifecycle("test")
+    try:
+        pool = WorkerPool(2, owner)
+        (server,) = psutil.Process().children()
+        assert not pool.pids, "no worker before a stream asks for one"
+        maps = Path(f"/proc/{server.pid}/maps")
+        assert settle(lambda: "libarrow" in maps.read_text(), 60), "the server did not import pyarrow"
+        assert "jaxlib" not in maps.read_text() and "xla_extension" not in maps.read_text(), "the server loaded JAX"
+        pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
+        ready(pool, cloudpickle.dumps(pipeline), 2)
+        seen = [json.loads((tmp_path / f"{pid}.json").read_text()) for pid in pool.pids]
+        assert MARK not in " ".join(server.cmdline()), "the server's command line says it is a worker"
+        for worker in seen:
+            assert worker["ppid"] == server.pid, f"worker {worker['pid']} was not forked from the server"
+            assert worker["preloaded"] == list(PRELOADED), f"worker {worker['pid']} had only {worker['preloaded']}"
+            assert not worker["jax"]
+            assert MARK in " ".join(psutil.Process(worker["pid"]).cmdline()), "a worker's command line names its module"
+        assert seen[0]["draw"] != seen[1]["draw"], "the workers share numpy's global random state"
+    finally:
+        owner.close()
+
+
+def test_close_stops_the_server_and_its_workers(token_corpus: Path) -> None:
+    owner = Lifecycle("test")
+    pool = WorkerPool(2, owner)
+    ready(pool, cloudpickle.dumps(make_pipeline(token_corpus)), 2)
+    started = descendants()
+    assert len(started) == 3, f"a server and 2 workers: {started}"
+    owner.close()
+    assert not alive(started), "close() returned before the server and its workers were gone"
+
+
+def test_a_dropped_loader_stops_the_server_and_its_workers(token_corpus: Path) -> None:
+    before = set(descendants())
+    loader = cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=1, backend=cd.InProcess(workers=1))
+    next(loader)
+    started = [pid for pid in descendants() if pid not in before]
+    assert started, "the loader started no fork server"
+    del loader
+    assert settle(lambda: not alive(started)), f"left running: {alive(started)}"
+
+
+SCRIPT = """
+import json, os, sys
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, {tests!r})
+import psutil
+import colo_data as cd
+from pipelines import idle_host, make_pipeline, until_workers_made
+pipeline = make_pipeline({corpus!r}, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+loader = cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=1))
+until_workers_made(loader)
+print(json.dumps([c.pid for c in psutil.Process().children(recursive=True)]), flush=True)
+if {wait!r}:
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+def test_a_script_that_just_ends_leaves_no_server_and_no_workers(token_corpus: Path, tmp_path: Path) -> None:
+    script = SCRIPT.format(tests=str(TESTS), corpus=str(token_corpus), wait=False)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    started = json.loads(result.stdout.splitlines()[-1])
+    assert len(started) == 2, f"a server and a worker: {started}"
+    assert settle(lambda: not alive(started)), f"left running: {alive(started)}"
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+def test_a_killed_trainer_leaves_no_server_and_no_workers(token_corpus: Path, tmp_path: Path) -> None:
+    script = SCRIPT.format(tests=str(TESTS), corpus=str(token_corpus), wait=True)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
+    try:
+        assert trainer.stdout is not None
+        started = json.loads(trainer.stdout.readline())
+        assert len(started) == 2, f"a server and a worker: {started}"
+        trainer.kill()
+        trainer.wait(10)
+        assert settle(lambda: not alive(started)), f"left running after their trainer was killed: {alive(started)}"
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+def test_workers_die_with_their_server_and_the_pool_says_so(token_corpus: Path) -> None:
+    owner = Lifecycle("test")
+    try:
+        pool = WorkerPool(2, owner)
+        payload = cloudpickle.dumps(make_pipeline(token_corpus))
+        ready(pool, payload, 2)
+        workers = pool.pids
+        (server,) = psutil.Process().children()
+        server.send_signal(signal.SIGKILL)
+        assert settle(lambda: not alive(workers)), f"workers outlived their server: {alive(workers)}"
+        with pytest.raises(cd.ColoDataError, match=r"a worker process died \(exit codes \[-9, -9\]"):
+            pool.stream(payload, 0, 1, 0)
+    finally:
+        owner.close()
