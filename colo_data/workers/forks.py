@@ -36,10 +36,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy.random  # a worker reseeds it, and the chunk work's orders use it: preloaded with the rest
 import psutil
+import setproctitle
 
 from colo_data.errors import ColoDataError
 
@@ -48,7 +48,7 @@ EXIT_S = 0.5  # a worker still running this long after its pool stopped (or the 
 _POLL_S = 0.5  # how often the server reaps its workers while it waits for requests
 _REAP_S = 1.0  # beyond a stop's seconds, what the server gets to kill and reap its workers before it is killed
 _PR_SET_PDEATHSIG = 1
-_TITLE = b"colo-data worker fork server"
+_TITLE = "colo-data worker fork server"  # its command line (`ps`), where its workers show the module they run
 
 
 def lower(pid: int) -> None:
@@ -66,18 +66,6 @@ def lower(pid: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, WORKER_NICE)
     with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as group:
         group.write(str(WORKER_NICE))  # no such file: the kernel has no autogroup
-
-
-def _retitle(title: bytes) -> None:
-    """Show `title` as this process's command line (`ps`, /proc/PID/cmdline), written over
-    the memory of its arguments, cut to fit; nothing where that memory cannot be written.
-    The server's command line names colo_data.workers.processes, which its workers show
-    (they are the workers); the server shows what it is."""
-    fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of proc(5)
-    with contextlib.suppress(OSError), open("/proc/self/mem", "r+b", buffering=0) as memory:
-        memory.seek(start)
-        memory.write(title[: end - start - 1].ljust(end - start, b"\0"))
 
 
 class ForkServer:
@@ -183,8 +171,8 @@ def serve(control: socket.socket, work: Callable[[socket.socket], None]) -> None
     `control`, report each one's pid and exit code, until told to stop or the control
     connection closes (its pool's process died); then stop the workers and return."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle: it stops the pool
-    title = Path("/proc/self/cmdline").read_bytes()  # what its workers show
-    _retitle(_TITLE)
+    title = setproctitle.getproctitle()  # what its workers show: they are the workers
+    setproctitle.setproctitle(_TITLE)
     me = os.getpid()
     workers: dict[int, int] = {}  # worker number by pid
 
@@ -228,7 +216,7 @@ def serve(control: socket.socket, work: Callable[[socket.socket], None]) -> None
         os.waitpid(pid, 0)
 
 
-def _worker(server: int, title: bytes, conn: socket.socket, work: Callable[[socket.socket], None]) -> int:
+def _worker(server: int, title: str, conn: socket.socket, work: Callable[[socket.socket], None]) -> int:
     """A forked worker: in a session of its own at `WORKER_NICE` (see `lower`), killed
     with its server, with numpy's global random state of its own (as a fresh interpreter
     has), showing the server's own command line (`title`); runs `work(conn)`. Its exit code."""
@@ -239,7 +227,7 @@ def _worker(server: int, title: bytes, conn: socket.socket, work: Callable[[sock
         if os.getppid() != server:  # the server died before the line above
             return 1
         numpy.random.seed()
-        _retitle(title)
+        setproctitle.setproctitle(title)
         work(conn)
         return 0
     except BaseException:  # noqa: BLE001 - a fork's error must not run the server's code after it
