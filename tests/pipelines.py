@@ -30,6 +30,12 @@ def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipel
     return cd.Pipeline(**settings)
 
 
+def in_worker_process() -> bool:
+    """Whether this process is a worker process of a pool (colo_data/workers/processes.py runs as its `__main__`)."""
+    main = sys.modules.get("__main__")
+    return getattr(getattr(main, "__spec__", None), "name", None) == "colo_data.workers.processes"
+
+
 class IdleHost:
     """A transform that sleeps `seconds` a chunk where a host's own thread computes it (in
     the trainer or a sidecar), not in a worker process: a host pipeline hands work to its
@@ -41,8 +47,7 @@ class IdleHost:
         self.seconds = seconds
 
     def __call__(self, batch: dict) -> dict:
-        main = sys.modules.get("__main__")
-        if getattr(getattr(main, "__spec__", None), "name", None) != "colo_data.workers.processes":
+        if not in_worker_process():
             time.sleep(self.seconds)
         return batch
 
@@ -50,10 +55,10 @@ class IdleHost:
 idle_host = IdleHost()
 
 
-class SlowToStart:
-    """A transform (doing nothing to the batch) that holds up the set-up of every worker
-    process but the first, as a slow start would, until the file `go` exists (2 minutes at
-    most); each writes `waiting` while it waits. The host's own thread is not held up."""
+class OnArrival:
+    """A transform that does nothing to the batch and calls `arrived()` as a worker process
+    unpickles it (its job has just come), and only there: what a test needs to see or do at
+    a worker's set-up, in a subclass, with its settings in `directory`."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -63,9 +68,21 @@ class SlowToStart:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        main = sys.modules.get("__main__")
-        if getattr(getattr(main, "__spec__", None), "name", None) != "colo_data.workers.processes":
-            return
+        if in_worker_process():
+            self.arrived()
+
+    def arrived(self) -> None:
+        """What the subclass does in a worker process whose job has just come."""
+        raise NotImplementedError
+
+
+class SlowToStart(OnArrival):
+    """A transform (doing nothing to the batch) that holds up the set-up of every worker
+    process but the first, as a slow start would, until the file `go` exists (2 minutes at
+    most); each writes `waiting` while it waits. The host's own thread is not held up."""
+
+    def arrived(self) -> None:
+        """Hold up every worker but the first until `go` exists."""
         try:
             (self.directory / "first").open("x").close()
         except FileExistsError:
@@ -84,8 +101,7 @@ class InWorkers:
         self.directory, self.fail_on = directory, fail_on
 
     def __call__(self, batch: dict) -> dict:
-        main = sys.modules.get("__main__")
-        if getattr(getattr(main, "__spec__", None), "name", None) == "colo_data.workers.processes":
+        if in_worker_process():
             with (self.directory / str(os.getpid())).open("a") as seen:
                 seen.write(" ".join(map(str, batch["_index"].tolist())) + "\n")
             if self.fail_on in batch["_index"].tolist():

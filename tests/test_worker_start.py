@@ -19,7 +19,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from pipelines import make_pipeline
+from pipelines import OnArrival, make_pipeline
 
 import colo_data as cd
 from colo_data.runtime.lifecycle import Lifecycle
@@ -32,22 +32,14 @@ PRELOADED = ("numpy", "numpy.random", "pyarrow", "cloudpickle", "colo_data.host.
 MARK = "colo_data.workers.processes"  # on the command line of worker processes (and of no fork server)
 
 
-class NoteArrival:
+class NoteArrival(OnArrival):
     """A transform (doing nothing to the batch) that, as a worker process unpickles it (the
     job has just arrived), writes the worker's pid, parent pid, which of `PRELOADED` it has
     imported already, whether it has JAX, and a draw from numpy's global random state, to
     `directory`/PID.json."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def __call__(self, batch: dict) -> dict:
-        return batch
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) != MARK:
-            return
+    def arrived(self) -> None:
+        """Write what the worker has at its set-up."""
         import numpy as np
 
         seen = {
