@@ -80,7 +80,9 @@ class ForkServer:
                 [*command, str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
-                env=env,
+                # SPT_NOENV: `setproctitle` writes its titles over the arguments alone, never over
+                # the environment after them, so /proc/PID/environ still shows each worker's settings
+                env={**env, "SPT_NOENV": "1"},
                 start_new_session=True,
             )
         except BaseException:
