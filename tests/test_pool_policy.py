@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S, PoolPolicy
+from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S, _FIRST_S, PoolPolicy
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
@@ -108,19 +108,19 @@ def test_the_pool_is_not_wanted_while_no_cpu_goes_unused() -> None:
         assert pool.idle_calls == 1 + 20, "the idle CPUs are read once at the start and once a measurement"
 
 
-def test_the_pool_is_wanted_once_half_a_cpu_goes_unused_over_a_whole_measurement() -> None:
-    """Half a CPU unused over `_DECIDE_S` and `_DECIDE_CHUNKS` chunks: the stream opens; the
-    pool is taken on once its first worker is ready."""
+def test_the_pool_is_wanted_once_half_a_cpu_goes_unused_over_the_first_short_measurement() -> None:
+    """Half a CPU unused over the first `_FIRST_S` and one chunk: the stream opens (its first
+    worker is forked); the pool is taken on once that worker is ready."""
     clock, pool = Clock(), Pool(idle=0.5)
     policy = PoolPolicy(pool, CHUNK, clock)
-    assert not alone(policy, clock, seconds=_DECIDE_S - 0.125), "the measurement's chunks, not its half second"
+    assert not alone(policy, clock, seconds=_FIRST_S / 2, chunks=1), "the first measurement's time, not its chunk"
     assert pool.idle_calls == 1, "no measurement yet"
-    assert alone(policy, clock, seconds=0.125, chunks=0)
+    assert alone(policy, clock, seconds=_FIRST_S / 2, chunks=0)
     assert pool.idle_calls == 2
 
     clock, pool = Clock(), Pool(idle=0.5)
     policy = PoolPolicy(pool, CHUNK, clock)
-    assert not alone(policy, clock, seconds=2.0, chunks=_DECIDE_CHUNKS - 1), "its half second, not its chunks"
+    assert not alone(policy, clock, seconds=2.0, chunks=0), "its chunk, not its time"
     assert pool.idle_calls == 1, "no measurement yet"
     assert alone(policy, clock, seconds=0.0, chunks=1)
 
@@ -130,6 +130,40 @@ def test_the_pool_is_wanted_once_half_a_cpu_goes_unused_over_a_whole_measurement
     stream.up = 1
     assert policy.adjust(None, stream.ready), "its first worker is ready: taken on"
     assert policy.level == 1 and stream.asked == [1, 1]
+
+
+def test_after_the_first_a_measurement_takes_a_whole_half_second_and_its_chunks() -> None:
+    """Under half a CPU unused at the first measurement: the next one comes after `_DECIDE_S`
+    and `_DECIDE_CHUNKS` chunks, both."""
+    for short_of in ("time", "chunks"):
+        clock, pool = Clock(), Pool(idle=0.4)
+        policy = PoolPolicy(pool, CHUNK, clock)
+        assert not alone(policy, clock, seconds=_FIRST_S, chunks=1)
+        assert pool.idle_calls == 2, "the first measurement"
+        pool.idle = 0.5
+        if short_of == "time":
+            assert not alone(policy, clock, seconds=_DECIDE_S - 0.125), "its chunks, not its half second"
+            assert pool.idle_calls == 2, "no measurement yet"
+            assert alone(policy, clock, seconds=0.125, chunks=0)
+        else:
+            assert not alone(policy, clock, seconds=2.0, chunks=_DECIDE_CHUNKS - 1), "its half second, not its chunks"
+            assert pool.idle_calls == 2, "no measurement yet"
+            assert alone(policy, clock, seconds=0.0, chunks=1)
+        assert pool.idle_calls == 3
+
+
+def test_the_first_trial_is_judged_against_the_host_alone_while_its_worker_started() -> None:
+    """The host's rate alone that the first worker's trial is judged against is the one from
+    the first measurement until the worker is ready, where chunks came meanwhile (the first
+    measurement's one chunk made faster than that does not count)."""
+    clock, pool, stream = Clock(), Pool(), Stream(up=0)
+    policy = PoolPolicy(pool, CHUNK, clock)
+    assert alone(policy, clock, seconds=_FIRST_S, chunks=1), "5120 records/s over the first measurement"
+    assert not alone(policy, clock, seconds=ALONE_S, stream=stream), "4096 records/s while its worker started"
+    stream.up = 1
+    assert policy.adjust(None, stream.ready)
+    trial(policy, clock, stream, seconds=_DECIDE_S * 1.0625)  # 3855 records/s: 0.94 x 4096, 0.75 x 5120
+    assert policy.level == 1, "kept: judged against the host's rate while its worker started"
 
 
 def test_a_first_worker_slower_than_the_host_alone_is_given_up_and_tried_again_after_10_then_20_s() -> None:

@@ -16,6 +16,11 @@ _DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or
 # ...and at least this many chunks of it: a rate over fewer is a count of whole chunks (a CPU-bound
 # pipeline on one CPU made a 512-record chunk in 0.3 s, and one Ray actor was given up on 0.5 s windows)
 _DECIDE_CHUNKS = 4
+# the first measurement, which decides whether a local pool's first worker is wanted, is this
+# short (and one chunk): a worker forked from the pool's preloaded server is ready in milliseconds
+# once asked, and its own trial decides whether it pays (measured from the second half second, a
+# CPU-bound pipeline's first worker began 0.64 s after the loader was made; from this, 0.36 s)
+_FIRST_S = 0.125
 _IDLE_CPUS = 0.5  # CPUs of the budget that must go unused, while the host's thread produces, for the pool to start
 _SLOWER = 0.9  # one worker that delivers less than this times the host thread's rate alone is given up...
 _RETRY_S = 10.0  # ...and tried again after this long (doubling each time)
@@ -30,7 +35,9 @@ class PoolPolicy:
 
     The pool is wanted only while at least `_IDLE_CPUS` of the CPU budget go unused as the
     host's thread works (the workers start then, the first time; a remote pool is asked for
-    at once), and used from the moment its first worker is ready, one worker at first. Each
+    at once), measured first over `_FIRST_S` and one chunk, then over each `_DECIDE_S`, and
+    used from the moment its first worker is ready, one worker at first (judged, the first
+    time, against the host's rate alone from the first measurement until then). Each
     count of workers is on trial for `_DECIDE_S` (and `_DECIDE_CHUNKS`) from its first chunk:
     one more is started while the last made the stream faster by `_GAIN` and, for local
     workers, `_IDLE_CPUS` went unused over the trial (a worker started on a busy budget takes
@@ -58,7 +65,9 @@ class PoolPolicy:
     def __init__(self, pool: ChunkPool, chunk_records: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.level = 0  # the workers each new request is shared out to (0: the pool is not asked)
         self._pool, self._clock = pool, clock
-        self._enough = _DECIDE_CHUNKS * chunk_records  # host records a measurement needs
+        self._chunk, self._enough = chunk_records, _DECIDE_CHUNKS * chunk_records  # host records a measurement needs
+        self._measured = False  # the first measurement (`_FIRST_S`, one chunk) is made
+        self._taken_on = False  # the pool has been taken on once
         self._wanted = pool.remote  # the pool is to be used from the moment its first worker is ready
         self._rates = [0.0]  # host records/s delivered with 0, 1, ... workers (with 0: while no worker starts)
         self._started = int(pool.remote)  # the workers asked for so far (they start when first asked)
@@ -76,8 +85,10 @@ class PoolPolicy:
         measures the host's rate alone and the idle CPUs; True when the pool's stream is to be
         opened now (its first worker starts)."""
         now = self._clock()
-        if now - self._window < _DECIDE_S or self._made < self._enough:
+        span, enough = (_DECIDE_S, self._enough) if self._measured else (_FIRST_S, self._chunk)
+        if now - self._window < span or self._made < enough:
             return False
+        self._measured = True
         idle = self._pool.idle_cpus()
         # (while local workers start, they take CPU from the host's thread; a remote pool's do not)
         if ready is None or self._was_ready or self._pool.remote:
@@ -98,7 +109,12 @@ class PoolPolicy:
         now = self._clock()
         taken_on = False
         if self._wanted and ready is not None and ready(1):  # from here the first worker works beside the host's thread
+            if not self._taken_on and self._made >= self._chunk:
+                # the first time, the host's rate alone is the one since the first measurement (a
+                # fork of the preloaded server takes its CPU from none): more chunks than that one
+                self._rates[0] = self._made / (now - self._window)
             self.level, self._wanted, self._settled, taken_on = 1, False, False, True
+            self._taken_on = True
             # its trial is timed from its first chunk: the pool holds none of the host's, so any it makes from now on
             self._trial, self._trial_from = 0.0, 0
             del self._rates[1:]
