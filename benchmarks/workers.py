@@ -117,6 +117,11 @@ HEADLINES = (
         "sidecar, no workers",
     ),
     ("cpu, inprocess: 2 workers / none, the first", "CPU-bound pipeline, in process, 2 workers, first 120 steps", "no workers"),
+    ("cpu, inprocess: none / 2 workers, time to batch 120", "CPU-bound pipeline, in process, 2 workers: batch 120", "no workers"),
+    ("cpu, inprocess: none / 2 workers, time to batch 1200", "CPU-bound pipeline, in process, 2 workers: batch 1,200", "none"),
+    ("light, inprocess: none / 2 workers, time to batch 400", "light pipeline, in process, 2 workers: batch 400", "no workers"),
+    ("light, inprocess: none / 2 workers, time to batch 4000", "light pipeline, in process, 2 workers: batch 4,000", "none"),
+    ("cpu, sidecar, 2 workers: first batch", "CPU-bound pipeline, sidecar, 2 workers: first batch after `cd.Loader(...)`", ""),
 )
 
 
