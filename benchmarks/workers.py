@@ -41,7 +41,7 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
   2 CPUs a sidecar with no workers already uses about 1.25 of them (its thread computes while
   the trainer reads), so 2 workers can add at most about 2 / 1.25 = 1.6x there.
 
-Start (issue 57, "workers ready sooner"), timed from `cd.Loader(...)`: how much sooner 2 workers
+Start ("workers ready sooner"), timed from `cd.Loader(...)`: how much sooner 2 workers
 bring batch N than none (none's time to it over 2 workers'), with the goals: the CPU-bound
 pipeline's batch 120 at least 1.3x and batch 1,200 at least 1.75x sooner, the light pipeline's
 batches 400 and 4,000 at least 0.9x (never later); a sidecar's first batch with 2 workers within
