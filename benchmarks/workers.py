@@ -30,9 +30,10 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
 - the CPU-bound pipeline with 2 workers at least 1.7x none over its first `EARLY` steps after
   the first batch, in process and through the sidecar (the table shows how long those steps
   took, beside the first batch's time: a worker that is not ready by then cannot help);
-- CPU-bound packed and filtered pipelines (`cpu packed`: the same per-record work as the
-  records are read, then packed into rows of 256 tokens; `cpu filtered`: `cpu` keeping the
-  records of 40 tokens or more; 8 partitions each, whose slices the workers compute beside
+- CPU-bound packed and filtered pipelines written as a user writes them (`cpu packed`: the
+  records packed into rows of 256 tokens, then the same per-record work on each row in
+  `transforms=`; `cpu filtered`: `cpu` keeping the records of 40 tokens or more; neither
+  names partitions: each gets the 16 it chooses, whose slices the workers compute beside
   the host's thread) with 2 workers at least 1.6x the same pipeline with none in process (the
   default backend), in the steady state, in process and through the sidecar: the rate "with no
   workers" that the issue's goal and its own measurement (one rate with no workers, beside

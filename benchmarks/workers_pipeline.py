@@ -76,18 +76,19 @@ def long_enough(columns: dict[str, Any]) -> np.ndarray:
 
 def pipeline(kind: str, directory: Path) -> cd.Pipeline:
     """`light`: block shuffle, a 64-token pad, batch 32; `cpu`: `token_passes` before it
-    (both after `note_start`);
-    `cpu filtered`: the same keeping `long_enough` records, and `cpu packed`: `token_passes`
-    as the records are read, then packed into rows of 256 tokens, each in 8 partitions."""
+    (both after `note_start`); `cpu filtered`: the same keeping `long_enough` records, and
+    `cpu packed`: the records packed into rows of 256 tokens, then `token_passes` on each
+    row. Both as a user writes them, with default settings: no partitions named (they are
+    chosen: 16 of 2 rows) and the CPU work in `transforms=`."""
     transforms: list[Any] = [note_start, cd.pad_or_truncate("tokens", 64)]
     if kind in ("cpu", "cpu filtered"):
         transforms.insert(1, cd.per_record(token_passes))
     settings: dict[str, Any] = {}
     if kind == "cpu filtered":
-        settings = {"keep": long_enough, "partitions": 8}
+        settings = {"keep": long_enough}
     if kind == "cpu packed":
-        transforms = []
-        settings = {"pack": cd.Pack("tokens", 256, prepare=[cd.per_record(token_passes)]), "partitions": 8}
+        transforms = [cd.per_record(token_passes)]
+        settings = {"pack": cd.Pack("tokens", 256)}
     return cd.Pipeline(
         source=cd.ArrowSource(str(directory), columns=["tokens"]),
         order=cd.Order(shuffle="block", seed=1),
