@@ -124,7 +124,10 @@ def serve(
         f"({budget.source}); workers: {server.choice.reason}",
         err=True,
     )
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    except SystemExit as e:  # a SIGTERM: the session has ended; what a thread still closes is not waited for
+        server.leave(e.code if isinstance(e.code, int) else 0)
 
 
 def check_config_ring(settings: Config, shm_dir: str, slots: int, hosts: int, plan: RingPlan | None = None) -> RingPlan:

@@ -192,7 +192,10 @@ def serve(control: socket.socket, work: Callable[[socket.socket], None]) -> None
     deadline = None
     while deadline is None:
         if select.select([control], [], [], _POLL_S)[0]:
-            message, fds, _, _ = socket.recv_fds(control, 256, 1)
+            try:
+                message, fds, _, _ = socket.recv_fds(control, 256, 1)
+            except ConnectionResetError:  # the pool's process died with a message unread
+                message = b""
             if not message:  # the pool's process died
                 deadline = time.monotonic() + EXIT_S
                 break

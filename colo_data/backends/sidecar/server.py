@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import cloudpickle
 import numpy as np
@@ -236,6 +236,13 @@ class SidecarServer:
         socket and, if the trainer made it for this sidecar, the socket's directory."""
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(_WATCH_S)
+        self.leave(0)
+
+    def leave(self, code: int) -> NoReturn:
+        """Exit with `code` now: the open session's ring, the key, the socket (and a trainer's
+        own socket directory) are removed and the processes left below this one killed, but
+        the interpreter's exit is skipped: it would finalize a pipeline that a thread may still
+        be closing (two closes of one Grain iterator raced there, and printed a traceback)."""
         if self._session is not None:
             self._session.ring.close()
         directory = os.path.dirname(self.socket_path)
@@ -245,9 +252,12 @@ class SidecarServer:
             if os.path.basename(directory).startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX):
                 os.rmdir(directory)
         for child in psutil.Process().children(recursive=True):
-            if "resource_tracker" not in " ".join(child.cmdline()):  # it cleans up after us once we are gone
-                child.kill()
-        os._exit(0)
+            with contextlib.suppress(psutil.Error):  # one that has just ended
+                if "resource_tracker" not in " ".join(child.cmdline()):  # it cleans up after us once we are gone
+                    child.kill()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     def _open(self, request: dict[str, Any]) -> dict[str, Any]:
         pipeline = cloudpickle.loads(request["pipeline"]) if request.get("pipeline") else self.pipeline
