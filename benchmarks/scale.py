@@ -17,10 +17,13 @@ with a partition per batch row; the same filtered (`keep=`: 44% of the texts); p
 (`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`); filtered and packed with a partition per
 batch row (each partition reads, filters and packs its own records: `colo_data.host.partitioned`),
 and with no partitions named (they choose 16: docs/scaling.md; these also at 16 hosts, goal
-at most 1.5x). With one partition, the filtered and packed pipelines are planned over the whole
-global batch on every host. Goals: at most 1.3x, CPU and bytes. Each partition takes its even slice of every
-window, so the 4 hosts' slices of a window of 8 row groups meet at row-group boundaries; the
-last window, of 6, splits inside 2 (docs/scaling.md): 32 row groups where one host reads 30.
+at most 1.5x; their bytes over 4 epochs' batches, each host's source with a 32 MB row-group
+cache: a host that read other row groups each epoch would show it). With one partition, the
+filtered and packed pipelines are planned over the whole global batch on every host. Goals: at
+most 1.3x, CPU and bytes. Each partition takes its even slice of every window, so the 4 hosts'
+slices of a window of 8 row groups meet at row-group boundaries; the window of the 6 left
+over splits inside 2 (docs/scaling.md): 32 row groups where one host reads 30, the same
+groups every epoch.
 The packed pipelines' fill
 (tokens over row slots, one host) with one partition and with 64 is reported beside: the goal is
 to stay within a point.
@@ -73,14 +76,17 @@ FOUR_GOAL = "<= 1.3"
 SIXTEEN_GOAL = "<= 1.5"
 BIG_HOSTS, BIG_BATCH, BIG_ROW_GROUP, BIG_WINDOW = 1024, 1024, 40, 1024  # a window of the hosts' count (docs/scaling.md)
 SIMULATED = (0, 511, 1023)
+NAMED_EPOCHS, NAMED_CACHE = 4, 32 * 2**20  # the pipelines that name no partitions: bytes over 4 epochs, a 32 MB cache
 
 
-def four_host_pipeline(kind: str, corpus: Path, epochs: int | None = None) -> cd.Pipeline:
+def four_host_pipeline(kind: str, corpus: Path, epochs: int | None = None, cache_bytes: int | None = None) -> cd.Pipeline:
     """The LM pipeline of `kind` over the text demo: tokenized, then padded ("padded",
-    "padded, partitions"), filtered, or packed."""
+    "padded, partitions"), filtered, or packed (its source's row-group cache `cache_bytes`,
+    or the default)."""
     tokenizer = str(corpus / demo.TOKENIZER_FILE)
+    cache = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
     settings: dict[str, Any] = dict(
-        source=cd.ArrowSource(str(corpus), columns=["text"]),
+        source=cd.ArrowSource(str(corpus), columns=["text"], **cache),
         order=cd.Order(shuffle="block", seed=0, window=8),
         global_batch_size=BATCH,
         epochs=epochs,
@@ -170,9 +176,12 @@ def one_host_of(
     spent = cpu() - made
     decoded = int(pipeline.source.read_stats()[5])
     if kind != "thousand" and epoch:  # the bytes of the epoch's batches, with a source of its own
-        # a finite stream keeps one partition where none is named: the pipelines that choose theirs read endlessly
-        alone = four_host_pipeline(kind, Path(corpus), epochs=None if kind.endswith("named none") else 1)
-        for _ in zip(HostPipeline(alone, host, hosts).chunks(0, batches=1), range(epoch), strict=False):
+        # a finite stream keeps one partition where none is named: the pipelines that choose theirs read
+        # endlessly, over `NAMED_EPOCHS` epochs' batches, a host's reads held to `NAMED_CACHE` bytes
+        named = kind.endswith("named none")
+        alone = four_host_pipeline(kind, Path(corpus), epochs=None if named else 1, cache_bytes=NAMED_CACHE if named else None)
+        chunks = HostPipeline(alone, host, hosts).chunks(0, batches=1)
+        for _ in zip(chunks, range(epoch * (NAMED_EPOCHS if named else 1)), strict=False):
             pass
         decoded = int(alone.source.read_stats()[5])
     out = {

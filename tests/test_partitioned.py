@@ -73,17 +73,18 @@ def test_batches_are_the_same_for_every_host_count(token_corpus: Path, kind: str
     divide the partitions own whole partitions, the others (3 hosts of 4 partitions, 12 of 6)
     share a partition at their boundaries, each computing it and keeping its own rows. Over
     2 epochs no record comes more than twice, and most come (a finite stream ends at the first
-    batch one partition cannot make: the other partitions' last records do not come)."""
+    batch one partition cannot make: the other partitions' last records do not come, and each
+    partition reads the same records every epoch, so the one with the fewest runs out first)."""
     pipeline = KINDS[kind](token_corpus)
     expected = read_all(cd.Loader(pipeline))
-    assert len(expected) >= 6, f"{kind}: {len(expected)} batches"
+    assert len(expected) >= 5, f"{kind}: {len(expected)} batches"
     for hosts in (2, 3, 4, 6, 12):
         assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=hosts)), f"{kind}, {hosts} hosts")
     values, counts = np.unique(_records(expected), return_counts=True)
     assert counts.max() <= 2, f"{kind}: records {values[counts > 2].tolist()} came more than once an epoch"
     kept = 120 if pipeline.pack is None or pipeline.pack.keep is None else 80
     kept = kept if pipeline.keep is None else 80
-    assert counts.sum() >= 0.75 * 2 * kept, f"{kind}: {counts.sum()} records of {2 * kept} came"
+    assert counts.sum() >= 0.6 * 2 * kept, f"{kind}: {counts.sum()} records of {2 * kept} came"
 
 
 @pytest.mark.parametrize("kind", ["packed best_fit", "filtered"])
@@ -170,8 +171,8 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         cd.Loader(packed("none", 1), state=state)
     with pytest.raises(cd.errors.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
         cd.Loader(packed("none", 6), state=state)
-    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 own', pipeline has 'block:2'.*partitions it was saved"):
-        cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3 own"})
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 dealt', pipeline has 'block:2'.*partitions it was saved"):
+        cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3 dealt"})
     damaged = {**state, "parts": {**state["parts"], "deltas": "not base64!"}}
     with pytest.raises(cd.errors.StateError, match=r"partition positions \(`parts`\) are damaged"):
         cd.Loader(packed("none", 4), state=damaged)
@@ -213,6 +214,28 @@ def test_each_host_process_reads_its_share_of_the_row_groups(tmp_path: Path) -> 
 
     assert 64 <= decoded(16) <= 64 + 3 * 8, decoded(16)
     assert decoded(1) >= 3.5 * 64, decoded(1)
+
+
+@pytest.mark.parametrize("kind", ["packed", "filtered"])
+def test_a_host_reads_the_same_row_groups_epoch_after_epoch(tmp_path: Path, kind: str) -> None:
+    """An endless packed and filtered pipeline that names no partitions (16 chosen), over 4
+    epochs: 4 host pipelines, each with a source of its own (a cache that holds the corpus),
+    decode the corpus about once between them, as one host does: each window's groups are
+    dealt to the same places every epoch, so a host's slices stay on its own row groups. (A
+    window dealt anew each epoch had them decode it about 2.7 times.)"""
+    ids = np.arange(6400)
+    lengths = 1 + ids % 7
+    tokens = pa.array([[int(i)] * int(n) for i, n in zip(ids, lengths, strict=True)], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"id": ids, "tokens": tokens}), tmp_path / "data.parquet", row_group_size=100)
+    settings: dict = dict(source=cd.ArrowSource(str(tmp_path / "data.parquet")), order=cd.Order("block", seed=1, window=8),
+                          global_batch_size=64, epochs=None)
+    if kind == "packed":
+        pipeline, epoch = cd.Pipeline(**settings, pack=cd.Pack("tokens", 16)), 25  # about 256 records a batch
+    else:
+        pipeline, epoch = cd.Pipeline(**settings, transforms=[cd.pad_or_truncate("tokens", 7)], keep=not_third), 67
+    assert pipeline.partitioning.partitions == 16
+    assert row_groups_decoded(pipeline, 1, batches=4 * epoch) == 64
+    assert row_groups_decoded(pipeline, 4, batches=4 * epoch) <= 1.3 * 64
 
 
 def test_a_thousand_and_twenty_four_hosts_make_the_one_host_batches(tmp_path: Path) -> None:

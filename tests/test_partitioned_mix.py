@@ -131,12 +131,14 @@ def test_states_and_settings_name_what_they_need(mix_corpora: dict[str, Path]) -
         for _ in range(pipeline.plan_batches + 1):  # past the first plans: the components' records are counted
             next(loader)
         state = loader.get_state()
-    assert state["parts"]["count"] == PARTITIONS and state["order"] == "block:2/4x3 own"
+    assert state["parts"]["count"] == PARTITIONS and state["order"] == "block:2/4x3 dealt"
     assert sum(q for _, _, q in state["mix"]) > 0
     with pytest.raises(cd.errors.StateError, match=r"other weights.*partitions=4 continues under the weights it was saved with"):
         cd.Loader(mixture(mix_corpora, "packed", weights={"web": 1, "code": 1, "math": 1}), state=state)
-    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 own', pipeline has 'block:2'"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 dealt', pipeline has 'block:2'"):
         cd.Loader(mixture(mix_corpora, "packed", partitions=1), state=state)
+    with pytest.raises(cd.errors.StateError, match=r"other row groups every epoch.*colo-data that saved it"):
+        cd.Loader(pipeline, state={**state, "order": "block:2/4x3 own"})
     with pytest.raises(cd.errors.ConfigError, match=r"component 'math' has 7 records.*partitions=12"):
         mixture(mix_corpora, partitions=12)
 

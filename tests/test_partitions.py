@@ -129,13 +129,17 @@ def test_a_state_resumes_on_other_host_counts_and_names_the_partitions(token_cor
     with cd.Loader(make_pipeline(token_corpus, "block", epochs=None)) as loader:
         next(loader)
         unpartitioned = loader.get_state()
-    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3 own'.*partitions=1"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3 dealt'.*partitions=1"):
         cd.Loader(pipeline, state=unpartitioned)
     with cd.Loader(pipeline) as loader:
         next(loader)
         state = loader.get_state()
+    assert state["order"] == "block:2/4x3 dealt"
     state["order"] = "block:2/4x3"  # as saved before partitions had epochs of their own: other records
-    with pytest.raises(cd.errors.StateError, match=r"shared each shuffle window by stream position.*'block:2/4x3 own'"):
+    with pytest.raises(cd.errors.StateError, match=r"shared each shuffle window by stream position.*'block:2/4x3 dealt'"):
+        cd.Loader(pipeline, state=state)
+    state["order"] = "block:2/4x3 own"  # as saved while a partition's windows fell on other row groups each epoch
+    with pytest.raises(cd.errors.StateError, match=r"other row groups every epoch.*same row groups \('block:2/4x3 dealt'\).*colo-data that saved it"):
         cd.Loader(pipeline, state=state)
 
 

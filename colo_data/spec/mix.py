@@ -27,7 +27,7 @@ from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.spec.parts import encode_parts
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.spec.state_format import FORMAT
-from colo_data.spec.stream import PipelineView, Stream, order_name, parts_position
+from colo_data.spec.stream import PipelineView, Stream, check_older_order, order_name, parts_position
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
 _VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
@@ -279,7 +279,9 @@ class Mix:
         """
         if "mix" not in state:
             raise StateError("the loader state was saved from a pipeline without a cd.Mix; this pipeline's source is one")
-        ours = {"seed": pipeline.order.seed, "order": order_name(pipeline)}
+        name = order_name(pipeline)
+        check_older_order(state.get("order"), name)
+        ours = {"seed": pipeline.order.seed, "order": name}
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {v!r}" for k, v in ours.items() if state.get(k) != v]
         saved = {entry[0]: entry for entry in state["mix"]}
         fingerprints = dict(zip(self.names, self.component_fingerprints(), strict=True))

@@ -14,6 +14,7 @@ from colo_data.io.integers import as_int
 from colo_data.spec.permute import partition_keys, permute, permute_within
 
 Shuffle = Literal["none", "global", "block"]
+_DEALT = 2**63  # the spawn key of a partitioned block order's dealing of row groups: no epoch's (those are < 2**63)
 # Where a stream stands: records delivered (a stream position), or for a partitioned packed
 # or filtered pipeline each partition's own records consumed (`Partitioning.stream`)
 Position = int | np.ndarray
@@ -144,8 +145,10 @@ class GlobalOrder:
             (`global`: of the epoch's) in row-group order, the P slices cut as evenly as
             integers allow, each shuffled apart. A host's partitions are neighbours, so it
             reads its own row groups, and where a window splits evenly at row-group
-            boundaries no row group is read by two hosts. A window of fewer records than
-            partitions is joined to the one before. `none` is file order, partitions or not.
+            boundaries no row group is read by two hosts; `block`'s windows are dealt so
+            that those are the same row groups every epoch (`_dealt_windows`). A window of
+            fewer records than partitions is joined to the one before. `none` is file
+            order, partitions or not.
     """
 
     _WINDOW_CACHE = 4
@@ -233,9 +236,11 @@ class GlobalOrder:
         end), the first place in the permutation of each window's groups (and the end), and
         each group's place in the permutation."""
         if self._epoch_layout is None or self._epoch_layout[0] != epoch:
-            perm = np.random.default_rng(epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
-            firsts = np.arange(0, len(perm), self.order.window)
-            if self._own is not None:
+            if self._own is None:
+                perm = np.random.default_rng(epoch_seed(self.order.seed, epoch)).permutation(len(self._sizes))
+                firsts = np.arange(0, len(perm), self.order.window)
+            else:
+                perm, firsts = self._dealt_windows(epoch)
                 firsts = self._joined(firsts, np.add.reduceat(self._sizes[perm], firsts))
             window_sizes = np.add.reduceat(self._sizes[perm], firsts)
             starts = np.concatenate([[0], np.cumsum(window_sizes)]).astype(np.int64)
@@ -243,6 +248,25 @@ class GlobalOrder:
             ranks[perm] = np.arange(len(perm))
             self._epoch_layout = (epoch, perm, starts, np.append(firsts, len(perm)), ranks)
         return self._epoch_layout[1:]
+
+    def _dealt_windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """A partitioned epoch's row-group permutation and the first place of each window in
+        it. The groups are dealt once (from the seed alone) into the W places of a window:
+        each epoch's windows take one group of each place, a new one in a new window order,
+        and the groups left over (fewer than W) make one window of the same groups every
+        epoch, at a place of its own in each. So a partition's slice of every window falls
+        on the same places, and a host's partitions on the same row groups, epoch after
+        epoch (exactly where the groups hold equal records)."""
+        window = self.order.window
+        dealt = np.random.default_rng(np.random.SeedSequence(self.order.seed, spawn_key=(_DEALT,))).permutation(len(self._sizes))
+        full = len(dealt) // window
+        rng = np.random.default_rng(epoch_seed(self.order.seed, epoch))
+        windows = list(rng.permuted(dealt[: full * window].reshape(full, window), axis=0))
+        if len(dealt) > full * window:
+            windows.append(dealt[full * window :])
+        ordered = [windows[i] for i in rng.permutation(len(windows))]
+        firsts = np.cumsum([0] + [len(w) for w in ordered[:-1]]).astype(np.int64)
+        return np.concatenate(ordered), firsts
 
     def _joined(self, firsts: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Window firsts with every window of fewer records than partitions joined to the

@@ -239,13 +239,7 @@ class Single:
             )
         ours = _identity(pipeline)
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
-        if re.fullmatch(r"(block:\d+|global)/\d+x\d+", str(state.get("order"))):
-            raise StateError(
-                f"the loader state was saved with partitions under an order ({state['order']!r}) whose partitions "
-                "shared each shuffle window by stream position; this colo-data gives each partition epochs of its own "
-                f"({ours['order']!r}), so the state's position names other records here. Restore it with the "
-                "colo-data that saved it, or start without a state."
-            )
+        check_older_order(state.get("order"), ours["order"])
         if differences:
             parts = "/" in str(state.get("order")) or "/" in ours["order"]  # the partitions are in the order's name
             raise StateError(
@@ -282,10 +276,38 @@ class Single:
 def order_name(pipeline: PipelineView) -> str:
     """The pipeline's order as a state names it: with partitions that change it (the block
     and global orders, where each partition has epochs of its own; a mixture's schedule),
-    `/P x rows own` after it."""
+    `/P x rows own` after it, and `dealt` for the block order, whose windows keep each
+    partition on the same row groups every epoch (`GlobalOrder`)."""
     parts = pipeline.partitioning
     named = parts.partitions > 1 and (pipeline.order.shuffle != "none" or pipeline.stream.shares is not None)
-    return pipeline.order.describe() + (f"/{parts.partitions}x{parts.rows} own" if named else "")
+    if not named:
+        return pipeline.order.describe()
+    kind = "dealt" if pipeline.order.shuffle == "block" else "own"
+    return f"{pipeline.order.describe()}/{parts.partitions}x{parts.rows} {kind}"
+
+
+def check_older_order(saved: object, ours: str) -> None:
+    """StateError when a state's order name (`saved`) is one an earlier colo-data gave a
+    partitioned order whose positions name other records now: partitions that shared each
+    window by stream position (`block:W/PxR`, `global/PxR`), or block windows that put a
+    partition on other row groups each epoch (`block:W/PxR own`)."""
+    name = str(saved)
+    if re.fullmatch(r"(block:\d+|global)/\d+x\d+", name):
+        was = (
+            "whose partitions shared each shuffle window by stream position; this colo-data gives each partition "
+            "epochs of its own"
+        )
+    elif re.fullmatch(r"block:\d+/\d+x\d+ own", name):
+        was = (
+            "whose windows put each partition on other row groups every epoch; this colo-data keeps each "
+            "partition on the same row groups"
+        )
+    else:
+        return
+    raise StateError(
+        f"the loader state was saved with partitions under an order ({name!r}) {was} ({ours!r}), so the state's "
+        "position names other records here. Restore it with the colo-data that saved it, or start without a state."
+    )
 
 
 def parts_position(pipeline: PipelineView, state: dict[str, Any]) -> np.ndarray:
