@@ -124,6 +124,22 @@ def test_a_damaged_index_is_named(corpus: Path) -> None:
         cd.ArrowSource(str(corpus))
 
 
+def test_write_index_never_writes_through_a_planted_link(corpus: Path, tmp_path: Path) -> None:
+    """Another user of a shared data directory plants links where the index's temporary file
+    was named (`<index>.<pid>.partial`) and at the index itself: the indexer writes neither
+    file they point to, and the index is a new regular file (an index readable by all)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the indexer's to write")
+    (corpus / f"{INDEX_NAME}.{os.getpid()}.partial").symlink_to(victim)
+    (corpus / INDEX_NAME).symlink_to(victim)
+    cd.write_index(corpus)
+    assert victim.read_text() == "not the indexer's to write"
+    index = corpus / INDEX_NAME
+    assert index.is_file() and not index.is_symlink() and index.stat().st_mode & 0o777 == 0o644
+    assert not [p.name for p in corpus.glob(f".{INDEX_NAME}*")], "a temporary file was left"
+    same_source(cd.ArrowSource(str(corpus)), cd.ArrowSource([str(p) for p in sorted(corpus.rglob("*.parquet"))]))
+
+
 def test_write_index_takes_directories_of_data(corpus: Path, tmp_path: Path) -> None:
     with pytest.raises(cd.errors.ConfigError, match="not a directory.*give the directory that holds the files"):
         cd.write_index(next(corpus.glob("*.parquet")))

@@ -9,9 +9,11 @@ listing it makes anyway: a file added, removed or changed since the index was wr
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import posixpath
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -164,6 +166,23 @@ def _encode(base: str, inspected: list[tuple[DataFile, pa.Schema]], times: dict[
     return json.dumps(document, separators=(",", ":")).encode()
 
 
+def _replace_locally(target: str, data: bytes) -> None:
+    """Write `data` to a new file beside `target` and rename it over `target`. The new file
+    is created exclusively under a name no one can guess (`mkstemp`: never through a link
+    that another user of a shared directory planted), and the rename replaces whatever
+    `target` is, a link included, without following it."""
+    fd, partial = tempfile.mkstemp(dir=posixpath.dirname(target), prefix=f".{INDEX_NAME}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)  # readable by every job that reads the data, as an index made by open() was
+            out.write(data)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
 def write_index(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], filesystem: pafs.FileSystem | Any | None = None
 ) -> list[str]:
@@ -208,10 +227,7 @@ def write_index(
         data = _encode(directory, inspected, {f.path: f.mtime_ns for f in found.files})
         target = posixpath.join(directory, INDEX_NAME)
         if isinstance(fs, pafs.LocalFileSystem):  # a reader never sees half an index (object stores: a PUT is whole)
-            partial = f"{target}.{os.getpid()}.partial"
-            with fs.open_output_stream(partial) as out:
-                out.write(data)
-            fs.move(partial, target)
+            _replace_locally(target, data)
         else:
             with fs.open_output_stream(target) as out:
                 out.write(data)
