@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,9 @@ def test_the_command_prints_lineage_and_names_what_does_not_fit(
     assert backwards.returncode == 2 and "'5:3': give global steps as A:B" in backwards.stderr, backwards.stderr
     empty = run("--state", "empty", "--steps", "3")
     assert empty.returncode == 2 and "a directory holding 0 loader states" in empty.stderr, empty.stderr
+    (tmp_path / "step" / "data").mkdir(parents=True)
+    os.mkfifo(tmp_path / "step" / "data" / "loader_state.json")  # nobody writes it: reading would wait forever
+    os.mkfifo(tmp_path / "fifo.json")
+    for given in ("fifo.json", "step"):
+        fifo = run("--state", given, "--steps", "3")
+        assert fifo.returncode == 2 and "not a regular file (a FIFO" in fifo.stderr, fifo.stderr

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import sys
 import tomllib
 from pathlib import Path
@@ -62,7 +64,14 @@ def _read_state(path: Path) -> dict[str, Any]:
             )
         path = found[0]
     try:
-        state = json.loads(path.read_text())
+        # opened without waiting (a FIFO's open waits for a writer) and read only if a regular file
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise CannotTrace(
+                    f"--state {path}: not a regular file (a FIFO, a device or a socket): give the loader state's JSON "
+                    f"file ({STATE_FILE}) or its checkpoint step's directory"
+                )
+            state = json.loads(file.read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CannotTrace(f"--state {path}: not a JSON loader state ({e})") from e
     if not isinstance(state, dict):
