@@ -182,6 +182,40 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         cd.verify.verify(packed("none", 4))
 
 
+def test_a_hostile_parts_entry_is_a_state_error_in_bounded_memory(token_corpus: Path) -> None:
+    """A state whose `parts.deltas` inflates to 256 MB (from 250 kB), claims a billion
+    partitions, or holds positions past 2**62 (int64, with room for what follows) is a StateError, in process (Loader, skip and
+    lineage), before anything the size of the inflated bytes is held."""
+    import base64
+    import resource
+    import zlib
+
+    pipeline = make_pipeline(token_corpus, "none", transforms=[], pack=cd.Pack("tokens", 16), partitions=4, epochs=None)
+    with cd.Loader(pipeline) as loader:
+        next(loader)
+        state = loader.get_state()
+    bomb = base64.b64encode(zlib.compress(bytes(256 * 2**20), 9)).decode()
+    hostile = {
+        "bomb": ({"deltas": bomb}, r"partition positions \(`parts`\) are damaged.*bytes of 4 partitions"),
+        "a billion partitions": ({"count": 10**9, "deltas": bomb}, r"positions of 1000000000 partitions.*partitions=4"),
+        "base past 2**62": ({"base": 2**62 + 1}, r"damaged.*base=4611686018427387905"),
+        "phase past int64": ({"phase": 2**64}, r"damaged.*phase=18446744073709551616"),
+        "a position past 2**62": ({"base": 2**62 - 1, "width": 1, "deltas": base64.b64encode(zlib.compress(bytes([0, 1, 2, 3]))).decode()},
+                                  r"damaged.*past 2\*\*62"),
+    }
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for name, (change, match) in hostile.items():
+        bad = {**state, "parts": {**state["parts"], **change}}
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.Loader(pipeline, state=bad)
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.skip(pipeline, bad, batches=1)
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.lineage(pipeline, bad, steps=range(1, 2))
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024
+    assert grown < 100 * 2**20, f"the peak resident memory grew {grown / 2**20:.0f} MB"
+
+
 def test_the_state_of_a_thousand_partitions_is_small() -> None:
     """1,024 partitions' own positions, spread over 300 records, take under a fifth of
     their JSON list in a state (about 8.2 bits each at the least), and come back as they were."""

@@ -121,6 +121,38 @@ def test_bad_skips_are_named_errors(token_corpus: Path, mix_corpora: dict[str, P
         cd.skip(other, state, batches=1)
 
 
+def test_counts_and_states_past_what_a_position_holds_are_named(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
+    """A skip whose position would pass 2**62 is a ConfigError that says so, and a state
+    whose epoch puts it there a StateError (in `Loader(state=)`, `set_state`, `skip`,
+    `lineage`), where both were a raw OverflowError; a skip just short of it still gives a
+    state the loader reads from. A mixture's positions past it are a StateError too."""
+    pipeline = pipeline_of("padded", token_corpus, mix_corpora)
+    _, state = read(pipeline, 1)
+    with pytest.raises(cd.errors.ConfigError, match=r"batches=2305843009213693952: .* past the 2\*\*62 that a stream position may reach"):
+        cd.skip(pipeline, state, batches=2**61)
+    far = cd.skip(pipeline, state, batches=2**58)  # record 2**61 + 8
+    with cd.Loader(pipeline, state=far) as loader:
+        assert to_numpy(next(loader))["tokens"].shape == (8, 8)
+    for epoch in (2**59, 2**63, 2**70):
+        made_up = {**state, "epoch": epoch}
+        match = rf"epoch={epoch}, position=8: record .* past the 2\*\*62"
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.Loader(pipeline, state=made_up)
+        with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.StateError, match=match):
+            loader.set_state(made_up)
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.skip(pipeline, made_up, batches=1)
+        with pytest.raises(cd.errors.StateError, match=match):
+            cd.lineage(pipeline, made_up, steps=range(2, 3))
+    mixture = pipeline_of("mixture", token_corpus, mix_corpora)
+    _, mixed = read(mixture, 1)
+    with pytest.raises(cd.errors.StateError, match=r"position=9223372036854775808, .*not a position of a mixture \(at most 2\*\*62\)"):
+        cd.Loader(mixture, state={**mixed, "position": 2**63})
+    huge = {**mixed, "mix": [[name, print_, 2**64] for name, print_, _ in mixed["mix"]]}
+    with pytest.raises(cd.errors.StateError, match=r"component positions .*: each must be an int from 0 to 2\*\*62"):
+        cd.Loader(mixture, state=huge)
+
+
 def test_a_grain_pipeline_is_refused_with_what_to_do_instead(tmp_path: Path) -> None:
     """A Grain pipeline's position is its iterators' state: no skip without reading."""
     paths = gp.write_records(tmp_path)

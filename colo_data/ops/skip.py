@@ -17,6 +17,7 @@ from colo_data.spec.kinds import AnyPipeline
 from colo_data.spec.order import Position
 from colo_data.spec.pipeline import Pipeline
 from colo_data.spec.state import make_state, restore, state_step
+from colo_data.spec.state_format import MAX_POSITION
 
 
 def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict[str, Any]:
@@ -55,7 +56,13 @@ def _after(pipeline: Pipeline, position: Position, batches: int) -> int:
     left = pipeline.batches_from(int(position))
     if left is not None and batches > left:
         raise _past_the_end(batches, left)
-    return int(position) + batches * pipeline.global_batch_size
+    after = int(position) + batches * pipeline.global_batch_size
+    if after > MAX_POSITION:
+        raise ConfigError(
+            f"batches={batches}: that many global batches of {pipeline.global_batch_size} records take the stream "
+            f"to record {after:,}, past the 2**62 that a stream position may reach; skip fewer"
+        )
+    return after
 
 
 def _variable_after(pipeline: Pipeline, position: Position, batches: int) -> Position:

@@ -26,7 +26,7 @@ from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source, reco
 from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.spec.parts import encode_parts
 from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
-from colo_data.spec.state_format import FORMAT
+from colo_data.spec.state_format import FORMAT, MAX_POSITION
 from colo_data.spec.stream import PipelineView, Stream, check_older_order, order_name, parts_position
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
@@ -310,10 +310,14 @@ class Mix:
                 return pipeline, parts_position(pipeline, state)
         position, phase = state.get("position"), state.get("phase")
         at = [saved[n][2] for n in self.names]
-        if not (isinstance(position, int) and isinstance(phase, int) and position >= 0 and 0 <= phase < DENOMINATOR):
-            raise StateError(f"loader state has position={position!r}, phase={phase!r}: not a position of a mixture")
-        if not all(isinstance(q, int) and q >= 0 for q in at):
-            raise StateError(f"loader state has component positions {at!r}: each must be an int >= 0")
+        if not (isinstance(position, int) and isinstance(phase, int)) or not (
+            0 <= position <= MAX_POSITION and 0 <= phase < DENOMINATOR
+        ):
+            raise StateError(
+                f"loader state has position={position!r}, phase={phase!r}: not a position of a mixture (at most 2**62)"
+            )
+        if not all(isinstance(q, int) and 0 <= q <= MAX_POSITION for q in at):
+            raise StateError(f"loader state has component positions {at!r}: each must be an int from 0 to 2**62")
         if pipeline.partitioning.partitions > 1:
             return pipeline, pipeline.at(position)
         if state.get("weights") == self._weights_id():  # the same interleaving goes on

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import StateError
+from colo_data.spec.state_format import MAX_POSITION
 
 _WIDTHS = (1, 2, 4, 8)
 
@@ -73,16 +74,27 @@ def encode_parts(position: np.ndarray) -> dict[str, Any]:
     }
 
 
+def saved_count(parts: Any) -> int | None:
+    """The partition count a state's `parts` entry names (None when it names none), read
+    before its positions are: they are inflated only for the pipeline's own count."""
+    count = parts.get("count") if isinstance(parts, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else None
+
+
 def decode_parts(parts: Any) -> np.ndarray:
-    """The position a state's `parts` entry holds; StateError when it is not one."""
+    """The position a state's `parts` entry holds; StateError when it is not one. At most
+    `count` positions' bytes are inflated, and every number must fit an int64."""
     try:
         count, phase, base, width = (int(parts[k]) for k in ("count", "phase", "base", "width"))
-        if width not in _WIDTHS or count < 1 or base < 0 or phase < 0:
+        if width not in _WIDTHS or count < 1 or not 0 <= base <= MAX_POSITION or not 0 <= phase <= MAX_POSITION:
             raise ValueError(f"count={count}, phase={phase}, base={base}, width={width}")
-        data = zlib.decompress(base64.b64decode(parts["deltas"], validate=True))
-        if len(data) != count * width:
-            raise ValueError(f"{len(data)} bytes for {count} partitions of {width} bytes")
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(base64.b64decode(parts["deltas"], validate=True), count * width + 1)
+        if len(data) != count * width or not inflate.eof:
+            raise ValueError(f"more or fewer than the {count * width} bytes of {count} partitions of {width} bytes")
         deltas = np.frombuffer(data, np.uint8).reshape(width, count).T.copy().view(f"<u{width}").ravel()
+        if base + int(deltas.max()) > MAX_POSITION:
+            raise ValueError(f"a position past 2**62 (base {base}, largest distance {int(deltas.max())})")
     except (KeyError, TypeError, ValueError, binascii.Error, zlib.error) as e:
         raise StateError(
             f"the loader state's partition positions (`parts`) are damaged ({type(e).__name__}: {e}): pass the dict "

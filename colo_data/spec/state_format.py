@@ -5,6 +5,9 @@ shuffle (`colo_data.spec.permute`)."""
 from __future__ import annotations
 
 FORMAT = "colo-data/2"
+# The furthest stream position (or partition position) a state may hold: an int64 with room
+# above it for the arithmetic of the batches that follow (a made-up state past it is refused).
+MAX_POSITION = 2**62
 
 
 def format_of(state: object) -> str | None:

@@ -16,8 +16,8 @@ import numpy as np
 from colo_data.errors import StateError
 from colo_data.io.sources import record_places
 from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
-from colo_data.spec.parts import decode_parts, encode_parts
-from colo_data.spec.state_format import FORMAT
+from colo_data.spec.parts import decode_parts, encode_parts, saved_count
+from colo_data.spec.state_format import FORMAT, MAX_POSITION
 
 if TYPE_CHECKING:
     from colo_data.io.sources import Source
@@ -255,6 +255,11 @@ class Single:
         records = ours["records"]
         if not (isinstance(epoch, int) and isinstance(within, int) and epoch >= 0 and 0 <= within < records):
             raise StateError(f"loader state has epoch={epoch!r}, position={within!r}: not a position in {records} records")
+        if epoch * records + within > MAX_POSITION:
+            raise StateError(
+                f"loader state has epoch={epoch}, position={within}: record {epoch * records + within:,} of the "
+                "stream, past the 2**62 that a stream position may reach (a damaged or made-up state)"
+            )
         return pipeline, pipeline.at(epoch * records + within)  # partitioned: each partition's records before it
 
     def continues(self, other: Stream) -> bool:
@@ -313,14 +318,14 @@ def check_older_order(saved: object, ours: str) -> None:
 def parts_position(pipeline: PipelineView, state: dict[str, Any]) -> np.ndarray:
     """The partitions' own positions a state saved by a partitioned packed or filtered
     pipeline holds; StateError when this pipeline's partitions or packing differ."""
-    position = decode_parts(state["parts"])
-    count = len(position) - 1
-    if not pipeline.partitioned or count != pipeline.partitioning.partitions:
+    count = saved_count(state["parts"])  # checked before the positions are inflated
+    if count is not None and (not pipeline.partitioned or count != pipeline.partitioning.partitions):
         raise StateError(
             f"the loader state holds the positions of {count} partitions of a packed or filtered pipeline; "
             f"this pipeline is {_kind(pipeline)}: give it the partitions={count} and the pack= or keep= it "
             "was saved with"
         )
+    position = decode_parts(state["parts"])  # no count: a StateError that names the entry damaged
     if position[0] >= pipeline.plan_batches:
         raise StateError(
             f"the loader state is {position[0]} batches into its partitions' packing plans, which span "
