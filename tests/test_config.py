@@ -76,6 +76,50 @@ def test_configs_that_cannot_build(tmp_path: Path, text: str, match: str) -> Non
         load_config(write(tmp_path, text)).build()
 
 
+def test_a_module_left_in_the_working_directory_never_shadows_an_installed_one(tmp_path: Path, token_corpus: Path) -> None:
+    """A `tokenizers.py` left in a shared directory that a config runs from is not what
+    `import tokenizers` finds, in the config's module or after it (it ran as root when the
+    working directory came first on the path); the config's own module still comes from
+    there."""
+    (tmp_path / "tokenizers.py").write_text("open('PLANTED_RAN', 'w').write('the planted module ran')\n")
+    (tmp_path / "shared_pipelines.py").write_text(
+        "import colo_data as cd\n"
+        "def padded(corpus):\n"
+        "    import tokenizers  # as cd.tokenize does once the config is loaded\n"
+        "    assert hasattr(tokenizers, 'Tokenizer'), tokenizers.__file__\n"
+        "    return cd.Pipeline(source=cd.ArrowSource(corpus, columns=['id', 'tokens']), global_batch_size=8,\n"
+        "                       transforms=[cd.pad_or_truncate('tokens', 8)], index_column='_index')\n"
+    )
+    config = write(tmp_path, f'pipeline = "shared_pipelines:padded"\n[args]\ncorpus = "{token_corpus}"\n')
+    done = subprocess.run([str(COLO), "lineage", str(config), "--steps", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "PLANTED_RAN").exists()
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        ("os:system", "a standard-library function, not a pipeline factory"),
+        ("subprocess:run", "a standard-library function, not a pipeline factory"),
+        ("colo_data:Pipeline", r"has a type, not a Python function, 'Pipeline'"),
+        ("numpy:add", r"has a ufunc, not a Python function, 'add'"),
+    ],
+)
+def test_a_target_that_is_not_a_pipeline_factory_is_refused_before_it_is_called(
+    tmp_path: Path, target: str, match: str
+) -> None:
+    """`pipeline = "os:system"` ran a command; a standard-library module, a builtin, a class
+    or another callable that is not a Python function is refused, and the message says a
+    config is code; `--help` of every command that runs one says so too."""
+    config = write(tmp_path, f'pipeline = "{target}"\n[args]\ncommand = "touch {tmp_path}/RAN"\n')
+    with pytest.raises(cd.errors.ConfigError, match=match) as raised:
+        load_config(config).build()
+    assert "A config is code" in str(raised.value) and not (tmp_path / "RAN").exists()
+    for command in (["bench"], ["doctor"], ["lineage"], ["verify"], ["sidecar", "serve"]):
+        shown = CliRunner().invoke(main, [*command, "--help"], terminal_width=400)
+        assert "A config is code" in shown.output and "give only configs you trust" in shown.output, command
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(cd.errors.ConfigError, match="cannot read the config"):
         load_config(tmp_path / "none.toml")

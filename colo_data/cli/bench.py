@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from colo_data.backends.options import NAMES
+from colo_data.ops.config import CONFIG_IS_CODE
 
 BUILTIN = "configs/demo.toml (built in)"
 WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` names the process that raised it
@@ -42,7 +43,7 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
     return chosen
 
 
-@click.command()
+@click.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None, help="Global batches to read [one pass over the pipeline's epochs]."

@@ -25,7 +25,7 @@ from colo_data.cli.sidecar import check_config_ring
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.host.ray_workers import RayWorkers
 from colo_data.host.resources import cpu_budget, memory_limit, shm_capacity
-from colo_data.ops.config import Config, load_config
+from colo_data.ops.config import CONFIG_IS_CODE, Config, load_config
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
@@ -35,7 +35,7 @@ CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process
 SCRATCH_ENV = "COLO_DATA_PATHWAYS_SCRATCH"
 
 
-@click.command()
+@click.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", required=False, envvar="COLO_DATA_CONFIG", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="The sidecar's shared-memory directory [config, else /dev/shm]."

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from colo_data.ops.config import CONFIG_IS_CODE
+
 
 class CannotTrace(click.ClickException):
     """The steps cannot be traced as asked (a config, state or steps error): exit status 2."""
@@ -102,7 +104,7 @@ def _table(traced: list[dict[str, Any]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip() for cells in [head, *lines]]
 
 
-@click.command()
+@click.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--steps",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from colo_data import defaults
+from colo_data.ops.config import CONFIG_IS_CODE
 
 if TYPE_CHECKING:
     from colo_data.backends.sidecar.ring_plan import RingPlan
@@ -44,7 +45,7 @@ def sidecar() -> None:
     """The per-host sidecar process."""
 
 
-@sidecar.command()
+@sidecar.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", required=False, envvar="COLO_DATA_CONFIG", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--socket", "socket_path", required=True, envvar="COLO_DATA_SOCKET", help="Unix socket path to listen on (unix:// optional)."

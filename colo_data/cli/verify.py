@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from colo_data.ops.config import CONFIG_IS_CODE
+
 
 class CannotVerify(click.ClickException):
     """The pipeline cannot be verified as given: exit status 2, apart from failed checks (1)."""
@@ -25,7 +27,7 @@ def _host_counts(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     return counts
 
 
-@click.command()
+@click.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--hosts", default="1,2,4", show_default=True, callback=_host_counts,

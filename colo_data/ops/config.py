@@ -6,6 +6,7 @@ the `pipeline` line is valid and takes every default."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import tomllib
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
     from colo_data.spec.kinds import AnyPipeline
 
 _TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
+CONFIG_IS_CODE = (
+    "A config is code: its `pipeline` names a Python function that colo-data imports and calls, as the user "
+    "running the command; give only configs you trust (their modules are found on PYTHONPATH, then in the "
+    "working directory)."
+)
 _SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
 
 
@@ -51,14 +57,21 @@ class Config:
         )
 
     def build(self) -> AnyPipeline:
-        """Import `module:function` (from the working directory or PYTHONPATH) and call it:
-        a `cd.Pipeline` or a `cd.GrainPipeline`."""
+        """Import `module:function` (from PYTHONPATH and the installed packages, then the
+        working directory) and call it: a `cd.Pipeline` or a `cd.GrainPipeline`. A
+        standard-library module, or a target that is not a Python function (a builtin such as
+        `os:system`, a class), is refused before anything is called."""
         # the pipeline machinery, imported only when a pipeline is built
         from colo_data.spec.kinds import AnyPipeline
 
         module_name, _, function_name = self.pipeline.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        if module_name.partition(".")[0] in sys.stdlib_module_names:
+            raise ConfigError(
+                f"{self.path}: pipeline = {self.pipeline!r}: a standard-library function, not a pipeline factory. "
+                f"{CONFIG_IS_CODE}"
+            )
+        if os.getcwd() not in sys.path:  # last: a module left in the directory never shadows an installed one
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -72,9 +85,11 @@ class Config:
         except Exception as e:  # the module raised while it was imported
             raise self._failed(f"importing module {module_name!r}", e) from e
         function = getattr(module, function_name, None)
-        if not callable(function):
+        if not inspect.isfunction(function):
+            found = "no function" if function is None else f"a {type(function).__name__}, not a Python function,"
             raise ConfigError(
-                f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} has no function {function_name!r}"
+                f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} ({getattr(module, '__file__', None)}) "
+                f"has {found} {function_name!r}: give the function that returns the pipeline. {CONFIG_IS_CODE}"
             )
         try:
             pipeline = function(**self.args)
