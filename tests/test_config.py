@@ -78,9 +78,9 @@ def test_configs_that_cannot_build(tmp_path: Path, text: str, match: str) -> Non
 
 def test_a_module_left_in_the_working_directory_never_shadows_an_installed_one(tmp_path: Path, token_corpus: Path) -> None:
     """A `tokenizers.py` left in a shared directory that a config runs from is not what
-    `import tokenizers` finds, in the config's module or after it (it ran as root when the
-    working directory came first on the path); the config's own module still comes from
-    there."""
+    `import tokenizers` finds, in the config's module or after it, nor in the sidecar and
+    the worker process that make the batches (it ran as root when the working directory
+    came first on the path); the config's own module still comes from there."""
     (tmp_path / "tokenizers.py").write_text("open('PLANTED_RAN', 'w').write('the planted module ran')\n")
     (tmp_path / "shared_pipelines.py").write_text(
         "import colo_data as cd\n"
@@ -88,12 +88,17 @@ def test_a_module_left_in_the_working_directory_never_shadows_an_installed_one(t
         "    import tokenizers  # as cd.tokenize does once the config is loaded\n"
         "    assert hasattr(tokenizers, 'Tokenizer'), tokenizers.__file__\n"
         "    return cd.Pipeline(source=cd.ArrowSource(corpus, columns=['id', 'tokens']), global_batch_size=8,\n"
-        "                       transforms=[cd.pad_or_truncate('tokens', 8)], index_column='_index')\n"
+        "                       transforms=[real_tokenizers, cd.pad_or_truncate('tokens', 8)], index_column='_index')\n"
+        "def real_tokenizers(batch):\n"
+        "    import tokenizers  # where the batches are made: the sidecar and its worker process\n"
+        "    assert hasattr(tokenizers, 'Tokenizer'), tokenizers.__file__\n"
+        "    return batch\n"
     )
     config = write(tmp_path, f'pipeline = "shared_pipelines:padded"\n[args]\ncorpus = "{token_corpus}"\n')
-    done = subprocess.run([str(COLO), "lineage", str(config), "--steps", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert not (tmp_path / "PLANTED_RAN").exists()
+    for command in (["lineage", str(config), "--steps", "1"], ["bench", str(config), "--backend", "sidecar", "--workers", "1"]):
+        done = subprocess.run([str(COLO), *command], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / "PLANTED_RAN").exists(), command
 
 
 @pytest.mark.parametrize(

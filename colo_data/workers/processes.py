@@ -160,7 +160,8 @@ class WorkerPool:
         self._idle = IdleCpus(self._budget, also)
         self._closed = False
         threads = max(1, math.ceil(self._budget.cpus) // count)  # each worker's share, for its native thread pools
-        self._server = ForkServer([sys.executable, "-m", "colo_data.workers.processes"], child_env(threads))
+        # -P: not the working directory first on the import path (see `LocalSidecar`): the trainer's comes in PYTHONPATH
+        self._server = ForkServer([sys.executable, "-P", "-m", "colo_data.workers.processes"], child_env(threads))
         self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `idle_cpus`
         self._key = owner.add(f"{count} worker processes", self.close)
 

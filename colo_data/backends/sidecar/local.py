@@ -28,7 +28,9 @@ class LocalSidecar:
         self._shm_dir = shm_dir
         self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
-        command = [sys.executable, "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
+        # -P: `-m` would put the working directory first on the import path, where a module left there shadows
+        # an installed one; the trainer's own path comes in PYTHONPATH (`child_env`)
+        command = [sys.executable, "-P", "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
         command += ["--workers", workers_text(workers)]
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=child_env())
