@@ -124,6 +124,38 @@ def test_a_damaged_index_is_named(corpus: Path) -> None:
         cd.ArrowSource(str(corpus))
 
 
+def test_every_damaged_index_is_a_stale_index_error(corpus: Path) -> None:
+    """An index that is a JSON list or string, nested 100,000 deep, names a schema that is
+    not there, gives a size of 1e999 or a negative row count, or is larger than an index of
+    the files beside it can be, is a StaleIndexError naming it and what is wrong (they were
+    AttributeError, RecursionError, IndexError, OverflowError, or accepted)."""
+    import json
+
+    cd.write_index(corpus)
+    index = corpus / INDEX_NAME
+    good = json.loads(index.read_text())
+
+    def entry(**change: object) -> str:
+        return json.dumps({**good, "files": [{**good["files"][0], **change}, *good["files"][1:]]})
+
+    damaged = {
+        "a list": ("[1, 2]", "a JSON list, not an object"),
+        "a string": ('"index"', "a JSON str, not an object"),
+        "nested": ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+        "files not a list": (json.dumps({**good, "files": {"a": 1}}), "files: a JSON dict, not a list"),
+        "a schema not there": (entry(schema=5), "schema 5, of 1 schemas"),
+        "a negative schema": (entry(schema=-1), "schema -1: not an int"),
+        "a size of 1e999": (entry(size=1e999), "size inf: not an int"),
+        "a negative row count": (entry(row_groups=[7, -7]), "a row group's rows -7: not an int"),
+        "too large": (json.dumps(good) + " " * (17 * 2**20), "holds more than the 17,039,360 bytes an index of the 4"),
+    }
+    for name, (text, match) in damaged.items():
+        index.write_text(text)
+        with pytest.raises(cd.errors.StaleIndexError, match=rf"{INDEX_NAME} .*{match}") as raised:
+            cd.ArrowSource(str(corpus))
+        assert "colo-data index" in str(raised.value), name
+
+
 def test_write_index_never_writes_through_a_planted_link(corpus: Path, tmp_path: Path) -> None:
     """Another user of a shared data directory plants links where the index's temporary file
     was named (`<index>.<pid>.partial`) and at the index itself: the indexer writes neither

@@ -31,6 +31,9 @@ from colo_data.io.redact import redacted
 from colo_data.io.retry import Exhausted, with_retries
 
 FORMAT = 1  # the index's own format version
+# The most bytes an index is read for: a little for the whole, and room for each data file listed beside it
+# (its path, its row groups' counts: 64 KiB holds about 9,000 of them); a larger file is not one colo-data wrote
+_MAX_BYTES, _MAX_BYTES_A_FILE = 16 * 2**20, 64 * 2**10
 _SHOWN = 5  # files named in an error, per kind of difference
 
 
@@ -112,32 +115,66 @@ def read_index(fs: pafs.FileSystem, found: Found, retries: int) -> DatasetIndex:
     assert found.index is not None and found.base is not None
     path, uri = found.index.path, object_uri(fs, found.index.path)
 
+    most = _MAX_BYTES + _MAX_BYTES_A_FILE * len(found.files)
+
     def read() -> bytes:
         with fs.open_input_stream(path) as stream:
-            return bytes(stream.read())
+            return bytes(stream.read(most + 1))
 
+    fix = f"Write it again (`colo-data index {uri[: -len(INDEX_NAME) - 1]}`, or cd.write_index), or remove it."
     try:
         data = read() if isinstance(fs, pafs.LocalFileSystem) else with_retries(read, retries)
     except Exhausted as e:
         raise SourceError(f"{uri}: reading the dataset index failed after {e}; the last error: {e.__cause__}") from e.__cause__
+    if len(data) > most:
+        raise StaleIndexError(
+            f"{uri} holds more than the {most:,} bytes an index of the {len(found.files)} data files listed beside it "
+            f"may take (it was not read further): not an index colo-data wrote for them. {fix}"
+        )
     try:
         return _decode(json.loads(data), uri)
-    except (ValueError, KeyError, TypeError, pa.ArrowException) as e:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError, pa.ArrowException) as e:
         raise StaleIndexError(
-            f"{uri} is not a colo-data dataset index of format {FORMAT} ({type(e).__name__}: {e}). Write it again "
-            f"(`colo-data index {uri[: -len(INDEX_NAME) - 1]}`, or cd.write_index), or remove it."
-        ) from e
+            f"{uri} is not a colo-data dataset index of format {FORMAT} ({type(e).__name__}: {e}). {fix}"
+        ) from None
 
 
-def _decode(document: dict[str, Any], uri: str) -> DatasetIndex:
+def _decode(document: Any, uri: str) -> DatasetIndex:
+    """The index a parsed JSON document holds; ValueError (or KeyError, TypeError) naming
+    what is not as `_encode` writes it."""
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {type(document).__name__}, not an object")
     if document.get("colo_data_index") != FORMAT:
         raise ValueError(f"format {document.get('colo_data_index')!r}")
-    schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in document["schemas"]]
+    schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in _listed(document, "schemas")]
     entries = {}
-    for e in document["files"]:
-        file = DataFile(e["path"], e["format"], tuple(int(n) for n in e["row_groups"]), int(e["size"]), e["version"])
-        entries[e["path"]] = (file, schemas[e["schema"]], e["mtime_ns"])
+    for e in _listed(document, "files"):
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str):
+            raise ValueError(f"a file entry {str(e)[:80]!r} without a path")
+        where = f"{e['path']}: "
+        rows = tuple(_count(n, where + "a row group's rows") for n in _listed(e, "row_groups"))
+        number = _count(e["schema"], where + "schema")
+        if number >= len(schemas):
+            raise ValueError(f"{where}schema {number}, of {len(schemas)} schemas")
+        stamp = e["mtime_ns"] if e["mtime_ns"] is None else _count(e["mtime_ns"], where + "mtime_ns")
+        file = DataFile(e["path"], e["format"], rows, _count(e["size"], where + "size"), e["version"])
+        entries[e["path"]] = (file, schemas[number], stamp)
     return DatasetIndex(uri, str(document["written"]), str(document["machine"]), entries)
+
+
+def _listed(document: dict[str, Any], key: str) -> list[Any]:
+    """`document[key]`, a JSON list; ValueError when it is not one."""
+    value = document[key]
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: a JSON {type(value).__name__}, not a list")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    """`value`, an int from 0 to 2**62 (sizes, rows, times); ValueError naming `what` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+        raise ValueError(f"{what} {str(value)[:40]}: not an int from 0 to 2**62")
+    return value
 
 
 def _encode(base: str, inspected: list[tuple[DataFile, pa.Schema]], times: dict[str, int | None]) -> bytes:
