@@ -6,6 +6,7 @@ the state or the steps do not fit together (named), 1 when the pipeline fails.""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import stat
@@ -17,6 +18,8 @@ from typing import Any
 import click
 
 from colo_data.ops.config import CONFIG_IS_CODE
+
+_TABLE_STEPS = 1024  # steps printed at once (a table is aligned within them)
 
 
 class CannotTrace(click.ClickException):
@@ -82,8 +85,8 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _table(traced: list[dict[str, Any]]) -> list[str]:
-    """One line a record: its step, row, segment, component (a mixture), file, row in the
-    file and index, aligned."""
+    """A header, then one line a record: its step, row, segment, component (a mixture), file,
+    row in the file and index, aligned (within the `_TABLE_STEPS` steps printed at once)."""
     mixed = any("component" in origin for step in traced for row in step["rows"] for origin in row)
     head = ["step", "row", "segment", *(["component"] if mixed else []), "file", "file row", "index"]
     lines = [
@@ -137,7 +140,7 @@ def lineage(config: str, steps: range, state_path: Path | None, overrides: dict[
     one's are planned from the state's position on (docs/lineage.md)."""
     from colo_data.errors import ColoDataError, ConfigError, StateError
     from colo_data.ops.config import load_config
-    from colo_data.ops.lineage import lineage as trace
+    from colo_data.ops.lineage import lineage_steps
 
     state = _read_state(state_path) if state_path is not None else None
     try:
@@ -150,13 +153,15 @@ def lineage(config: str, steps: range, state_path: Path | None, overrides: dict[
                 f"{pipeline.global_batch_size}, whose steps are traced (give --arg global_batch_size={saved} for the run's)",
                 err=True,
             )
-        traced = trace(pipeline, state, steps=steps)
+        traced = lineage_steps(pipeline, state, steps=steps)
+        head = True
+        while block := list(itertools.islice(traced, _TABLE_STEPS)):  # printed as they come: bounded memory
+            if as_json:
+                sys.stdout.write("".join(json.dumps(step) + "\n" for step in block))
+            else:
+                click.echo("\n".join(_table(block)[0 if head else 1 :]))
+            head = False
     except (ConfigError, StateError) as e:
         raise CannotTrace(str(e)) from e
     except ColoDataError as e:
         raise click.ClickException(f"the pipeline failed while its steps were traced: {e}") from e
-    if as_json:
-        for step in traced:
-            sys.stdout.write(json.dumps(step) + "\n")
-    else:
-        click.echo("\n".join(_table(traced)))

@@ -28,8 +28,20 @@ from colo_data.spec.transforms import select
 _INDEX = "_lineage_index"
 
 
+# A padded pipeline's steps are named this many records at a time, so that a long range streams in bounded memory.
+_BLOCK_RECORDS = 1 << 16
+
+
 def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = None, *, steps: range) -> list[dict[str, Any]]:
-    """Each global step's rows' source records: one dict per step of `steps`,
+    """`lineage_steps` as a list: see there."""
+    return list(lineage_steps(pipeline, state, steps=steps))
+
+
+def lineage_steps(
+    pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = None, *, steps: range
+) -> Iterator[dict[str, Any]]:
+    """Each global step's rows' source records, a step at a time (the arguments are checked
+    at the call; a long range is named in bounded memory): one dict per step of `steps`,
     `{"step": N, "rows": [[{"file", "row", "index"}, ...], ...]}`, a row being the list of
     its records in order (a packed row's segments; one for a padded or filtered row), each
     named by its file, its row in that file (a source not of files: none, and its record
@@ -73,29 +85,34 @@ def lineage(pipeline: Pipeline | GrainPipeline, state: dict[str, Any] | None = N
             "colo-data, or none (the stream's start)"
         )
     if not steps:
-        return []
+        return iter(())
     if steps.start < first:
         raise StateError(
             f"step {steps.start} is before this state, saved after step {first - 1} (it answers for steps {first} "
             "and later): give the state of an earlier checkpoint, or none (the stream's start)"
         )
     if pipeline.variable_batches:
-        return list(_planned(pipeline, position, first, steps))
+        return _planned(pipeline, position, first, steps)
+    left = pipeline.batches_from(int(position))
+    if left is not None and steps[-1] - first >= left:
+        raise _past_the_end(steps, first + left)
     return _counted(pipeline, int(position), first, steps)
 
 
-def _counted(pipeline: Pipeline, position: int, first: int, steps: range) -> list[dict[str, Any]]:
-    """A padded pipeline's steps: their stream positions, bound to the order."""
+def _counted(pipeline: Pipeline, position: int, first: int, steps: range) -> Iterator[dict[str, Any]]:
+    """A padded pipeline's steps: their stream positions, bound to the order, named
+    `_BLOCK_RECORDS` records at a time."""
     size = pipeline.global_batch_size
-    left = pipeline.batches_from(position)
-    if left is not None and steps[-1] - first >= left:
-        raise _past_the_end(steps, first + left)
-    starts = position + (np.asarray(steps, dtype=np.int64) - first) * size
-    stream = (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
     order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
-    named = pipeline.stream.record_columns(order.stream_indices(stream), _INDEX)
-    origins = pipeline.stream.record_origins(named, _INDEX)
-    return [{"step": step, "rows": [[origin] for origin in origins[i * size : (i + 1) * size]]} for i, step in enumerate(steps)]
+    per_block = max(1, _BLOCK_RECORDS // size)
+    for at in range(0, len(steps), per_block):
+        block = steps[at : at + per_block]
+        starts = position + (np.asarray(block, dtype=np.int64) - first) * size
+        stream = (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
+        named = pipeline.stream.record_columns(order.stream_indices(stream), _INDEX)
+        origins = pipeline.stream.record_origins(named, _INDEX)
+        for i, step in enumerate(block):
+            yield {"step": step, "rows": [[origin] for origin in origins[i * size : (i + 1) * size]]}
 
 
 def _planned(pipeline: Pipeline, position: Position, first: int, steps: range) -> Iterator[dict[str, Any]]:
