@@ -156,6 +156,23 @@ def test_every_damaged_index_is_a_stale_index_error(corpus: Path) -> None:
         assert "colo-data index" in str(raised.value), name
 
 
+def test_an_index_another_user_planted_in_a_shared_directory_is_refused(corpus: Path) -> None:
+    """In a sticky directory that others may write (/tmp's kind), an index another user owns
+    is a StaleIndexError naming the owner (whoever wrote it chooses the rows a job reads);
+    this user's own there is read, and so is another user's where only its owners may
+    write (a data team's directory)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"giving the index to another user needs root (this is uid {os.geteuid()})")
+    cd.write_index(corpus)
+    corpus.chmod(0o1777)
+    cd.ArrowSource(str(corpus))  # this user's own index
+    os.chown(corpus / INDEX_NAME, 12345, 12345)
+    with pytest.raises(cd.errors.StaleIndexError, match=rf"{INDEX_NAME} belongs to uid 12345.*mode 1777.*colo-data index"):
+        cd.ArrowSource(str(corpus))
+    corpus.chmod(0o755)
+    same_source(cd.ArrowSource(str(corpus)), cd.ArrowSource([str(p) for p in sorted(corpus.rglob("*.parquet"))]))
+
+
 def test_write_index_never_writes_through_a_planted_link(corpus: Path, tmp_path: Path) -> None:
     """Another user of a shared data directory plants links where the index's temporary file
     was named (`<index>.<pid>.partial`) and at the index itself: the indexer writes neither

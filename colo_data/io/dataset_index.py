@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import posixpath
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,6 +123,8 @@ def read_index(fs: pafs.FileSystem, found: Found, retries: int) -> DatasetIndex:
             return bytes(stream.read(most + 1))
 
     fix = f"Write it again (`colo-data index {uri[: -len(INDEX_NAME) - 1]}`, or cd.write_index), or remove it."
+    if isinstance(fs, pafs.LocalFileSystem):
+        _check_owner(path, uri, fix)
     try:
         data = read() if isinstance(fs, pafs.LocalFileSystem) else with_retries(read, retries)
     except Exhausted as e:
@@ -137,6 +140,21 @@ def read_index(fs: pafs.FileSystem, found: Found, retries: int) -> DatasetIndex:
         raise StaleIndexError(
             f"{uri} is not a colo-data dataset index of format {FORMAT} ({type(e).__name__}: {e}). {fix}"
         ) from None
+
+
+def _check_owner(path: str, uri: str, fix: str) -> None:
+    """StaleIndexError for a local index that another user (not root) owns in a directory
+    that its group or others may write (a shared or sticky one, /tmp's kind): anyone who
+    can write there could have planted it, and a job reads the rows it names. An index of
+    another user's in a directory only its owners may write (a data team's) is read."""
+    index, directory = os.stat(path), os.stat(posixpath.dirname(path))
+    if index.st_uid in (os.geteuid(), 0) or not directory.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    raise StaleIndexError(
+        f"{uri} belongs to uid {index.st_uid}, not to this process's user (uid {os.geteuid()}) or root, in a directory "
+        f"its group or others may write (mode {stat.S_IMODE(directory.st_mode):o}): whoever wrote it chooses the rows "
+        f"a job reads, so it is not used. {fix}"
+    )
 
 
 def _decode(document: Any, uri: str) -> DatasetIndex:
