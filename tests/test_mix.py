@@ -246,3 +246,30 @@ def test_telemetry_counts_each_components_records(mix_corpora: dict[str, Path]) 
     assert counts == {name: int((rows["_component"] == c).sum()) for c, name in enumerate(MIX_SIZES)}, counts
     with cd.Loader(cd.Pipeline(source=cd.ArrowSource(str(mix_corpora["web"])), global_batch_size=4)) as single:
         assert single.telemetry().components is None
+
+
+def test_the_checkpointing_page_says_how_many_components_a_state_array_holds(token_corpus: Path) -> None:
+    """docs/checkpointing.md named only Grain pipelines as the states that outgrow
+    `STATE_ARRAY_LENGTH`; a mixture's grows by its name and 18 bytes a component, and the
+    page's count of components named in 4 characters is where it passes 4,096 bytes."""
+    import json
+    import re
+
+    from colo_data.spec.state import make_state
+
+    source = cd.ArrowSource(str(token_corpus), columns=["id", "tokens"])
+
+    def size(count: int) -> int:
+        names = [f"c{i:03d}" for i in range(count)]
+        mixture = cd.Mix(dict.fromkeys(names, source), dict.fromkeys(names, 1))
+        pipeline = cd.Pipeline(source=mixture, order=cd.Order("block", seed=1), transforms=[cd.pad_or_truncate("tokens", 8)],
+                               global_batch_size=8, epochs=None)
+        return len(json.dumps(make_state(pipeline, pipeline.at(8)), separators=(",", ":")))
+
+    each = (size(200) - size(100)) / 100
+    fits = int((4096 - (size(100) - 100 * each)) // each)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "checkpointing.md").read_text()
+    said = re.search(r"`cd.Mix`'s of many components \(its name and (\d+) bytes each: some (\d+)\s+components named in 4", page)
+    assert said, "docs/checkpointing.md does not say how far a mixture's state grows"
+    assert int(said[1]) + 4 == each and abs(int(said[2]) - fits) <= 10, (each, fits, said.groups())
+

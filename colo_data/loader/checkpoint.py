@@ -156,7 +156,8 @@ def state_as_array(loader: Loader | dict[str, Any], mesh: Mesh) -> jax.Array:
     if len(data) > STATE_ARRAY_LENGTH:
         raise StateError(
             f"cd.checkpoint.state_as_array: the loader state is {len(data)} bytes of JSON, more than the "
-            f"{STATE_ARRAY_LENGTH} a state array holds (a Grain pipeline's state grows with its hosts). Save it as "
+            f"{STATE_ARRAY_LENGTH} a state array holds (a Grain pipeline's state grows with its hosts, a cd.Mix's with its "
+            "components). Save it as "
             "an item of its own, cd.checkpoint.save_args(loader), in the manager's persistent tier instead."
         )
     padded = np.zeros(STATE_ARRAY_LENGTH, np.int32)
