@@ -158,6 +158,17 @@ def padded(corpus, global_batch_size=8):
         epochs=None,
         index_column="_index",
     )
+
+
+def packed(corpus, length=16):
+    return cd.Pipeline(
+        source=cd.ArrowSource(corpus, columns=["id", "tokens"]),
+        order=cd.Order(shuffle="block", seed=5, window=2),
+        pack=cd.Pack("tokens", length),
+        global_batch_size=4,
+        epochs=None,
+        index_column="_index",
+    )
 """
 
 
@@ -222,3 +233,33 @@ def test_a_long_range_streams_in_bounded_memory(token_corpus: Path, tmp_path: Pa
             assert process.wait(300) == 0, process.stderr.read().decode()
         assert sum(1 for _ in out.open()) == lines
         assert peak < 400 * 2**20, f"{args}: peak resident memory {peak / 2**20:.0f} MB"
+
+
+def test_a_state_names_the_packing_its_steps_need(token_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed pipeline's state records its packing; lineage with another row length (a
+    config traced without the run's `--arg length=...`) is a StateError naming both, exit 2,
+    where it named other records with exit 0; with the run's length it traces the run's rows."""
+    (tmp_path / "lineage_pipelines.py").write_text(PIPELINES)
+    config = tmp_path / "packed.toml"
+    config.write_text(f'pipeline = "lineage_pipelines:packed"\n[args]\ncorpus = "{token_corpus}"\nlength = 32\n')
+    from colo_data.ops.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    pipeline = load_config(config).build()
+    with cd.Loader(pipeline) as loader:
+        next(loader)
+        state = loader.get_state()
+    assert state["pack"] == "tokens/32/best_fit/64"
+    (tmp_path / "state.json").write_text(json.dumps(state))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "colo_data.cli", "lineage", str(config), "--state", "state.json", "--steps", "1:3", *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+    other = run("--arg", "length=16")
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "packing 'tokens/32/best_fit/64'" in other.stderr and "this one packs 'tokens/16/best_fit/64'" in other.stderr
+    same = run("--json")
+    assert same.returncode == 0, same.stderr
+    assert [json.loads(line) for line in same.stdout.splitlines()] == cd.lineage(pipeline, state, steps=range(1, 3))
+

@@ -75,6 +75,13 @@ def lineage_steps(
         position: Position = pipeline.at(0)
         first: int | None = 0
     else:
+        packing = pipeline.pack.describe() if pipeline.pack is not None else None
+        if "pack" in state and state["pack"] != packing:
+            raise StateError(
+                f"the loader state was saved by a pipeline packing {state['pack']!r} (columns/row length/method/"
+                f"segments); this one packs {packing!r}, so its steps would name other records: give the pipeline the "
+                "packing the run had (colo-data lineage: --arg for the config's setting of it)"
+            )
         restored, position = restore(pipeline, state)
         pipeline = restored
         first = state_step(pipeline, state, position)

@@ -62,6 +62,12 @@ class Pack:
     method: str = "best_fit"
     names: str = "colo-data"
 
+    def describe(self) -> str:
+        """What decides the rows, as a loader state records it: the packed columns, the row
+        length, the method and the segments a row may hold (e.g. `tokens/2048/best_fit/64`)."""
+        columns = "+".join(self.columns) if self.columns else str(self.column)
+        return f"{columns}/{self.length}/{self.method}/{self.max_segments}"
+
     def __post_init__(self) -> None:
         column = (self.column,) if isinstance(self.column, str) else ()
         if isinstance(self.columns, str) or not all(isinstance(c, str) for c in self.columns):

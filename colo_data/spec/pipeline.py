@@ -214,9 +214,11 @@ class Pipeline:
             )
 
     def state_at(self, position: Position, hosts: int, host_states: dict[int, Any]) -> dict[str, Any]:
-        """The loader state after stream `position`, its stream's to say; the same on every
-        host, so `hosts` and `host_states` play no part."""
-        return self.stream.state(self, position)
+        """The loader state after stream `position`, its stream's to say (and a packed
+        pipeline's packing, which `cd.lineage` needs to name the rows of later steps); the
+        same on every host, so `hosts` and `host_states` play no part."""
+        state = self.stream.state(self, position)
+        return state if self.pack is None else {**state, "pack": self.pack.describe()}
 
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[Pipeline, Position]:
         """This pipeline rebased to continue from `state` (a `cd.Mix` where its components
