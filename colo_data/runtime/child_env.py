@@ -35,6 +35,14 @@ def process_settings() -> dict[str, str]:
     return settings
 
 
+def child_command(module: str) -> list[str]:
+    """The command that runs `module` in a child process of ours, with this interpreter.
+    `-P`: `-m` alone puts the working directory first on the import path, where a module
+    left there (a `tokenizers.py` in a shared directory) shadows an installed one; the
+    child imports from this process's path instead, which `child_env` passes on."""
+    return [sys.executable, "-P", "-m", module]
+
+
 def child_env(threads: int | None = None) -> dict[str, str]:
     """`os.environ` with `PYTHONPATH` = this process's import path, and `process_settings()`
     under the names the user has not set. `threads` (a worker's share of the CPU budget)

@@ -255,12 +255,13 @@ class Single:
         records = ours["records"]
         if not (isinstance(epoch, int) and isinstance(within, int) and epoch >= 0 and 0 <= within < records):
             raise StateError(f"loader state has epoch={epoch!r}, position={within!r}: not a position in {records} records")
-        if epoch * records + within > MAX_POSITION:
+        position = epoch * records + within
+        if position > MAX_POSITION:
             raise StateError(
-                f"loader state has epoch={epoch}, position={within}: record {epoch * records + within:,} of the "
-                "stream, past the 2**62 that a stream position may reach (a damaged or made-up state)"
+                f"loader state has epoch={epoch}, position={within}: record {position:,} of the stream, past the "
+                "2**62 that a stream position may reach (a damaged or made-up state)"
             )
-        return pipeline, pipeline.at(epoch * records + within)  # partitioned: each partition's records before it
+        return pipeline, pipeline.at(position)  # partitioned: each partition's records before it
 
     def continues(self, other: Stream) -> bool:
         return True

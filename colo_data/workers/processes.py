@@ -38,7 +38,7 @@ from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.cpu_use import IdleCpus
 from colo_data.host.resources import CpuBudget, cpu_budget
-from colo_data.runtime.child_env import child_env
+from colo_data.runtime.child_env import child_command, child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.workers import forks
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
@@ -160,8 +160,7 @@ class WorkerPool:
         self._idle = IdleCpus(self._budget, also)
         self._closed = False
         threads = max(1, math.ceil(self._budget.cpus) // count)  # each worker's share, for its native thread pools
-        # -P: not the working directory first on the import path (see `LocalSidecar`): the trainer's comes in PYTHONPATH
-        self._server = ForkServer([sys.executable, "-P", "-m", "colo_data.workers.processes"], child_env(threads))
+        self._server = ForkServer(child_command("colo_data.workers.processes"), child_env(threads))
         self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `idle_cpus`
         self._key = owner.add(f"{count} worker processes", self.close)
 

@@ -7,13 +7,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
 from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory, sweep_stale
 from colo_data.host.resources import Workers, workers_text
-from colo_data.runtime.child_env import child_env
+from colo_data.runtime.child_env import child_command, child_env
 
 _STOP_S = 10.0
 _KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remove its ring
@@ -28,9 +27,7 @@ class LocalSidecar:
         self._shm_dir = shm_dir
         self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
         self.address = os.path.join(self._dir, "sidecar.sock")
-        # -P: `-m` would put the working directory first on the import path, where a module left there shadows
-        # an installed one; the trainer's own path comes in PYTHONPATH (`child_env`)
-        command = [sys.executable, "-P", "-m", "colo_data.cli", "sidecar", "serve", "--socket", self.address]
+        command = [*child_command("colo_data.cli"), "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
         command += ["--workers", workers_text(workers)]
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=child_env())
