@@ -43,7 +43,7 @@ import setproctitle
 
 from colo_data.errors import ColoDataError
 
-WORKER_NICE = 19  # the workers' scheduling priority: the lowest, below the trainer's and the host's threads
+WORKER_NICE = 10  # the workers' scheduling priority: below the trainer's and the host's threads, never starved (see `lower`)
 EXIT_S = 0.5  # a worker still running this long after its pool stopped (or the pool's process died) is killed
 _POLL_S = 0.5  # how often the server reaps its workers while it waits for requests
 _REAP_S = 1.0  # beyond a stop's seconds, what the server gets to kill and reap its workers before it is killed
@@ -54,14 +54,16 @@ _TITLE = "colo-data worker fork server"  # its command line (`ps`), where its wo
 def lower(pid: int) -> None:
     """Put process `pid` at `WORKER_NICE`, and the session it leads too where the kernel
     schedules sessions as groups (autogroup, for processes outside a container's cgroup).
-    Below the trainer and the host's own thread, a worker takes the CPU that those leave (at
-    nice 10, starting two workers beside a light in-process pipeline still cost a third of
-    its rate for a moment: its two threads hand the GIL to each other thousands of times a
-    second, and each wake-up waited for a worker). Where sessions are grouped, nice ranks
-    processes only within a session, and a nice worker in the trainer's session still held
-    up the trainer's threads' wake-ups (a light pipeline in process ran at 0.81x of none
-    while a worker started; in a session of its own at the same nice, 0.88x, with none
-    against none 0.89x). Any user may lower a process's priority."""
+    Below the trainer and the host's own thread, a worker takes the CPU that those leave.
+    Where sessions are grouped, nice ranks processes only within a session, and a nice
+    worker in the trainer's session held up the trainer's threads' wake-ups (its two
+    threads hand the GIL to each other thousands of times a second): a light pipeline in
+    process ran at 0.81x of none while a worker started; in a session of its own, 0.88x,
+    with none against none 0.89x. Not nice 19, the lowest: beside a busy process at nice 0
+    the kernel gives a process at 19 about 1.5% of a CPU (weights 15 and 1,024), at 10
+    about 10% (110); on 2 CPUs loaded by other jobs two workers at 19 took 11.7 s to be
+    ready, at 10 2.7 s (0.5 s on the idle machine): a loaded host slows its workers and
+    must not stop them. Any user may lower a process's priority."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, pid, WORKER_NICE)
     with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as group:
