@@ -126,7 +126,8 @@ def test_a_damaged_index_is_named(corpus: Path) -> None:
 
 def test_every_damaged_index_is_a_stale_index_error(corpus: Path) -> None:
     """An index that is a JSON list or string, nested 100,000 deep, names a schema that is
-    not there, gives a size of 1e999 or a negative row count, or is larger than an index of
+    not there, gives a size of 1e999, a negative row count or a format colo-data does not
+    read, or is larger than an index of
     the files beside it can be, is a StaleIndexError naming it and what is wrong (they were
     AttributeError, RecursionError, IndexError, OverflowError, or accepted)."""
     import json
@@ -147,6 +148,7 @@ def test_every_damaged_index_is_a_stale_index_error(corpus: Path) -> None:
         "a negative schema": (entry(schema=-1), "schema -1: not an int"),
         "a size of 1e999": (entry(size=1e999), "size inf: not an int"),
         "a negative row count": (entry(row_groups=[7, -7]), "a row group's rows -7: not an int"),
+        "another format": (entry(format="csv"), "format 'csv': neither 'parquet' nor 'ipc'"),
         "too large": (json.dumps(good) + " " * (17 * 2**20), "holds more than the 17,039,360 bytes an index of the 4"),
     }
     for name, (text, match) in damaged.items():
@@ -154,6 +156,54 @@ def test_every_damaged_index_is_a_stale_index_error(corpus: Path) -> None:
         with pytest.raises(cd.errors.StaleIndexError, match=rf"{INDEX_NAME} .*{match}") as raised:
             cd.ArrowSource(str(corpus))
         assert "colo-data index" in str(raised.value), name
+
+
+def lie(index: str, kind: str) -> str:
+    """The JSON text of `index` with its entry for part-00001.parquet (or part-0001.parquet)
+    lying about the file: a row moved from its first row group to its last (`rows`), its format (`format`);
+    or every file's schema (`schema`: column "id" a string)."""
+    import base64
+    import json
+
+    document = json.loads(index)
+    entry = next(e for e in document["files"] if e["path"].startswith(("part-00001", "part-0001")))
+    if kind == "rows":
+        groups = entry["row_groups"]
+        groups[0], groups[-1] = groups[0] - 1, groups[-1] + 1
+    elif kind == "format":
+        entry["format"] = "ipc"
+    else:
+        for i, text in enumerate(document["schemas"]):
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+            wrong = pa.schema([pa.field("id", pa.string()) if f.name == "id" else f for f in schema])
+            document["schemas"][i] = base64.b64encode(wrong.serialize().to_pybytes()).decode()
+    return json.dumps(document)
+
+
+LIES = {
+    "rows": r"says .*part-0+1\.parquet is parquet with \d+ rows in row groups of (\[4, 6\]|\[6, 7).*but the file, unchanged since \(\d+ bytes\), is parquet .*row groups of (\[5, 5\]|\[7, 7)",
+    "format": r"says .*part-0+1\.parquet is ipc with .*but the file, unchanged since \(\d+ bytes\), is parquet",
+    "schema": r"gives .*\.parquet a column 'id' of string, but the file has int64",
+}
+
+
+@pytest.mark.parametrize("kind", list(LIES))
+def test_an_index_that_lies_about_a_file_is_blamed_not_the_file(corpus: Path, kind: str) -> None:
+    """An index whose entry gives an intact file other row groups, another format or another
+    schema is a StaleIndexError at the first read of that file, naming the index and what it
+    says against what the file holds, and saying to write the index again (it blamed the
+    file: "Rewrite or remove the file", or read the file's other rows or type unnoticed)."""
+    cd.write_index(corpus)
+    index = corpus / INDEX_NAME
+    index.write_text(lie(index.read_text(), kind))
+    source = cd.ArrowSource(str(corpus), columns=["id", "tokens"])
+    with pytest.raises(cd.errors.StaleIndexError, match=LIES[kind]) as raised:
+        source.take(np.arange(len(source)))
+    message = str(raised.value)
+    assert str(index) in message and f"colo-data index {corpus}" in message and "Rewrite or remove" not in message, message
+    cd.write_index(corpus)  # written again: the same source as the files' own metadata makes
+    files = sorted(map(str, corpus.rglob("*.parquet")))
+    same_source(cd.ArrowSource(str(corpus), columns=["id", "tokens"]), cd.ArrowSource(files, columns=["id", "tokens"]))
 
 
 def test_an_index_another_user_planted_in_a_shared_directory_is_refused(corpus: Path) -> None:
@@ -277,6 +327,26 @@ def test_an_index_on_object_storage_starts_in_a_few_requests(store: ObjectStore,
             out.write((many_files / "part-0003.parquet").read_bytes())
         writer.delete_file(f"{BUCKET}/{INDEX_NAME}")
 
+
+
+@pytest.mark.parametrize("kind", ["rows", "schema"])
+def test_an_index_on_object_storage_that_lies_is_blamed(store: ObjectStore, kind: str) -> None:
+    """On object storage too, an index that lies about an intact object's row groups or
+    schema is a StaleIndexError naming the index, at the first read of the object."""
+    fs = store.filesystem()
+    cd.write_index(f"{store.kind}://{BUCKET}", filesystem=fs)
+    writer = store.pyarrow_filesystem()
+    try:
+        with writer.open_input_stream(f"{BUCKET}/{INDEX_NAME}") as f:
+            text = f.read().decode()
+        with writer.open_output_stream(f"{BUCKET}/{INDEX_NAME}") as out:
+            out.write(lie(text, kind).encode())
+        source = cd.ArrowSource(BUCKET, columns=["id", "tokens"], filesystem=store.filesystem())
+        with pytest.raises(cd.errors.StaleIndexError, match=LIES[kind]) as raised:
+            source.take(np.arange(10, 20))  # part-0001.parquet
+        assert f"://{BUCKET}/{INDEX_NAME}" in str(raised.value), str(raised.value)  # gcs: gs://
+    finally:
+        writer.delete_file(f"{BUCKET}/{INDEX_NAME}")
 
 # --- a jax.distributed job without an index -------------------------------------------------
 

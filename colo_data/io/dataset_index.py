@@ -16,7 +16,7 @@ import posixpath
 import stat
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,8 +89,11 @@ class DatasetIndex:
             file, schema, _ = self.entries[rel]
             info = now[rel]
             # a local file's reads check its time of last writing on this machine, as after inspecting it
-            stamp = (None, info.mtime_ns, MACHINE) if local else (file.version, None, None)
-            out.append((DataFile(info.path, file.format, file.row_groups, file.size, *stamp), schema))
+            if local:
+                indexed = replace(file, path=info.path, version=None, mtime_ns=info.mtime_ns, machine=MACHINE, index=self.uri)
+            else:
+                indexed = replace(file, path=info.path, mtime_ns=None, machine=None, index=self.uri)
+            out.append((indexed, schema))
         return out
 
 
@@ -175,6 +178,8 @@ def _decode(document: Any, uri: str) -> DatasetIndex:
         if number >= len(schemas):
             raise ValueError(f"{where}schema {number}, of {len(schemas)} schemas")
         stamp = e["mtime_ns"] if e["mtime_ns"] is None else _count(e["mtime_ns"], where + "mtime_ns")
+        if e["format"] not in ("parquet", "ipc"):
+            raise ValueError(f"{where}format {str(e['format'])[:40]!r}: neither 'parquet' nor 'ipc'")
         file = DataFile(e["path"], e["format"], rows, _count(e["size"], where + "size"), e["version"])
         entries[e["path"]] = (file, schemas[number], stamp)
     return DatasetIndex(uri, str(document["written"]), str(document["machine"]), entries)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import platform
+import posixpath
 import resource
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from colo_data.errors import CorruptFileError, ResourceError, SourceError
+from colo_data.errors import CorruptFileError, ResourceError, SourceError, StaleIndexError
 from colo_data.io.fsspec_store import StoreHandler, schemes
 from colo_data.io.range_file import range_file
 from colo_data.io.redact import redacted
@@ -40,6 +41,7 @@ class DataFile:
     version: str | None = None  # object storage: its generation (GCS) or ETag (S3): a rewrite changes it
     mtime_ns: int | None = None  # a local file: its time of last writing (os.stat): a rewrite changes it
     machine: str | None = None  # where `mtime_ns` was read: a copy on another machine has its own time
+    index: str | None = None  # the dataset index that gave its format and row groups: a suspect where they differ
 
 
 def detect_format(fs: pafs.FileSystem, path: str) -> str:
@@ -109,6 +111,11 @@ def layout(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> tuple[int, ...
         meta = reader.metadata
         return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     return tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
+def reader_schema(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> pa.Schema:
+    """The file's Arrow schema, from its footer."""
+    return reader.schema_arrow if isinstance(reader, pq.ParquetFile) else reader.schema
 
 
 def row_group_count(reader: pq.ParquetFile | ipc.RecordBatchFileReader) -> int:
@@ -240,7 +247,7 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
             reader, local_handle = open_reader(fs, path, fmt)
             size = local_handle.size()
         sizes = layout(reader)
-        schema = reader.schema_arrow if isinstance(reader, pq.ParquetFile) else reader.schema
+        schema = reader_schema(reader)
         schema.names  # noqa: B018 - decoded lazily: damaged metadata can hold names that are not UTF-8
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         if remote and transient(e):
@@ -300,6 +307,9 @@ def changed(fs: pafs.FileSystem, file: DataFile, group: int) -> SourceError:
             f"({file.size} bytes then, {size} now: {reason}); row group {group} was still to be read. It was "
             f"truncated, replaced or is being written. {DO_NOT_REWRITE}"
         )
+    lies = index_lies(file, now)
+    if lies is not None:
+        return lies
     old, new = file.row_groups, now.row_groups
     differ = [g for g in range(max(len(old), len(new))) if old[g : g + 1] != new[g : g + 1]]
     g = group if group in differ else differ[0] if differ else -1
@@ -322,3 +332,70 @@ def changed(fs: pafs.FileSystem, file: DataFile, group: int) -> SourceError:
         f"{file.path} changed after the pipeline was built: {what} ({sum(new)} rows in {len(new)} row groups now, "
         f"{then}). Reading it would give {effect}. {DO_NOT_REWRITE}"
     )
+
+
+def _rewrite_index(uri: str) -> str:
+    """What to do about a wrong index at `uri`."""
+    return (
+        f"The index is wrong (damaged, or not written by colo-data for these files): write it again "
+        f"(`colo-data index {posixpath.dirname(uri)}`, or cd.write_index), then rebuild the pipeline."
+    )
+
+
+def index_lies(file: DataFile, now: DataFile) -> StaleIndexError | None:
+    """The error for a file whose dataset index gave it another format or other row groups
+    than `now`, a fresh look at it, shows, while the file is the one indexed (same size,
+    and same time of last writing or version): the index, not the file, is wrong. None
+    where no index described it, it was rewritten, or the index was right."""
+    same = now.size == file.size and now.version == file.version
+    if file.index is None or not same or (file.machine == MACHINE and now.mtime_ns != file.mtime_ns):
+        return None
+    said, found = (file.format, file.row_groups), (now.format, now.row_groups)
+    if said == found:
+        return None
+    return StaleIndexError(
+        f"{file.index} says {file.path} is {file.format} with {sum(file.row_groups)} rows in row groups of "
+        f"{_few_counts(file.row_groups)}, but the file, unchanged since ({file.size} bytes), is {now.format} with "
+        f"{sum(now.row_groups)} rows in row groups of {_few_counts(now.row_groups)}. {_rewrite_index(file.index)}"
+    )
+
+
+def undecodable(fs: pafs.FileSystem, file: DataFile, group: int, error: BaseException) -> SourceError:
+    """The error for row group `group` of `file` that cannot be decoded, though the file is
+    the one indexed: its dataset index where it lies about the file, else the file."""
+    if file.index is not None:
+        try:
+            now, _ = inspect_file(fs, file.path)
+        except SourceError:
+            now = None
+        lies = index_lies(file, now) if now is not None else None
+        if lies is not None:
+            return lies
+    return CorruptFileError(f"{file.path}: row group {group} cannot be decoded ({error}). Rewrite or remove the file.")
+
+
+def schema_differs(file: DataFile, have: pa.Schema, wanted: pa.Schema) -> SourceError | None:
+    """The error for a file, opened for its first read, whose schema `have` lacks one of
+    the `wanted` columns or gives it another type than the source's schema: the index's
+    fault where one described the file, else the file's, rewritten since."""
+    for field in wanted:
+        index = have.get_field_index(field.name)
+        if index >= 0 and have.field(index).type == field.type:
+            continue
+        found = f"has {have.field(index).type}" if index >= 0 else f"has no such column (it has {have.names})"
+        if file.index is not None:
+            return StaleIndexError(
+                f"{file.index} gives {file.path} a column {field.name!r} of {field.type}, but the file {found}. "
+                f"{_rewrite_index(file.index)}"
+            )
+        return SourceError(
+            f"{file.path} changed after the pipeline was built: its column {field.name!r} was {field.type}, the file "
+            f"{found} now. {DO_NOT_REWRITE}"
+        )
+    return None
+
+
+def _few_counts(counts: tuple[int, ...], shown: int = 8) -> str:
+    """Row-group row counts as an error shows them: the first `shown`, and how many more."""
+    head = ", ".join(map(str, counts[:shown]))
+    return f"[{head}]" if len(counts) <= shown else f"[{head}, and {len(counts) - shown} more]"

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from colo_data.errors import CorruptFileError, SourceError
+from colo_data.errors import SourceError
 from colo_data.io.disk_cache import DiskCache
 from colo_data.io.files import (
     DataFile,
@@ -34,7 +34,10 @@ from colo_data.io.files import (
     open_object,
     out_of_resources,
     parquet_footer,
+    reader_schema,
     row_group_count,
+    schema_differs,
+    undecodable,
 )
 from colo_data.io.range_file import range_file
 from colo_data.io.retry import Exhausted, with_retries
@@ -153,7 +156,11 @@ class RemoteFiles:
         return self._adopt(file, handle, reader)
 
     def _adopt(self, file: DataFile, handle: Any, reader: Any) -> _Opened:
-        """A file opened already, with the leaf columns (Parquet) of the wanted columns."""
+        """A file opened already, with the leaf columns (Parquet) of the wanted columns,
+        once its schema is checked against the source's."""
+        differs = schema_differs(file, reader_schema(reader), self._schema)
+        if differs is not None:
+            raise differs
         paths = reader.reader.column_paths if file.format == "parquet" else []
         leaves = tuple(j for j, path in enumerate(paths) if path[0] in self._columns)
         return _Opened(handle, reader, leaves, threading.Lock())
@@ -302,7 +309,7 @@ class RemoteFiles:
                 raise resources from e
             if not self._same(file):
                 raise changed(self._fs, file, local) from e
-            raise CorruptFileError(f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file.") from e
+            raise undecodable(self._fs, file, local, e) from e
         if table.num_rows != file.row_groups[local]:
             raise changed(self._fs, file, local)
         return table.combine_chunks()

@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 from colo_data import defaults
 from colo_data.errors import (
     ConfigError,
-    CorruptFileError,
     RecordIndexError,
     SchemaError,
     SourceError,
@@ -37,8 +36,11 @@ from colo_data.io.files import (
     layout,
     open_reader,
     out_of_resources,
+    reader_schema,
     row_group_count,
+    schema_differs,
     size_now,
+    undecodable,
     unreadable,
 )
 from colo_data.io.fsspec_store import as_pyarrow, describe
@@ -286,14 +288,14 @@ class ArrowSource:
             missing = [c for c in wanted if c not in schema.names]
             if missing:
                 raise SchemaError(
-                    f"{file.path}: no column {', '.join(map(repr, missing))}; it has {schema.names}. "
+                    f"{file.path}: no column {', '.join(map(repr, missing))}; it has {schema.names}{_as_indexed(file)}. "
                     "Fix the columns argument or the file."
                 )
             for name in wanted:
                 ref, got = first.field(name).type, schema.field(name).type
                 if ref != got:
                     raise SchemaError(
-                        f"column {name!r} is {ref} in {first_file.path} but {got} in {file.path}: "
+                        f"column {name!r} is {ref} in {first_file.path} but {got} in {file.path}{_as_indexed(file)}: "
                         "rewrite one of them with the same type, or leave the column out."
                     )
         return pa.schema([first.field(c) for c in wanted])
@@ -361,6 +363,9 @@ class ArrowSource:
                         raise changed(self._fs, file, local)
                     if file.format == "parquet" and layout(reader) != file.row_groups:  # from the footer: free
                         raise changed(self._fs, file, local)
+                    differs = schema_differs(file, reader_schema(reader), self.schema)
+                    if differs is not None:
+                        raise differs
                     self._footers[file_index] = reader.metadata if file.format == "parquet" else None
                 if file.format == "parquet":
                     table = reader.read_row_group(local, columns=list(self.columns), use_threads=False)
@@ -380,7 +385,7 @@ class ArrowSource:
                 raise resources from e
             if size_now(self._fs, file.path) != file.size:
                 raise changed(self._fs, file, local) from e
-            raise CorruptFileError(f"{file.path}: row group {local} cannot be decoded ({e}). Rewrite or remove the file.") from e
+            raise undecodable(self._fs, file, local, e) from e
         return table.combine_chunks()
 
     @property
@@ -614,3 +619,10 @@ def as_source(source: Any) -> Source:
         f"{type(source).__name__} is not a source: give a cd.ArrowSource, a grain.MapDataset "
         "or any object with __len__ and __getitem__ returning dict records."
     )
+
+
+def _as_indexed(file: DataFile) -> str:
+    """Where a dataset index gave `file`'s schema, words that name it as a suspect."""
+    if file.index is None:
+        return ""
+    return f" (as {file.index} says: if the files say otherwise, write the index again with `colo-data index`)"
