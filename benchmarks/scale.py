@@ -14,7 +14,8 @@ does a quarter of the work; 4.0: each does all of it). The LM path over the text
 (`demo.text_corpus()`: 15,000 texts in 30 row groups of 500), block shuffle (windows of 8 row
 groups), batches of 64: `cd.tokenize` then padded to 512, with one partition and
 with a partition per batch row; the same filtered (`keep=`: 44% of the texts); packed
-(`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`); filtered and packed with a partition per
+(`cd.Pack("tokens", 512, prepare=[cd.tokenize(...)])`), and packed from a `cd.Mix` of the text
+demo's three components (web 0.6, code 0.3, math 0.1: the LM demo's); filtered and packed with a partition per
 batch row (each partition reads, filters and packs its own records: `colo_data.host.partitioned`),
 and with no partitions named (they choose 16: docs/scaling.md; these also at 16 hosts, goal
 at most 1.5x; their bytes over 4 epochs' batches, each host's source with a 32 MB row-group
@@ -70,6 +71,7 @@ KINDS = (
     "packed",
     "packed, partitions",
     "packed, named none",
+    "mixed, named none",
 )
 SKIPPED, MEASURED = 5, 200  # the four-host table's batches: skipped (start-up), then measured
 FOUR_GOAL = "<= 1.3"
@@ -81,12 +83,18 @@ NAMED_EPOCHS, NAMED_CACHE = 4, 32 * 2**20  # the pipelines that name no partitio
 
 def four_host_pipeline(kind: str, corpus: Path, epochs: int | None = None, cache_bytes: int | None = None) -> cd.Pipeline:
     """The LM pipeline of `kind` over the text demo: tokenized, then padded ("padded",
-    "padded, partitions"), filtered, or packed (its source's row-group cache `cache_bytes`,
-    or the default)."""
+    "padded, partitions"), filtered, or packed; "mixed" packed from a `cd.Mix` of the text
+    demo's components, 0.6/0.3/0.1, as `demo.lm_pipeline` (its sources' row-group cache
+    `cache_bytes`, or the default)."""
     tokenizer = str(corpus / demo.TOKENIZER_FILE)
     cache = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    if kind.startswith("mixed"):  # the LM demo's mixture (`demo.lm_pipeline`)
+        components = {name: cd.ArrowSource(str(corpus / name), columns=["text"], **cache) for name in demo.TEXT_COMPONENTS}
+        source: Any = cd.Mix(components, {"web": 0.6, "code": 0.3, "math": 0.1})
+    else:
+        source = cd.ArrowSource(str(corpus), columns=["text"], **cache)
     settings: dict[str, Any] = dict(
-        source=cd.ArrowSource(str(corpus), columns=["text"], **cache),
+        source=source,
         order=cd.Order(shuffle="block", seed=0, window=8),
         global_batch_size=BATCH,
         epochs=epochs,
@@ -297,6 +305,9 @@ def main() -> None:
             ("packed, named none: CPU, 4 hosts / 1", "packed pipeline, no partitions named: CPU of 4 hosts", "1 host"),
             ("packed, named none: CPU, 16 hosts / 1", "packed pipeline, no partitions named: CPU of 16 hosts", "1 host"),
             ("filtered, named none: CPU, 16 hosts / 1", "filtered pipeline, no partitions named: CPU of 16 hosts", "1 host"),
+            ("mixed, named none: CPU, 4 hosts / 1", "packed mixture, no partitions named: CPU of 4 hosts", "1 host"),
+            ("mixed, named none: CPU, 16 hosts / 1", "packed mixture, no partitions named: CPU of 16 hosts", "1 host"),
+            ("mixed, named none: bytes decoded", "packed mixture, no partitions named: bytes decoded by 4 hosts", "1 host"),
             ("packed, named none: bytes decoded", "packed pipeline, no partitions named: bytes decoded by 4 hosts", "1 host"),
             ("packed, partitions: CPU, 4 hosts / 1", "packed pipeline, a partition per row: CPU of 4 hosts", "1 host"),
             ("padded, partitions: bytes decoded", "padded pipeline, a partition per row: bytes decoded by 4 hosts", "1 host"),

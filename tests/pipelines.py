@@ -119,7 +119,12 @@ def backend_of(
     return cd.InProcess(workers=workers) if name == "inprocess" else cd.Colocated(workers=workers)
 
 
-def until_workers_made(loader: cd.Loader, deadline_s: float = 60.0) -> list[dict]:
+# How long a test waits for worker processes to make something: a bound for a loaded machine (the workers
+# run at nice 10, below busy neighbours, and start only where the CPU budget goes unused), not a timing
+WORKERS_S = 300.0
+
+
+def until_workers_made(loader: cd.Loader, deadline_s: float = WORKERS_S) -> list[dict]:
     """The loader's batches (as numpy) until its worker processes have made some records,
     as its telemetry's `pool_wait` stage counts them. A host pipeline hands work to its
     workers only while CPU goes unused: tests that need them put `idle_host` in the

@@ -23,7 +23,7 @@ import colo_data as cd
 from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
-from pipelines import IdleHost, backend_of, make_pipeline
+from pipelines import WORKERS_S, IdleHost, backend_of, make_pipeline
 
 # every test counts what is left in /dev/shm and in the temporary directory by name, as any
 # loader of another test running meanwhile would name it: they run alone
@@ -328,7 +328,7 @@ def test_close_from_another_thread_with_busy_workers_is_bounded_by_its_timeout(
 
     consumer = threading.Thread(target=consume)
     consumer.start()
-    assert settle(busy.exists, 60), "no worker ever took a chunk"
+    assert settle(busy.exists, WORKERS_S), "no worker ever took a chunk"
     time.sleep(0.5)  # the consumer drains what the host made meanwhile and waits on the stuck workers
     started = time.monotonic()
     with warnings.catch_warnings():

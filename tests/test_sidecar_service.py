@@ -239,6 +239,7 @@ import time; time.sleep(600)
 
 
 @pytest.mark.serial
+@pytest.mark.usefixtures("own_cpu_budget")  # the trainer's workers start where its CPU goes unused, not the machine's
 def test_a_killed_trainer_leaves_no_worker_processes(tmp_path: Path, token_corpus: Path) -> None:
     script = tmp_path / "trainer.py"
     script.write_text(textwrap.dedent(WORKER_TRAINER).format(tests=str(TESTS), corpus=str(token_corpus)))

@@ -19,7 +19,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from pipelines import OnArrival, make_pipeline
+from pipelines import WORKERS_S, OnArrival, make_pipeline
 
 import colo_data as cd
 from colo_data.runtime.lifecycle import Lifecycle
@@ -81,7 +81,7 @@ def descendants() -> list[int]:
 def ready(pool: WorkerPool, payload: bytes, workers: int) -> None:
     """Start a stream of `payload` on `pool` and wait until its first `workers` have set it up."""
     stream = pool.stream(payload, 0, 1, 0)
-    assert settle(lambda: stream.ready(workers), 60), "the workers were not ready in 60 s"
+    assert settle(lambda: stream.ready(workers), WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
 
 
 def test_workers_are_forked_from_a_server_started_with_the_pool_that_preloaded_their_imports(
@@ -93,7 +93,7 @@ def test_workers_are_forked_from_a_server_started_with_the_pool_that_preloaded_t
         (server,) = psutil.Process().children()
         assert not pool.pids, "no worker before a stream asks for one"
         maps = Path(f"/proc/{server.pid}/maps")
-        assert settle(lambda: "libarrow" in maps.read_text(), 60), "the server did not import pyarrow"
+        assert settle(lambda: "libarrow" in maps.read_text(), WORKERS_S), "the server did not import pyarrow"
         assert "jaxlib" not in maps.read_text() and "xla_extension" not in maps.read_text(), "the server loaded JAX"
         pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
         ready(pool, cloudpickle.dumps(pipeline), 2)

@@ -18,6 +18,7 @@ import numpy as np
 import psutil
 import pytest
 from pipelines import (
+    WORKERS_S,
     BATCH,
     InWorkers,
     SlowToStart,
@@ -123,9 +124,9 @@ def paced_until_workers_made(loader: cd.Loader) -> list[dict]:
     """`until_workers_made`, reading with sleeping steps (`paced`): the CPU the pipeline leaves
     unused is left so, and the host's rate alone is the one its workers then keep."""
     got: list[dict] = []
-    stop = time.monotonic() + 60
+    stop = time.monotonic() + WORKERS_S
     while len(got) % 20 or not pool_records(loader):
-        assert time.monotonic() < stop, "the workers made nothing in 60 s"
+        assert time.monotonic() < stop, f"the workers made nothing in {WORKERS_S:g} s"
         paced(loader, got, busy=False)
     return got
 
@@ -310,9 +311,9 @@ def test_a_worker_is_warmed_where_the_stream_is_before_it_says_it_is_ready(token
     try:
         pool = WorkerPool(1, owner)
         stream = pool.stream(cloudpickle.dumps(pipeline), 0, 1, at)
-        stop = time.monotonic() + 60
+        stop = time.monotonic() + WORKERS_S
         while not stream.ready(1):
-            assert time.monotonic() < stop, "the worker was not ready in 60 s"
+            assert time.monotonic() < stop, f"the worker was not ready in {WORKERS_S:g} s"
             time.sleep(0.05)
         seen = (tmp_path / str(pool.pids[0])).read_text().split()
         assert sorted(map(int, seen)) == sorted(warm.tolist()), "the worker did not warm at the stream's position"
