@@ -525,6 +525,7 @@ def test_a_script_that_breaks_out_of_an_unclosed_grain_loader_exits_cleanly(
     import os
 
     import psutil
+    from leftovers import left_behind
 
     script = tmp_path / "unclosed.py"
     script.write_text(UNCLOSED.format(tests=str(ROOT / "tests"), paths=paths))
@@ -544,7 +545,8 @@ def test_a_script_that_breaks_out_of_an_unclosed_grain_loader_exits_cleanly(
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in descendants):
         assert time.monotonic() < deadline, f"still running: {[p for p in descendants if psutil.pid_exists(p)]}"
         time.sleep(0.1)
-    assert set(os.listdir("/dev/shm")) <= before, f"left in /dev/shm: {sorted(set(os.listdir('/dev/shm')) - before)}"
+    left = left_behind(before, set(os.listdir("/dev/shm")))
+    assert not left, f"left in /dev/shm: {sorted(left)}"
 
 
 def test_make_dataset_may_be_given_positionally(paths: list[str]) -> None:

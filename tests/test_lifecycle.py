@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import colo_data as cd
 from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
+from leftovers import left_behind
 from pipelines import WORKERS_S, IdleHost, backend_of, make_pipeline
 
 # every test counts what is left in /dev/shm and in the temporary directory by name, as any
@@ -44,7 +46,8 @@ from colo_data.ops import demo
 
 if __name__ == "__main__":
     shuffle, backend, workers, prefetch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    chosen = cd.InProcess(workers=workers) if backend == "inprocess" else cd.Sidecar(workers=workers)
+    shm_dir = os.environ["LIFECYCLE_SHM_DIR"]  # a directory of its own in /dev/shm: what it leaves there is its own
+    chosen = cd.InProcess(workers=workers) if backend == "inprocess" else cd.Sidecar(workers=workers, shm_dir=shm_dir)
     loader = cd.Loader(demo.pipeline(shuffle=shuffle, epochs=None), backend=chosen, prefetch=prefetch)
     for i, batch in enumerate(loader):
         if i >= 12:
@@ -58,9 +61,11 @@ def ours_in_shm(directory: str = "/dev/shm") -> set[str]:
     return {n for n in os.listdir(directory) if n.startswith("colo-data-")}
 
 
-def local_sidecar_dirs() -> set[str]:
-    """The socket directories of sidecars that loaders start for themselves."""
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX)}
+def local_sidecar_dirs(directory: Path | None = None) -> set[str]:
+    """The socket directories of sidecars that loaders start for themselves (in `directory`,
+    or the temporary directory)."""
+    where = directory if directory is not None else tempfile.gettempdir()
+    return {n for n in os.listdir(where) if n.startswith(defaults.LOCAL_SIDECAR_DIR_PREFIX)}
 
 
 def children() -> list[psutil.Process]:
@@ -86,6 +91,24 @@ def settle(check: Callable[[], bool], seconds: float = 5.0) -> bool:
     return check()
 
 
+@pytest.fixture
+def own_shm() -> Iterator[Path]:
+    """A directory of the test's own in /dev/shm, for its sidecars' rings: what is left
+    there is theirs, never a neighbour's."""
+    directory = Path(tempfile.mkdtemp(prefix="lifecycle-", dir="/dev/shm"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def own_tmp() -> Iterator[Path]:
+    """A temporary directory of the test's own, for TMPDIR, directly in the machine's (the
+    sockets of the sidecars started there have 107 bytes for their path)."""
+    directory = Path(tempfile.mkdtemp(prefix="lifecycle-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     demo.corpus()  # written once, before the runs race to write it
@@ -106,10 +129,12 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ids=["inprocess-global", "inprocess-block", "inprocess-1-worker", "sidecar", "inprocess-no-prefetch"],
 )
 def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
-    script: Path, shuffle: str, backend: str, workers: int, prefetch: int
+    script: Path, shuffle: str, backend: str, workers: int, prefetch: int, own_shm: Path, own_tmp: Path
 ) -> None:
+    """The scripts' sidecars put their rings and socket directories in directories of their
+    own (a ring directory in /dev/shm, TMPDIR), so that what is left there is theirs alone."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "COLO_DATA_SIDECAR")}
-    before, sockets = ours_in_shm(), local_sidecar_dirs()
+    env.update(TMPDIR=str(own_tmp), LIFECYCLE_SHM_DIR=str(own_shm))
 
     def run(_: int) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, str(script), shuffle, backend, str(workers), str(prefetch)]
@@ -123,8 +148,8 @@ def test_a_script_that_breaks_out_of_an_unclosed_loader_exits_cleanly(
         if r.returncode != 0 or "terminate" in r.stderr or "Traceback" in r.stderr
     ]
     assert not failures, f"{len(failures)} of {RUNS} runs did not exit cleanly; first: {failures[0]}"
-    assert settle(lambda: ours_in_shm() <= before), f"left in /dev/shm: {sorted(ours_in_shm() - before)}"
-    assert settle(lambda: local_sidecar_dirs() <= sockets), f"left in /tmp: {sorted(local_sidecar_dirs() - sockets)}"
+    assert settle(lambda: not os.listdir(own_shm)), f"left in {own_shm}: {sorted(os.listdir(own_shm))}"
+    assert settle(lambda: not local_sidecar_dirs(own_tmp)), f"left in TMPDIR: {sorted(local_sidecar_dirs(own_tmp))}"
 
 
 @pytest.mark.parametrize("backend, workers", [("inprocess", 0), ("inprocess", 1), ("sidecar", 0)])
@@ -144,7 +169,7 @@ def test_a_dropped_loader_stops_everything_it_started(token_corpus: Path, backen
 
     assert settle(lambda: threading.active_count() <= threads), [t.name for t in threading.enumerate()]
     assert settle(lambda: not children()), f"still running: {[' '.join(c.cmdline()) for c in children()]}"
-    assert settle(lambda: ours_in_shm() <= shm), f"left in /dev/shm: {sorted(ours_in_shm() - shm)}"
+    assert settle(lambda: not left_behind(shm, ours_in_shm())), f"left in /dev/shm: {sorted(left_behind(shm, ours_in_shm()))}"
 
 
 HOOKS = """
@@ -204,11 +229,11 @@ def test_a_hundred_loaders_register_one_exit_hook_that_runs_first(tmp_path: Path
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
-def test_create_iterate_close_cycles_leak_nothing(token_corpus: Path, backend: str) -> None:
+def test_create_iterate_close_cycles_leak_nothing(token_corpus: Path, backend: str, own_shm: Path) -> None:
     """30 cycles: threads, file descriptors and segments unchanged, RSS grows < 64 MiB. The
     sidecar cycles are sessions of one sidecar (its start is not what is measured)."""
     pipeline = make_pipeline(token_corpus, "block", epochs=None)
-    sidecar = LocalSidecar("/dev/shm", 0, 4) if backend == "sidecar" else None
+    sidecar = LocalSidecar(str(own_shm), 0, 4) if backend == "sidecar" else None
     options = {"backend": cd.Sidecar(address=sidecar.address)} if sidecar else {}
     me = psutil.Process()
 
@@ -221,13 +246,13 @@ def test_create_iterate_close_cycles_leak_nothing(token_corpus: Path, backend: s
     try:
         cycle()  # first-use costs (JAX, caches, the sidecar's imports) are not leaks
         gc.collect()
-        threads, fds, shm, rss = threading.active_count(), me.num_fds(), ours_in_shm(), me.memory_info().rss
+        threads, fds, shm, rss = threading.active_count(), me.num_fds(), ours_in_shm(str(own_shm)), me.memory_info().rss
         for _ in range(30):
             cycle()
         gc.collect()
         assert settle(lambda: threading.active_count() == threads), [t.name for t in threading.enumerate()]
         assert settle(lambda: me.num_fds() == fds), f"{me.num_fds()} fds, {fds} before"
-        assert settle(lambda: ours_in_shm() == shm), sorted(ours_in_shm() ^ shm)
+        assert settle(lambda: ours_in_shm(str(own_shm)) == shm), sorted(ours_in_shm(str(own_shm)) ^ shm)
         grown = me.memory_info().rss - rss
         assert grown < 64 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 30 cycles"
     finally:

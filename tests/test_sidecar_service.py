@@ -25,6 +25,7 @@ import colo_data as cd
 from colo_data.backends.sidecar.auth import connect, read_key
 from colo_data.testing import assert_batches_equal, read_all
 
+from leftovers import left_behind
 from pipelines import idle_host, make_pipeline, until_workers_made
 
 COLO = Path(sys.executable).parent / "colo-data"
@@ -220,7 +221,7 @@ def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     finally:
         server.kill()
         server.wait(10)
-    assert posix_ipc_files() <= ipc_before, sorted(posix_ipc_files() - ipc_before)
+    assert not left_behind(ipc_before, posix_ipc_files()), sorted(left_behind(ipc_before, posix_ipc_files()))
     assert not any(shm_dir.iterdir()), "the trainer removes the dead sidecar's ring"
 
 
@@ -254,7 +255,7 @@ def test_a_killed_trainer_leaves_no_worker_processes(tmp_path: Path, token_corpu
         assert not wait_gone(workers, 10), "worker processes outlived their trainer"
     finally:
         trainer.kill()
-    assert posix_ipc_files() <= ipc_before, sorted(posix_ipc_files() - ipc_before)
+    assert not left_behind(ipc_before, posix_ipc_files()), sorted(left_behind(ipc_before, posix_ipc_files()))
 
 
 ATTACK = """
