@@ -80,7 +80,7 @@ def test_a_filtered_mixture_passes_verify(mix_corpora: dict[str, Path]) -> None:
     pipeline = cd.Pipeline(
         source=cd.Mix(components, {"web": 0.5, "code": 0.3, "math": 0.2}), order=cd.Order(shuffle="global", seed=3),
         transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=BATCH, epochs=None, index_column="_index",
-        keep=not_thirds, partitions=1,  # verify checks one stream (it refuses partitioned filtered pipelines)
+        keep=not_thirds, partitions=1,  # one stream: its batches' stream positions are checked
     )
     checks = {c.name: c for c in cd.verify.verify(pipeline, hosts=(1, 2), steps=8)}
     assert not any(c.failed for c in checks.values()), checks

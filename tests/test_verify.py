@@ -22,6 +22,7 @@ from colo_data.host.pipeline import HostPipeline
 from colo_data.cli import main
 from colo_data.ops.config import load_config
 from colo_data.ops.verify import Check, verify
+from colo_data.testing import to_numpy
 
 COLO_DATA = Path(sys.executable).parent / "colo-data"  # the console script installed next to this Python
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -104,6 +105,24 @@ def packed(corpus, lose=None):
         transforms=[] if lose is None else [LoseRecord(lose)],
         global_batch_size=4,
         index_column="_index",
+    )
+
+
+def partitioned(corpus, kind="packed", lose=None):
+    """An endless packed or filtered pipeline of 4 partitions, each reading its own stream."""
+    keep = lambda columns: np.asarray(columns["id"]) % 3 != 0
+    if kind == "packed":
+        settings = dict(pack=cd.Pack("tokens", 16, keep=keep), transforms=[] if lose is None else [LoseRecord(lose)])
+    else:
+        settings = dict(keep=keep, transforms=[cd.pad_or_truncate("tokens", 8)])
+    return cd.Pipeline(
+        source=cd.ArrowSource(corpus, columns=["id", "tokens"]),
+        order=cd.Order(shuffle="block", seed=3, window=2),
+        global_batch_size=8,
+        epochs=None,
+        partitions=4,
+        index_column="_index",
+        **settings,
     )
 '''
 
@@ -299,6 +318,30 @@ def test_packed_pipeline_losing_a_record_fails_naming_it(
     # In the lost record's place: a record from later in the stream (which one depends on
     # where the packer finds room for it).
     assert int(found[1]) in kept[21:], (found[1], kept[21:])
+
+
+def test_a_partitioned_pipeline_is_verified_partition_by_partition(
+    workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed and a filtered pipeline of 4 partitions (each reads its own stream at its
+    own pace, a packing plan placing its records across several batches) pass every check,
+    through the command too; one that loses a record fails, naming the partition, the record
+    and where the partition's own stream has it (verify refused them all before)."""
+    for kind in ("packed", "filtered"):
+        result = colo_data_verify(config(workdir, "partitioned", corpus=str(token_corpus), kind=kind), cwd=workdir)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert [line.split("  ")[0] for line in lines(result).values()] == ["PASS"] * 4, result.stdout
+        assert "each record once per epoch of its partition" in lines(result)["exactly once"], result.stdout
+    pipeline = build(workdir, monkeypatch, "partitioned", corpus=str(token_corpus))
+    with cd.Loader(pipeline) as loader:
+        lost = int(to_numpy(next(loader))["_index"][1, 0])  # batch 0, row 1: partition 0's (2 rows each)
+    checks = by_name(verify(build(workdir, monkeypatch, "partitioned", corpus=str(token_corpus), lose=lost)))
+    assert checks["identical batches"].status == "PASS"  # every host count loses it
+    assert re.fullmatch(
+        rf"1 host: partition 0: record {lost} is missing \(the order puts it at its own stream position \d+\) "
+        r"\(in all: 0 records too often, 1 missing\) \(fails with hosts 2, 4 too\)",
+        checks["exactly once"].detail,
+    ), checks["exactly once"].detail
 
 
 def test_library_refuses_what_it_cannot_verify(

@@ -147,17 +147,22 @@ def test_a_dropped_component_column_is_a_config_error(mix_corpora: dict[str, Pat
         verify(mix_pipeline(mix_corpora, (drop_component,)), hosts=(1, 2), steps=3)
 
 
+@pytest.mark.parametrize("partitions", [1, None], ids=["one-stream", "chosen-partitions"])
 @pytest.mark.parametrize("keep", [False, True])
-def test_a_packed_mixture_passes(mix_corpora: dict[str, Path], keep: bool) -> None:
+def test_a_packed_mixture_passes(mix_corpora: dict[str, Path], keep: bool, partitions: int | None) -> None:
     """Packed: every segment's (component, record) checked; with a keep that rejects
-    records the delivered shares are not the weights', so that check is skipped."""
+    records the delivered shares are not the weights', so that check is skipped. With the
+    partitions it chooses, each partition's own stream is checked (its shares within two
+    records in every prefix of it)."""
     components = {n: cd.ArrowSource(str(p), columns=["id", "tokens"]) for n, p in mix_corpora.items()}
     pack = cd.Pack("tokens", 8, max_segments=4, keep=(lambda columns: np.asarray(columns["id"]) % 3 != 0) if keep else None)
     pipeline = cd.Pipeline(
         source=cd.Mix(components, WEIGHTS), order=cd.Order(shuffle="global", seed=3), global_batch_size=BATCH,
-        epochs=None, index_column="_index", pack=pack, partitions=1,  # verify checks one stream
+        epochs=None, index_column="_index", pack=pack, partitions=partitions,
     )
+    assert (pipeline.partitioning.partitions > 1) == (partitions is None)
     checks = by_name(verify(pipeline, hosts=(1, 2)))
     assert not any(c.failed for c in checks.values()), checks
     assert checks["shares"].status == ("SKIP" if keep else "PASS")
-    assert ("that the pack's keep rejects" in checks["exactly once"].detail) == keep
+    assert ("that the pack's keep rejects" in checks["exactly once"].detail) == (keep and partitions == 1)
+    assert ("epoch of its partition" in checks["exactly once"].detail) == (partitions is None)

@@ -5,8 +5,9 @@ pipeline's index column), in the order the seed defines, and a state saved at on
 restored with another host count continues identically. A record is a (component, index)
 pair, as the pipeline's stream names it (one component for a single source): each comes
 once per epoch of its component, and for a `cd.Mix` every prefix also keeps each
-component within one record of its share. Each result is a `Check` whose detail names
-the first offending batch, row and record."""
+component within one record of its share. A partitioned packed or filtered pipeline has
+no one stream order: each partition's rows are checked against its own stream. Each result
+is a `Check` whose detail names the first offending batch, row and record."""
 
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def verify(
         raise ConfigError("the pipeline delivers no batch: does the pack's keep reject every record?")
     resume_at = len(reference) // 2 if resume_at is None else resume_at
     _check_resume_at(resume_at, len(reference))
+    resume = _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts)
+    if pipeline.partitioned:
+        return skipped + _partitioned_checks(pipeline, runs, difference, resume)
     end = max(run.end for run in runs)
     expected = _expected(pipeline, end)
     if pipeline.pack is not None:
@@ -87,8 +91,85 @@ def verify(
         *_shares_check(pipeline, runs, expected),
         _per_run("exactly once", runs, lambda run: _exactly_once(pipeline, run, expected), covered),
         _per_run("seed order", runs, lambda run: _in_order(pipeline, run, expected), order),
-        _resume(pipeline, reference, resume_at, runnable[-1] if resume_hosts is None else resume_hosts),
+        resume,
     ]
+
+
+def _partitioned_checks(pipeline: Pipeline, runs: list[_Run], difference: str | None, resume: Check) -> list[Check]:
+    """The checks of a partitioned packed or filtered pipeline, whose partitions each read
+    their own stream at their own pace (`Partitioning.stream`): each partition's rows of the
+    batches hold its own records, each once per its own epoch and in its own stream's order
+    (less what the keep rejects), up to where its packing plans or batches reached."""
+    order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
+    partitions = pipeline.partitioning.partitions
+    ends = [int(own) for own in _own_position(pipeline, runs[0].states[-1])[1:]]
+    covered = (
+        f"each record once per epoch of its partition, over the first {min(ends)} to {max(ends)} positions of each of "
+        f"the {partitions} partitions' own streams"
+    )
+    expected = {run.hosts: _partitions(pipeline, run) for run in runs}
+    return [
+        _identical(runs, difference),
+        *_partitioned_shares(pipeline, runs, expected),
+        _per_run("exactly once", runs, lambda run: _each_partition(pipeline, expected[run.hosts], _exactly_once), covered),
+        _per_run("seed order", runs, lambda run: _each_partition(pipeline, expected[run.hosts], _in_order), order),
+        resume,
+    ]
+
+
+def _own_position(pipeline: Pipeline, state: dict[str, Any]) -> np.ndarray:
+    """A partitioned pipeline's position in a loader state: `[phase, own_0, ...]`."""
+    position = pipeline.resumed(state, 1)[1]
+    assert isinstance(position, np.ndarray)  # a partitioned pipeline's
+    return position
+
+
+def _partitions(pipeline: Pipeline, run: _Run) -> list[tuple[_Run, _Expected]]:
+    """Each partition's rows of the run's batches as a run of their own, with what its own
+    stream holds up to where the run left it (its own position in the run's last state)."""
+    parts, rows = pipeline.partitioning, pipeline.partitioning.rows
+    own_ends = _own_position(pipeline, run.states[-1])[1:]
+    out = []
+    for k, own_end in enumerate(own_ends.tolist()):
+        mine = slice(k * rows, (k + 1) * rows)
+        sub = _Run(
+            run.hosts,
+            records=[records[mine] for records in run.records],
+            components=[components[mine] for components in run.components],
+            partition=k,
+            own_end=own_end,
+            plan_batches=pipeline.plan_batches if pipeline.pack is not None else 1,
+        )
+        expected = _expected_at(pipeline, parts.stream(k, np.arange(own_end, dtype=np.int64)))
+        if pipeline.pack is not None:
+            sub.stream = expected.keys(expected.delivered(own_end))
+        out.append((sub, expected))
+    return out
+
+
+def _each_partition(
+    pipeline: Pipeline, partitions: list[tuple[_Run, _Expected]], check: Callable[[Pipeline, _Run, _Expected], str | None]
+) -> str | None:
+    """The first partition's problem that `check` finds, naming the partition."""
+    for sub, expected in partitions:
+        problem = check(pipeline, sub, expected)
+        if problem:
+            return f"partition {sub.partition}: {problem}"
+    return None
+
+
+def _partitioned_shares(pipeline: Pipeline, runs: list[_Run], expected: dict[int, list[tuple[_Run, _Expected]]]) -> list[Check]:
+    """A partitioned mixture's shares (`_shares_check`), each partition's records taken in
+    its own stream's order (a packing plan places them by fit), unless a keep rejects some."""
+    shares = pipeline.stream.shares
+    if shares is None:
+        return []
+    if not all(e.kept.all() for _, e in expected[runs[0].hosts]):
+        return [Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")]
+    def problem(run: _Run) -> str | None:
+        return _each_partition(pipeline, expected[run.hosts], lambda p, sub, _: _shares(p, shares, sub))
+
+    return [_per_run("shares", runs, problem, _shares_passed(pipeline, runs))]
 
 
 def run_length(pipeline: AnyPipeline, steps: int | None) -> str:
@@ -109,14 +190,6 @@ def _check_settings(
         )
     if not hosts or any(not isinstance(h, int) or h < 1 for h in hosts):
         raise ConfigError(f"hosts={tuple(hosts)!r}: give one or more positive host counts, e.g. (1, 2, 4)")
-    if pipeline.partitioned:
-        chosen = " (chosen: the pipeline names none)" if pipeline.partitions is None else ""
-        raise ConfigError(
-            f"partitions={pipeline.partitioning.partitions}{chosen} with "
-            f"{'pack=' if pipeline.pack is not None else 'keep='}: verify does not yet check a partitioned packed or "
-            "filtered pipeline (each partition reads at its own pace, so its records are in no one stream order); "
-            "verify the same source, order and packing with partitions=1, in one stream"
-        )
     for name, value, least in (("steps", steps, 1), ("resume_at", resume_at, 0), ("resume_hosts", resume_hosts, 1)):
         if value is not None and (not isinstance(value, int) or value < least):
             raise ConfigError(f"{name}={value!r}: must be an int >= {least}")
@@ -153,6 +226,11 @@ class _Run:
     # for packed batches: the records the order delivers, in stream order (`_keys`), for
     # `_delivered` to put each batch's records in that order (they lie in rows by fit)
     stream: np.ndarray | None = None
+    # one partition's rows of a partitioned pipeline's run (`_partitions`): which, and its own
+    # position at the run's end (its records come from its own positions `[0, own_end)`)
+    partition: int | None = None
+    own_end: int | None = None
+    plan_batches: int = 1  # a packed partition's: the batches its packing plans place records across by fit
 
     def __len__(self) -> int:
         return len(self.records)
@@ -164,8 +242,9 @@ class _Run:
 
     @property
     def end(self) -> int:
-        """The stream position after the run: its records come from positions `[0, end)`."""
-        return _position(self.states[-1])
+        """The stream position after the run: its records come from positions `[0, end)`
+        (a partition's run: its own positions)."""
+        return self.own_end if self.own_end is not None else _position(self.states[-1])
 
 
 def _position(state: dict[str, Any]) -> int:
@@ -258,9 +337,21 @@ def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> t
             for stream, label in zip(streams[1:], labels[1:], strict=True):
                 got = stream.next() if len(stream.run) == step else None  # None: it ended before
                 difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
-            if want is None or (steps is None and reference.run.end >= pipeline.stream.verify_end(pipeline)):
+            if want is None or (steps is None and _read_through(pipeline, reference.run)):
                 break
     return [stream.run for stream in streams], difference
+
+
+def _read_through(pipeline: Pipeline, run: _Run) -> bool:
+    """Whether a run without a set length has read far enough: past the stream's
+    `verify_end`; a partitioned pipeline's run, each partition past its share of it, and
+    at the end of its packing plans (its own positions then say which records it consumed)."""
+    end = pipeline.stream.verify_end(pipeline)
+    if not pipeline.partitioned:
+        return run.end >= end
+    position = _own_position(pipeline, run.states[-1])
+    shares = pipeline.partitioning.epoch_records(end, np.arange(pipeline.partitioning.partitions))
+    return int(position[0]) == 0 and bool((position[1:] >= shares).all())
 
 
 def _batch_difference(
@@ -353,13 +444,20 @@ class _Expected:
 def _expected(pipeline: Pipeline, end: int) -> _Expected:
     """The order's records for stream positions `[0, end)`, from the pipeline's stream bound
     to its order, and which of them the keep takes (all, without one)."""
+    return _expected_at(pipeline, np.arange(end, dtype=np.int64))
+
+
+def _expected_at(pipeline: Pipeline, stream: np.ndarray) -> _Expected:
+    """`_expected` of the stream positions `stream`, one after the other (a partition's own
+    stream: `Partitioning.stream`)."""
     order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
-    components, own = order.positions(np.arange(end, dtype=np.int64))
+    components, own = order.positions(stream)
     components = components.astype(np.int64)
     indices = order.own_indices(components, own)
+    end = len(stream)
     if pipeline.keep is None and (pipeline.pack is None or pipeline.pack.keep is None):
         return _Expected(components, indices, own, np.ones(end, bool))
-    host, records = HostPipeline(pipeline), order.stream_indices(np.arange(end, dtype=np.int64))
+    host, records = HostPipeline(pipeline), order.stream_indices(stream)
     verdicts = []
     for i in range(0, end, _KEEP_CHUNK):
         verdict = host.kept(records[i : i + _KEEP_CHUNK])
@@ -393,22 +491,23 @@ def _delivered(run: _Run) -> _Delivered:
         else:
             rows, slots = np.nonzero(index != -1)  # row-major: the order the records were packed in
             index, component, segments = index[rows, slots], component[rows, slots], slots + 1
+        first = 0 if run.partition is None else run.partition * len(run.records[0])  # a partition's: its rows
         records.append(index)
         components.append(component)
-        places.append(np.stack([np.full(len(index), batch), rows, segments], axis=1))
+        places.append(np.stack([np.full(len(index), batch), first + rows, segments], axis=1))
     if not records:  # a host count whose stream ended at once
         return _Delivered(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3), np.int64))
     delivered = _Delivered(np.concatenate(records), np.concatenate(components), np.concatenate(places))
-    return delivered if run.stream is None else _stream_ordered(delivered, run.stream)
+    return delivered if run.stream is None else _stream_ordered(delivered, run.stream, run.plan_batches)
 
 
-def _stream_ordered(delivered: _Delivered, want: np.ndarray) -> _Delivered:
-    """A packed batch places its records in its rows by fit, not in stream order: each
-    batch's records put in the order the stream has them (`want`, as keys), where the batch
-    holds just the records of its part of the stream (else as delivered, for the check to
-    name)."""
+def _stream_ordered(delivered: _Delivered, want: np.ndarray, plan_batches: int = 1) -> _Delivered:
+    """A packed batch places its records in its rows by fit, not in stream order (a
+    partition's packing plan, across its `plan_batches` batches): each plan's records put
+    in the order the stream has them (`want`, as keys), where the plan holds just the
+    records of its part of the stream (else as delivered, for the check to name)."""
     got, order = delivered.keys, np.arange(len(delivered.records))
-    batches = delivered.places[:, 0]
+    batches = delivered.places[:, 0] // plan_batches
     starts = np.flatnonzero(np.r_[True, batches[1:] != batches[:-1]]) if len(batches) else np.zeros(0, np.int64)
     for start, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(got)], strict=True):
         mine, theirs = got[start:stop], want[start:stop]
@@ -525,20 +624,30 @@ def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
 def _shares_check(pipeline: Pipeline, runs: list[_Run], expected: _Expected) -> list[Check]:
     """A mixture's shares on every run (none for a stream of one source): in every prefix
     each component within one record of its share."""
-    stream, end = pipeline.stream, runs[0].end
+    stream = pipeline.stream
     if stream.shares is None:
         return []
     if not expected.kept.all():
         return [Check("shares", "SKIP", "the pack's keep rejects records, so the shares delivered are not the weights'")]
+    return [_per_run("shares", runs, lambda run: _shares(pipeline, stream.shares or (), run), _shares_passed(pipeline, runs))]
+
+
+def _shares_passed(pipeline: Pipeline, runs: list[_Run]) -> str:
+    """What the shares check checked, as its PASS line says."""
+    stream = pipeline.stream
+    assert stream.shares is not None  # a mixture's
     weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(stream.names, stream.shares, strict=True) if s)
-    passed = f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
     partitions = pipeline.partitioning.partitions
+    # a partitioned pipeline's partitions each read their own stream, as far as their pace took them
+    span = "" if pipeline.partitioned else f" in stream positions 0-{runs[0].end - 1}"
     if partitions > 1:  # each partition runs the schedule from its own slot on: a difference of two prefixes
         passed = (
-            f"in every prefix of each of the {partitions} partitions' records in stream positions 0-{end - 1} "
+            f"in every prefix of each of the {partitions} partitions' records{span} "
             f"each component is within two records of its share ({weights})"
         )
-    return [_per_run("shares", runs, lambda run: _shares(pipeline, stream.shares or (), run), passed)]
+    else:
+        passed = f"in every prefix of{span[3:]} each component is within one record of its share ({weights})"
+    return passed
 
 
 def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | None:
@@ -575,6 +684,8 @@ def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
     """Where the order puts stream `position`: a batch and row, or for packed batches the
     batch whose stream positions include it."""
     size = pipeline.global_batch_size
+    if run.partition is not None:
+        return f"its own stream position {position}"
     if not pipeline.variable_batches:
         return f"batch {position // size} row {position % size}"
     return f"stream position {position}, in batch {int(np.searchsorted(run.ends, position, side='right'))}"
