@@ -366,7 +366,7 @@ def undecodable(fs: pafs.FileSystem, file: DataFile, group: int, error: BaseExce
     if file.index is not None:
         try:
             now, _ = inspect_file(fs, file.path)
-        except SourceError:
+        except (SourceError, pa.ArrowException, OSError):  # a transient error too: the decode's is the one to give
             now = None
         lies = index_lies(file, now) if now is not None else None
         if lies is not None:
