@@ -27,8 +27,8 @@ from colo_data.ops import demo
 from leftovers import left_behind
 from pipelines import WORKERS_S, IdleHost, backend_of, make_pipeline
 
-# every test counts what is left in /dev/shm and in the temporary directory by name, as any
-# loader of another test running meanwhile would name it: they run alone
+# every test counts what is left in /dev/shm and in the temporary directory: they run alone, and
+# count only what their own processes left (directories of their own, or tests/leftovers.py)
 pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[1]
