@@ -49,6 +49,7 @@ endif
 
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/colo-data bench configs/demo.toml
+	@echo "colo-data is installed in $(VENV): run $(VENV)/bin/colo-data --help (or source $(VENV)/bin/activate first)"
 
 # The tests in 2 processes (pytest-xdist), a module to a process: the suite spends most of
 # its time on CPU (JAX's import in the processes that the tests start), so on 2 CPUs it runs
