@@ -175,6 +175,14 @@ def train(args: argparse.Namespace) -> int:
         )
         state, data_state = restored["model"], restored["data"]
         print(f"resumed at step {step} from {args.checkpoint_dir}", file=sys.stderr)
+    if step >= args.steps:
+        manager.close()
+        print(
+            f"nothing to do: the run already trained its {args.steps} steps (checkpoints in {args.checkpoint_dir}); "
+            f"give --steps N (more than {step}) to train on, or remove {args.checkpoint_dir} to start over",
+            file=sys.stderr,
+        )
+        return step
 
     def save() -> None:
         manager.save(step, args=ocp.args.Composite(model=ocp.args.StandardSave(state), data=cd.checkpoint.save_args(loader)))

@@ -93,6 +93,19 @@ def test_forty_steps_log_a_line_each_and_learn(straight: list[dict[str, float]])
     assert last < 0.7 * first, f"the loss went from {first} to {last} in {STEPS} steps: the model did not learn"
 
 
+def test_a_finished_run_run_again_says_there_is_nothing_to_do(straight_run: Path, tmp_path: Path) -> None:
+    """The job run again once it has trained its steps (a second `make train`): exit 0, no
+    step trained or logged, and it says so and what to do instead (it said only "resumed at
+    step 40")."""
+    import shutil
+
+    shutil.copytree(straight_run, tmp_path / "run")
+    again = run_to_end(tmp_path / "run", "inprocess")
+    assert f"nothing to do: the run already trained its {STEPS} steps" in again.stderr, again.stderr[-3000:]
+    assert "--steps N" in again.stderr and "to start over" in again.stderr, again.stderr[-3000:]
+    assert len(logged(tmp_path / "run")) == STEPS and not again.stdout, again.stdout
+
+
 @pytest.mark.parametrize("backend", ["inprocess", "sidecar"])
 def test_stopped_by_sigterm_and_run_again_gives_the_same_losses(
     straight: list[dict[str, float]], backend: str, tmp_path: Path
