@@ -658,16 +658,14 @@ def _shares_passed(pipeline: Pipeline, runs: list[_Run]) -> str:
     assert stream.shares is not None  # a mixture's
     weights = ", ".join(f"{n!r} {s}/{DENOMINATOR}" for n, s in zip(stream.names, stream.shares, strict=True) if s)
     partitions = pipeline.partitioning.partitions
-    # a partitioned pipeline's partitions each read their own stream, as far as their pace took them
+    if partitions == 1:
+        end = runs[0].end
+        return f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
+    # each partition runs the schedule from its own slot on (a difference of two prefixes); a partitioned
+    # packed or filtered pipeline's partitions each read their own stream, as far as their pace took them
     span = "" if pipeline.partitioned else f" in stream positions 0-{runs[0].end - 1}"
-    if partitions > 1:  # each partition runs the schedule from its own slot on: a difference of two prefixes
-        passed = (
-            f"in every prefix of each of the {partitions} partitions' records{span} "
-            f"each component is within two records of its share ({weights})"
-        )
-    else:
-        passed = f"in every prefix of{span[3:]} each component is within one record of its share ({weights})"
-    return passed
+    within = f"each component is within two records of its share ({weights})"
+    return f"in every prefix of each of the {partitions} partitions' records{span} {within}"
 
 
 def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | None:
