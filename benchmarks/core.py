@@ -30,7 +30,7 @@ from demo_pad import BATCH, SEQ_LEN, PadRecord, numpy_pad
 from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops import demo
 
 PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records

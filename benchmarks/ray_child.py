@@ -19,7 +19,7 @@ from demo_pad import BATCH, SEQ_LEN
 from startup_child import pipeline
 
 import colo_data as cd
-from colo_data.host.resources import workers_from
+from colo_data.workers.settings import workers_from
 
 
 def main(spec: dict[str, Any]) -> None:

@@ -76,12 +76,13 @@ def main() -> None:
     import ray
 
     import colo_data as cd
-    from colo_data.host.kinds import host_pipeline
-    from colo_data.host.resources import choose_workers, cpu_budget
+    from colo_data.host.shares import host_pipeline
+    from colo_data.runtime.budget import cpu_budget
     from colo_data.runtime.lifecycle import Lifecycle
     from colo_data.runtime.prefetch import close_iterator
     from colo_data.telemetry.counters import POOL_WAIT, TRANSFER
     from colo_data.workers.pools import start_pool
+    from colo_data.workers.settings import choose_workers
 
     corpus = Path(os.environ.get("COLO_DATA_CACHE", Path.home() / ".cache" / "colo-data")) / "workers-bench"
     base = workers_pipeline.pipeline("light", workers_pipeline.corpus(corpus))

@@ -142,7 +142,7 @@ def epoch_batches(kind: str, corpus: str) -> int:
     a host of four sees only for its own partitions (a partitioned filtered stream's epoch
     ends where one partition runs out of accepted records). A `cd.Mix` is endless: the packed
     pipeline's, of the same records."""
-    from colo_data.host.pipeline import HostPipeline
+    from colo_data.host.host_pipeline import HostPipeline
 
     kind = "packed, named none" if kind.startswith("mixed") else kind
 
@@ -160,8 +160,8 @@ def one_host_of(
     their own, the first `epoch` batches (`epoch_batches`; none with `batches`). Its CPU seconds, the row-group bytes it
     decoded (over that epoch), the time to its first batch, a packed pipeline's fill (over
     the measured batches), and a padded one's state size."""
-    from colo_data.host.pipeline import HostPipeline
-    from colo_data.spec.state import make_state
+    from colo_data.host.host_pipeline import HostPipeline
+    from colo_data.pipeline.state import make_state
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)

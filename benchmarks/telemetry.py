@@ -128,7 +128,7 @@ def cost_accounting() -> dict[str, float]:
     flags.FLAGS.mark_as_parsed()
     import numpy as np
 
-    from colo_data.host.pipeline import HostPipeline
+    from colo_data.host.host_pipeline import HostPipeline
     from colo_data.io.columns import table_to_columns
     from colo_data.loader.meters import LoaderMeters
     from colo_data.ops import demo

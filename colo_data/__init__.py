@@ -23,43 +23,43 @@ from colo_data.errors import ColoDataError
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from colo_data import resources, sources, telemetry
     from colo_data.backends.options import Colocated, InProcess, Sidecar
-    from colo_data.host.ray_workers import RayWorkers
+    from colo_data.io.arrow_source import ArrowSource
     from colo_data.io.dataset_index import write_index
-    from colo_data.io.sources import ArrowSource
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
     from colo_data.ops.lineage import lineage
     from colo_data.ops.skip import skip
-    from colo_data.spec.grain_pipeline import GrainPipeline
-    from colo_data.spec.mix import Mix
-    from colo_data.spec.order import Order
-    from colo_data.spec.pack import Pack
-    from colo_data.spec.pipeline import Pipeline
-    from colo_data.spec.tokenize import tokenize
-    from colo_data.spec.transforms import drop, pad_or_truncate, per_record, random_map, select
+    from colo_data.pipeline.grain_pipeline import GrainPipeline
+    from colo_data.pipeline.mix import Mix
+    from colo_data.pipeline.native import Pipeline
+    from colo_data.pipeline.order import Order
+    from colo_data.pipeline.pack import Pack
+    from colo_data.pipeline.tokenize import tokenize
+    from colo_data.pipeline.transforms import drop, pad_or_truncate, per_record, random_map, select
+    from colo_data.workers.ray_options import RayWorkers
 
 # public name -> the module that defines it, imported on first use
 _NAMES = {
-    "ArrowSource": "colo_data.io.sources",
+    "ArrowSource": "colo_data.io.arrow_source",
     "Colocated": "colo_data.backends.options",
-    "GrainPipeline": "colo_data.spec.grain_pipeline",
+    "GrainPipeline": "colo_data.pipeline.grain_pipeline",
     "InProcess": "colo_data.backends.options",
     "Loader": "colo_data.loader.loader",
-    "Mix": "colo_data.spec.mix",
-    "Order": "colo_data.spec.order",
-    "Pack": "colo_data.spec.pack",
-    "Pipeline": "colo_data.spec.pipeline",
-    "RayWorkers": "colo_data.host.ray_workers",
+    "Mix": "colo_data.pipeline.mix",
+    "Order": "colo_data.pipeline.order",
+    "Pack": "colo_data.pipeline.pack",
+    "Pipeline": "colo_data.pipeline.native",
+    "RayWorkers": "colo_data.workers.ray_options",
     "Sidecar": "colo_data.backends.options",
-    "drop": "colo_data.spec.transforms",
+    "drop": "colo_data.pipeline.transforms",
     "lineage": "colo_data.ops.lineage",
-    "pad_or_truncate": "colo_data.spec.transforms",
-    "per_record": "colo_data.spec.transforms",
-    "random_map": "colo_data.spec.transforms",
-    "select": "colo_data.spec.transforms",
+    "pad_or_truncate": "colo_data.pipeline.transforms",
+    "per_record": "colo_data.pipeline.transforms",
+    "random_map": "colo_data.pipeline.transforms",
+    "select": "colo_data.pipeline.transforms",
     "skip": "colo_data.ops.skip",
-    "tokenize": "colo_data.spec.tokenize",
+    "tokenize": "colo_data.pipeline.tokenize",
     "write_index": "colo_data.io.dataset_index",
 }
 # public name -> the module it stands for (`cd.checkpoint.save_args`), imported on first use

@@ -8,7 +8,7 @@ SLOTS = 4  # slots of a sidecar's ring: how far it may run ahead of the trainer
 # 95.8% over 16 rows, 97.8% over 64, 98.8% over 256, 99.0% over 512)
 PACK_PLAN_ROWS = 256
 # The partitions of an endless packed or filtered pipeline that names none
-# (`colo_data.spec.pipeline.default_partitions`): PARTITIONS up to batches of PARTITIONS *
+# (`colo_data.pipeline.native.default_partitions`): PARTITIONS up to batches of PARTITIONS *
 # PARTITION_ROWS rows, a partition per PARTITION_ROWS rows above. A host computes its own
 # partitions (1/H of the work) for up to that many hosts; at one host its packing plans
 # hold 16 batches' rows (PARTITIONS * min(B, PACK_PLAN_ROWS) rows up to B = 256).

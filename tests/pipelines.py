@@ -173,7 +173,7 @@ def row_groups_decoded(pipeline: cd.Pipeline, hosts: int, batches: int | None = 
     import pickle
     from contextlib import closing
 
-    from colo_data.host.pipeline import HostPipeline
+    from colo_data.host.host_pipeline import HostPipeline
 
     total = 0
     for h in range(hosts):

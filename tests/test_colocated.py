@@ -28,12 +28,12 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.backends import colocated
 from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
 from colo_data.host import kinds
-from colo_data.spec.state import make_state, restore_position
+from colo_data.pipeline.state import make_state, restore_position
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, idle_host, make_pipeline
@@ -355,7 +355,7 @@ EIGHT_HOSTS = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     import colo_data as cd
     from colo_data.backends.colocated import ColocatedHosts
-    from colo_data.spec.state import make_state, restore_position
+    from colo_data.pipeline.state import make_state, restore_position
     from pipelines import make_pipeline
 
     corpus, out, size = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -1,4 +1,4 @@
-"""The partitions a pipeline gets when it names none (`colo_data.spec.pipeline.default_partitions`):
+"""The partitions a pipeline gets when it names none (`colo_data.pipeline.native.default_partitions`):
 an endless packed or filtered pipeline is partitioned from its own settings alone, so that each
 host computes about its share of every batch, with the batches the same on every host count;
 finite and padded pipelines keep one partition; a state saved with one partition says how
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
-from colo_data.spec.pipeline import default_partitions
+from colo_data.host.host_pipeline import HostPipeline
+from colo_data.pipeline.native import default_partitions
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
 from pipelines import make_pipeline

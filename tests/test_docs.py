@@ -141,7 +141,7 @@ def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
         built = built_page(site, page)
         assert built.exists(), f"{name(page)} was not built ({built})"
     reference = (site / "reference" / "pipelines" / "index.html").read_text()
-    assert 'id="colo_data.spec.pipeline.Pipeline"' in reference, "the API reference has no Pipeline entry"
+    assert 'id="colo_data.pipeline.native.Pipeline"' in reference, "the API reference has no Pipeline entry"
 
 
 def built_page(site: Path, page: Path) -> Path:

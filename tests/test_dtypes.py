@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
-from colo_data.spec.state import make_state
+from colo_data.pipeline.state import make_state
 from colo_data.testing import read_all
 
 from pipelines import backend_of

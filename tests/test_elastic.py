@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.loader.elastic import active_mesh, rebuild
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import Mesh
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 from pipelines import BATCH, MIX_SIZES, make_pipeline

@@ -61,7 +61,7 @@ def test_every_public_name_resolves() -> None:
     from colo_data.loader import checkpoint
     from colo_data.loader.loader import Loader
     from colo_data.ops import verify
-    from colo_data.spec.pipeline import Pipeline
+    from colo_data.pipeline.native import Pipeline
 
     resolved = (colo_data.Loader, colo_data.Pipeline, colo_data.checkpoint, colo_data.verify)
     assert resolved == (Loader, Pipeline, checkpoint, verify)
@@ -156,7 +156,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_import_graph_sees_every_import_and_finds_a_cycle_when_there_is_one() -> None:
     graph = import_graph()
     assert {"colo_data.errors", "colo_data.ops.config", "colo_data.ops.versions"} <= graph["colo_data.ops.manifest"]
-    assert "colo_data.spec.kinds" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
+    assert "colo_data.pipeline.kinds" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
     assert "colo_data.telemetry.prometheus" in graph["colo_data.telemetry.export"]  # in a function
     assert "colo_data.backends.inprocess" in graph["colo_data.backends.options"]  # in a method
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -196,13 +196,13 @@ def mix_checks(tree: ast.AST) -> list[int]:
 
 
 def test_only_the_mixtures_module_asks_whether_a_source_is_a_mix() -> None:
-    """A mixture is an ordinary source: what is special about it lives in `spec/mix.py` (its
+    """A mixture is an ordinary source: what is special about it lives in `pipeline/mix.py` (its
     `Stream`), and the rest of colo-data asks the pipeline's stream, not the source's type."""
     assert mix_checks(ast.parse("if isinstance(s, cd.Mix) or isinstance(s, (int, Mix)): pass")) == [1, 1]
     found = {
         f"{path.relative_to(ROOT)}:{line}"
         for path in PACKAGE.rglob("*.py")
-        if path != PACKAGE / "spec" / "mix.py"
+        if path != PACKAGE / "pipeline" / "mix.py"
         for line in mix_checks(ast.parse(path.read_text()))
     }
-    assert not found, f"isinstance(..., Mix) outside colo_data/spec/mix.py: {sorted(found)}"
+    assert not found, f"isinstance(..., Mix) outside colo_data/pipeline/mix.py: {sorted(found)}"

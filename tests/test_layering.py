@@ -1,6 +1,6 @@
 """The package's layers and its kinds. colo_data's folders are layers, and a module imports
 only from its own layer or one below it (`LAYERS`, lowest first, as docs/development.md
-lists them): the errors and defaults, the runtime, telemetry, io, spec, host, workers,
+lists them): the errors and defaults, the runtime, telemetry, io, pipeline, host, workers,
 backends, the loader, the testing helpers, ops, the façade (`colo_data/__init__.py`), the
 command line. Every import counts, as in the cycle check of `test_imports.py` (which this
 file leaves to it): at module level, inside a function (one that runs late still ties the
@@ -32,7 +32,7 @@ LAYERS = (
     ("colo_data.runtime",),
     ("colo_data.telemetry",),
     ("colo_data.io",),
-    ("colo_data.spec",),
+    ("colo_data.pipeline",),
     ("colo_data.host",),
     ("colo_data.workers",),
     ("colo_data.backends",),
@@ -96,19 +96,19 @@ def upward_imports(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
 
 def test_the_layer_check_finds_an_import_from_above() -> None:
     graph = {
-        "colo_data.host.resources": [("colo_data.workers.ray_workers", 17), ("colo_data.io.integers", 16)],
+        "colo_data.host.shares": [("colo_data.workers.ray_options", 17), ("colo_data.io.integers", 16)],
         "colo_data.cli.bench": [("colo_data.backends.options", 16)],
-        "colo_data.io.sources": [("colo_data.spec.integers", 51)],
+        "colo_data.io.arrow_source": [("colo_data.pipeline.order", 51)],
     }
     assert upward_imports(graph) == [
-        "colo_data.host.resources:17 -> colo_data.workers.ray_workers",
-        "colo_data.io.sources:51 -> colo_data.spec.integers",
+        "colo_data.host.shares:17 -> colo_data.workers.ray_options",
+        "colo_data.io.arrow_source:51 -> colo_data.pipeline.order",
     ]
     assert layer("colo_data") > layer("colo_data.ops") and layer("colo_data.cli.bench") > layer("colo_data")
-    tree = ast.parse("from colo_data import Loader, defaults\nif TYPE_CHECKING:\n    import colo_data.spec.kinds\n"
-                     "def f():\n    from colo_data.spec.order import Order\n")
+    tree = ast.parse("from colo_data import Loader, defaults\nif TYPE_CHECKING:\n    import colo_data.pipeline.kinds\n"
+                     "def f():\n    from colo_data.pipeline.order import Order\n")
     assert list(imported(tree, set(modules()))) == [
-        ("colo_data.defaults", 1), ("colo_data.loader.loader", 1), ("colo_data.spec.kinds", 3), ("colo_data.spec.order", 5)
+        ("colo_data.defaults", 1), ("colo_data.loader.loader", 1), ("colo_data.pipeline.kinds", 3), ("colo_data.pipeline.order", 5)
     ]
 
 
@@ -162,3 +162,47 @@ def test_no_module_asks_isinstance_of_a_kind_it_does_not_define() -> None:
         if path != defined[name]
     )
     assert not found, "ask the kind (its protocol's members) instead:\n" + "\n".join(found)
+
+
+def private_uses(tree: ast.Module, module: str, known: set[str]) -> Iterator[str]:
+    """Each private name (one leading underscore) of another colo_data module that `tree`
+    imports (`from colo_data.a import _b`) or reads through a module it imported
+    (`from colo_data import a` then `a._b`, or `import colo_data.a as a`), as
+    `line: module._name`."""
+    aliases: dict[str, str] = {}
+    for node in imports_in(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in known})
+            continue
+        for alias in node.names:
+            full = f"{node.module}.{alias.name}"
+            if full in known:
+                aliases[alias.asname or alias.name] = full
+            elif node.module in known and node.module != module and alias.name.startswith("_") and not alias.name.startswith("__"):
+                yield f"{node.lineno}: {node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+            and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != module
+        ):
+            yield f"{node.lineno}: {aliases[node.value.id]}.{node.attr}"
+
+
+def test_the_private_name_check_finds_each_way_of_reaching_one() -> None:
+    known = {"colo_data.host.pool_policy", "colo_data.pipeline.parts", "colo_data.io.integers"}
+    source = (
+        "from colo_data.host.pool_policy import _DECIDE_S, PoolPolicy\nfrom colo_data.pipeline import parts\n"
+        "import colo_data.io.integers as integers\nparts._cap(1)\nintegers.as_int(2)\nintegers._digits\nparts.__doc__\n"
+    )
+    found = sorted(private_uses(ast.parse(source), "colo_data.host.slice_balance", known))
+    assert found == ["1: colo_data.host.pool_policy._DECIDE_S", "4: colo_data.pipeline.parts._cap", "6: colo_data.io.integers._digits"]
+    assert not list(private_uses(ast.parse("from colo_data.pipeline import parts\nparts._cap\n"), "colo_data.pipeline.parts", known))
+
+
+def test_no_module_uses_another_modules_private_name() -> None:
+    paths = modules()
+    found = [
+        f"{name}:{use}" for name, path in sorted(paths.items())
+        for use in private_uses(ast.parse(path.read_text(), str(path)), name, set(paths))
+    ]
+    assert not found, "a private name used outside its module: make it public, or move the code that needs it:\n" + "\n".join(found)

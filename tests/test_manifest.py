@@ -29,8 +29,9 @@ from kubernetes.utils import parse_quantity
 from packaging.requirements import Requirement
 
 from colo_data.errors import ConfigError
-from colo_data.host.ray_workers import RayWorkers
-from colo_data.host.resources import choose_workers, cpu_budget, workers_from
+from colo_data.workers.ray_options import RayWorkers
+from colo_data.runtime.budget import cpu_budget
+from colo_data.workers.settings import choose_workers, workers_from
 from colo_data.ops import versions
 from colo_data.ops.config import Config, load_config
 from colo_data.ops.manifest import RAY_CONNECT_TIMEOUT, SOCKET, parse_override, render

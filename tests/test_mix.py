@@ -14,7 +14,7 @@ import pytest
 
 import colo_data as cd
 from colo_data.ops import demo
-from colo_data.spec.mix import DENOMINATOR, integer_shares, schedule
+from colo_data.pipeline.mix import DENOMINATOR, integer_shares, schedule
 from colo_data.testing import to_numpy
 
 from pipelines import MIX_SIZES, backend_of
@@ -255,7 +255,7 @@ def test_the_checkpointing_page_says_how_many_components_a_state_array_holds(tok
     import json
     import re
 
-    from colo_data.spec.state import make_state
+    from colo_data.pipeline.state import make_state
 
     source = cd.ArrowSource(str(token_corpus), columns=["id", "tokens"])
 

@@ -26,9 +26,9 @@ from jax.sharding import Mesh, PartitionSpec
 
 import colo_data as cd
 from colo_data.host.chunk import HostChunk
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.backends.sidecar.client import SidecarClient
-from colo_data.spec.state import make_state
+from colo_data.pipeline.state import make_state
 from colo_data.testing import assert_batches_equal, read_all
 
 from multihost import Result, merge, record, run

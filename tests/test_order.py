@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import colo_data as cd
 from colo_data import Order
 from colo_data.errors import ConfigError
-from colo_data.spec.order import host_rows
+from colo_data.pipeline.order import host_rows
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 

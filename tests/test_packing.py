@@ -22,7 +22,7 @@ import pytest
 from jax.sharding import Mesh
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.host.packing import plan
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 

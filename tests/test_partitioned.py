@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops import demo
-from colo_data.spec import parts
-from colo_data.spec.state import make_state
+from colo_data.pipeline import parts
+from colo_data.pipeline.state import make_state
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
 
 from pipelines import IdleHost, backend_of, make_pipeline, row_groups_decoded, until_workers_made
@@ -334,8 +334,8 @@ def test_the_hosts_share_moving_mid_stream_keeps_the_batches(token_corpus: Path,
     slices again): the batches are those of no workers, and a state saved meanwhile resumes."""
     from colo_data.host import slice_balance
 
-    monkeypatch.setattr(slice_balance, "_DECIDE_S", 0.0)
-    monkeypatch.setattr(slice_balance, "_DECIDE_CHUNKS", 1)
+    monkeypatch.setattr(slice_balance, "DECIDE_S", 0.0)
+    monkeypatch.setattr(slice_balance, "DECIDE_CHUNKS", 1)
     moves = []
     restart = slice_balance.SliceBalance.restart
     monkeypatch.setattr(slice_balance.SliceBalance, "restart", lambda self: (moves.append(self.here), restart(self)))

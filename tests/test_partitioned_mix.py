@@ -15,7 +15,7 @@ import pytest
 
 import colo_data as cd
 from colo_data.ops import demo
-from colo_data.spec.order import Partitioning
+from colo_data.pipeline.order import Partitioning
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, to_numpy
 
 from pipelines import MIX_SIZES, backend_of, row_groups_decoded

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
-from colo_data.spec.order import Partitioning
+from colo_data.pipeline.order import Partitioning
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
 from pipelines import BATCH, backend_of, make_pipeline, row_groups_decoded

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colo_data.spec.order import Order
-from colo_data.spec.permute import EXACT, partition_keys, permute, permute_within
+from colo_data.pipeline.order import Order
+from colo_data.pipeline.permute import EXACT, partition_keys, permute, permute_within
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 255, 256, 257, 1000, 4097, 65536, 65537, 100_003])

@@ -77,7 +77,7 @@ def test_a_name_that_moved_into_a_namespace_says_where_it_is() -> None:
     for internal in ("HostPipeline", "host_rows", "GlobalOrder", "auto_backend", "annotations", "importlib", "Any"):
         assert internal not in dir(cd)
     with pytest.raises(AttributeError, match=r"no attribute 'HostPipeline'$"):
-        cd.HostPipeline  # noqa: B018  (internal now: colo_data.host.pipeline)
+        cd.HostPipeline  # noqa: B018  (internal now: colo_data.host.host_pipeline)
 
 
 def documented() -> list[tuple[str, Any, Any]]:

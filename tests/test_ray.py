@@ -27,7 +27,7 @@ from pipelines import BATCH, WORKERS_S, backend_of, make_pipeline, read_while_gi
 from ray_head import head_node
 
 import colo_data as cd
-from colo_data.host.resources import workers_from
+from colo_data.workers.settings import workers_from
 from colo_data.ops.bench import worker_line
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from colo_data.errors import ConfigError
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
-from colo_data.host.resources import WorkerChoice, auto_workers, choose_workers, shm_capacity
+from colo_data.runtime.budget import auto_workers, shm_capacity
+from colo_data.workers.settings import WorkerChoice, choose_workers
 
 from real_cgroup import cpu_cgroup
 from start_gate import tmpfs

@@ -22,7 +22,7 @@ import pytest
 
 import colo_data as cd
 from colo_data.backends.options import auto_backend
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.backends.sidecar.client import SidecarClient

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S
+from colo_data.host.pool_policy import DECIDE_CHUNKS, DECIDE_S
 from colo_data.host.slice_balance import SliceBalance, first_share
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
@@ -90,8 +90,8 @@ def test_a_step_that_does_not_pay_goes_back_and_settles() -> None:
 def test_it_waits_for_a_measurement_and_skips_the_chunk_after_a_cut() -> None:
     clock = Clock()
     balance = SliceBalance(8, 1, clock)
-    for _ in range(_DECIDE_CHUNKS - 1):  # too few chunks, however long
-        clock.now += _DECIDE_S
+    for _ in range(DECIDE_CHUNKS - 1):  # too few chunks, however long
+        clock.now += DECIDE_S
         assert balance.record(BATCHES, 1.0) is None
     clock.now += 0.01
     assert balance.record(BATCHES, 0.0) == 4  # the host waited: one more for it
@@ -99,10 +99,10 @@ def test_it_waits_for_a_measurement_and_skips_the_chunk_after_a_cut() -> None:
     clock.now += 100.0  # the first chunk after the cut, however slow, is not measured
     assert balance.record(BATCHES, 0.0) is None
     got = []
-    for _ in range(_DECIDE_CHUNKS):
-        clock.now += _DECIDE_S / _DECIDE_CHUNKS
+    for _ in range(DECIDE_CHUNKS):
+        clock.now += DECIDE_S / DECIDE_CHUNKS
         got.append(balance.record(BATCHES, 0.0))
-    assert got == [None] * (_DECIDE_CHUNKS - 1) + [5]  # the step paid (3x the first share's rate): the next one
+    assert got == [None] * (DECIDE_CHUNKS - 1) + [5]  # the step paid (3x the first share's rate): the next one
 
 
 def test_one_partition_a_worker_leaves_nothing_to_balance() -> None:

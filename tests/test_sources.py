@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import colo_data as cd
 from colo_data.io.rowgroup_cache import RowGroupCache
-from colo_data.io.sources import Source
+from colo_data.io.record_source import Source
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 

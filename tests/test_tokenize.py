@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 from tokenizers import Tokenizer
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops import demo
 from colo_data.testing import read_all
 
@@ -185,7 +185,7 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(
 ) -> None:
     """`RAYON_NUM_THREADS` (the size of `tokenizers`' thread pool) is the CPU budget over the
     worker count in each worker process, unless the user set it."""
-    from colo_data.host.resources import cpu_budget
+    from colo_data.runtime.budget import cpu_budget
     from colo_data.workers.processes import WorkerPool
     from colo_data.runtime.lifecycle import Lifecycle
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.cli import main
 from colo_data.ops.config import load_config
 from colo_data.ops.verify import Check, verify

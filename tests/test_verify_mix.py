@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import colo_data as cd
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops.verify import Check, verify
-from colo_data.spec import mix as mix_module
+from colo_data.pipeline import mix as mix_module
 
 BATCH = 12
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}

@@ -1,6 +1,6 @@
 """Worker processes (colo_data/workers/processes.py): started once and kept across restarts,
 light (no JAX in them), usable from a script without a `__main__` guard, the same batches
-as without workers; and how a host pipeline uses them (colo_data/host/pipeline.py
+as without workers; and how a host pipeline uses them (colo_data/host/host_pipeline.py
 `_pooled`, as colo_data/host/pool_policy.py decides): only while CPU goes unused, never
 waiting for them, given up when they cost more than they give."""
 

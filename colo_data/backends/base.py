@@ -17,9 +17,9 @@ from colo_data.backends.placement import Placement
 from colo_data.errors import GrainError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change
 from colo_data.host.dtypes import jax_ready
+from colo_data.pipeline.order import Position
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.order import Position
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 

@@ -36,17 +36,18 @@ from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarError, Wire, from_wire, named_in, to_wire
 from colo_data.host.chunk import HostChunk
 from colo_data.host.dtypes import jax_ready
-from colo_data.host.kinds import HostShare, host_pipeline
-from colo_data.host.resources import Workers, check_workers, choose_workers, cpu_budget
+from colo_data.host.shares import HostShare, host_pipeline
+from colo_data.pipeline import parts
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
+from colo_data.runtime.budget import cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec import parts
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.pools import start_pool
+from colo_data.workers.settings import Workers, check_workers, choose_workers
 
 _AXIS = "hosts"
 _LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64

@@ -8,14 +8,15 @@ from collections.abc import Iterator
 
 from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
-from colo_data.host.kinds import host_pipeline
-from colo_data.host.resources import Workers, choose_workers, cpu_budget
+from colo_data.host.shares import host_pipeline
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.order import Position
+from colo_data.runtime.budget import cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
 from colo_data.telemetry.counters import CpuMeter, StageTimes, metered
 from colo_data.telemetry.report import HostCounters, HostInfo
 from colo_data.workers.pools import start_pool
+from colo_data.workers.settings import Workers, choose_workers
 
 
 class InProcessBackend:

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from colo_data import defaults
 from colo_data.errors import ConfigError
-from colo_data.host.resources import Workers, check_workers
 from colo_data.io.integers import as_int
+from colo_data.workers.settings import Workers, check_workers
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
     from colo_data.backends.base import Backend
     from colo_data.backends.placement import Placement
+    from colo_data.pipeline.kinds import AnyPipeline
     from colo_data.runtime.lifecycle import Lifecycle
-    from colo_data.spec.kinds import AnyPipeline
 
 SIDECAR_ENV = "COLO_DATA_SIDECAR"  # comma-separated sidecar addresses, one per local host
 

@@ -20,8 +20,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
-from colo_data.spec import parts
-from colo_data.spec.order import Partitioning, host_rows
+from colo_data.pipeline import parts
+from colo_data.pipeline.order import Partitioning, host_rows
 
 Index = tuple[slice, ...]
 
@@ -84,7 +84,7 @@ class Placement:
 
     def local_partitions(self) -> np.ndarray | None:
         """For a partitioned packed or filtered pipeline, which entries of its position
-        (`colo_data.spec.parts`) this process's hosts know: the phase and their partitions'
+        (`colo_data.pipeline.parts`) this process's hosts know: the phase and their partitions'
         (a mask); None for other pipelines."""
         if self.partitioning is None:
             return None

@@ -32,7 +32,7 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
     settings; --workers (a number, "auto" or Ray workers) overrides the backend's workers."""
     from colo_data.backends.options import resolve, with_sidecar_settings
     from colo_data.errors import ConfigError
-    from colo_data.host.resources import workers_from
+    from colo_data.workers.settings import workers_from
 
     chosen: Any = with_sidecar_settings(resolve(name), config_sidecar)  # a frozen dataclass of options
     if workers is not None:

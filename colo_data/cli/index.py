@@ -16,8 +16,8 @@ def index(directories: tuple[str, ...]) -> None:
     file under it is added, removed or rewritten: a source refuses an index that the files
     no longer match."""
     from colo_data.errors import ColoDataError
+    from colo_data.io.arrow_source import ArrowSource
     from colo_data.io.dataset_index import write_index
-    from colo_data.io.sources import ArrowSource
 
     for directory in directories:
         start = time.perf_counter()

@@ -19,11 +19,11 @@ from colo_data import defaults
 from colo_data.errors import ColoDataError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.io.columns import Columns, list_lengths, table_to_columns
-from colo_data.io.sources import ReadAhead
-from colo_data.spec.order import host_rows
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.stream import BoundStream
-from colo_data.spec.transforms import draws, pad_or_truncate, random_map
+from colo_data.io.record_source import ReadAhead
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import host_rows
+from colo_data.pipeline.stream import BoundStream
+from colo_data.pipeline.transforms import draws, pad_or_truncate, random_map
 from colo_data.telemetry.counters import BATCH, DECODE, IO_WAIT, ORDER, READ, TRANSFORM, StageTimes
 from colo_data.telemetry.quality import PADDED, QualityCounts
 
@@ -39,7 +39,7 @@ class Share(NamedTuple):
 
 class Resume(NamedTuple):
     """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
-    the pipeline's position `start` (`colo_data.spec.parts`), `skip` batches on, the host's
+    the pipeline's position `start` (`colo_data.pipeline.parts`), `skip` batches on, the host's
     partitions shared among its own thread (the first `here`) and `parts` workers
     (`slices.cut`; a worker computes the slice its `Share` numbers). A worker continues its
     slice's stream while the requests follow on; any other is computed from `start` again,

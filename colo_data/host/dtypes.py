@@ -17,7 +17,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk import HostBatch
-from colo_data.spec.kinds import AnyPipeline
+from colo_data.pipeline.kinds import AnyPipeline
 
 # (kind, itemsize) of a 64-bit column -> the dtype JAX's 32-bit mode makes of it. Complex
 # columns cannot reach a batch (it holds numbers and booleans), so they have no entry.

@@ -17,7 +17,7 @@ from colo_data.errors import TransformError
 from colo_data.host.chunk import HostBatch
 from colo_data.host.chunk_work import ChunkWork
 from colo_data.io.columns import Columns, table_to_columns
-from colo_data.io.sources import ReadAhead
+from colo_data.io.record_source import ReadAhead
 from colo_data.telemetry.counters import ORDER, READ
 
 READ_RECORDS = 512  # records read at once, at least a global batch's

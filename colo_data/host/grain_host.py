@@ -17,12 +17,12 @@ import numpy as np
 from colo_data.errors import ColoDataError, GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.grain_stats import GrainStages
-from colo_data.host.pipeline import owning, same_schema
+from colo_data.host.host_pipeline import owning, same_schema
 from colo_data.io.content import file_digest
-from colo_data.io.sources import grain_stages
+from colo_data.io.record_source import grain_stages
+from colo_data.pipeline.grain_pipeline import GrainPipeline
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
-from colo_data.spec.grain_pipeline import GrainPipeline
 from colo_data.telemetry.counters import BATCH, TRANSFORM, CpuMeter, StageTimes, metered
 from colo_data.telemetry.quality import QualityCounts
 

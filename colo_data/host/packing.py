@@ -21,9 +21,9 @@ from colo_data.errors import ConfigError, TransformError
 from colo_data.host.chunk_work import ChunkWork
 from colo_data.host.filtering import check_accepting, count_verdicts, filters, kept, rejected_run, taken
 from colo_data.io.columns import Columns, table_to_columns
-from colo_data.spec.pack import Pack
-from colo_data.spec.stream import Stream
-from colo_data.spec.transforms import draws
+from colo_data.pipeline.pack import Pack
+from colo_data.pipeline.stream import Stream
+from colo_data.pipeline.transforms import draws
 from colo_data.telemetry.counters import BATCH, TRANSFORM
 from colo_data.telemetry.quality import PACKED, QualityCounts
 

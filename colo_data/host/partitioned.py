@@ -5,7 +5,7 @@ under the block and global orders); its i-th batch is its next `rows` packed row
 next `rows` records that `keep` accepts. A host computes only the partitions it owns, with
 one read for all of them at a time, so its work is its share of the batch; the batch does
 not depend on the host count, and the position is one per partition (its own records
-consumed; `colo_data.spec.parts`). A packed partition plans its rows of several batches
+consumed; `colo_data.pipeline.parts`). A packed partition plans its rows of several batches
 at once (`Pipeline.plan_batches`), as a plan over the whole batch would fill them. A finite
 stream ends before the first batch that a partition cannot make (no records left for its
 rows, too few accepted to fill them)."""
@@ -23,8 +23,8 @@ from colo_data.host.chunk_work import ChunkWork
 from colo_data.host.filtering import READ_RECORDS, check_accepting, filters, read_at, rejected_run, verdict_of
 from colo_data.host.packing import Window, packed_rows, read_records
 from colo_data.io.columns import table_to_columns
-from colo_data.spec import parts
-from colo_data.spec.pack import Pack
+from colo_data.pipeline import parts
+from colo_data.pipeline.pack import Pack
 from colo_data.telemetry.counters import BATCH
 
 _BATCHES_AHEAD = 16  # a filtered partition reads its records of this many batches at most at once
@@ -67,7 +67,7 @@ def partitioned_batches(
     work: ChunkWork, start: np.ndarray, owned: range | None = None
 ) -> Iterator[tuple[HostBatch, np.ndarray]]:
     """Host `work.host`'s rows of each global batch from a partitioned pipeline's position
-    `start` on (`colo_data.spec.parts`), transformed, each with the host's share of the
+    `start` on (`colo_data.pipeline.parts`), transformed, each with the host's share of the
     position after it (`[phase, its partitions' own positions]`); with `owned`, those of
     that slice of its partitions."""
     mine = _Mine(work, owned)

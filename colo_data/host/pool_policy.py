@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from colo_data.host.chunk_work import ChunkPool
 
-_DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up...
+DECIDE_S = 0.5  # seconds of production measured before the pool is taken on or given up...
 # ...and at least this many chunks of it: a rate over fewer is a count of whole chunks (a CPU-bound
 # pipeline on one CPU made a 512-record chunk in 0.3 s, and one Ray actor was given up on 0.5 s windows)
-_DECIDE_CHUNKS = 4
+DECIDE_CHUNKS = 4
 # the first measurement, which decides whether a local pool's first worker is wanted, is this
 # short (and one chunk): a worker forked from the pool's preloaded server is ready in milliseconds
 # once asked, and its own trial decides whether it pays (measured from the second half second, a
@@ -35,10 +35,10 @@ class PoolPolicy:
 
     The pool is wanted only while at least `_IDLE_CPUS` of the CPU budget go unused as the
     host's thread works (the workers start then, the first time; a remote pool is asked for
-    at once), measured first over `_FIRST_S` and one chunk, then over each `_DECIDE_S`, and
+    at once), measured first over `_FIRST_S` and one chunk, then over each `DECIDE_S`, and
     used from the moment its first worker is ready, one worker at first (judged, the first
     time, against the host's rate alone from the first measurement until then). Each
-    count of workers is on trial for `_DECIDE_S` (and `_DECIDE_CHUNKS`) from its first chunk:
+    count of workers is on trial for `DECIDE_S` (and `DECIDE_CHUNKS`) from its first chunk:
     one more is started while the last made the stream faster by `_GAIN` and, for local
     workers, `_IDLE_CPUS` went unused over the trial (a worker started on a busy budget takes
     its CPU from the workers at work, at the same nice: beside the first, a second one's
@@ -58,14 +58,14 @@ class PoolPolicy:
     Args:
         pool: the pool; the policy reads its `count`, `remote` and `idle_cpus()` (whose
             measurement window starts here, and again at each call).
-        chunk_records: host records in one chunk (a measurement covers `_DECIDE_CHUNKS`).
+        chunk_records: host records in one chunk (a measurement covers `DECIDE_CHUNKS`).
         clock: seconds, monotonic.
     """
 
     def __init__(self, pool: ChunkPool, chunk_records: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.level = 0  # the workers each new request is shared out to (0: the pool is not asked)
         self._pool, self._clock = pool, clock
-        self._chunk, self._enough = chunk_records, _DECIDE_CHUNKS * chunk_records  # host records a measurement needs
+        self._chunk, self._enough = chunk_records, DECIDE_CHUNKS * chunk_records  # host records a measurement needs
         self._measured = False  # the first measurement (`_FIRST_S`, one chunk) is made
         self._taken_on = False  # the pool has been taken on once
         self._wanted = pool.remote  # the pool is to be used from the moment its first worker is ready
@@ -81,11 +81,11 @@ class PoolPolicy:
         self._retry, self._retry_at = _RETRY_S, 0.0
 
     def wants_stream(self, ready: Callable[[int], bool] | None) -> bool:
-        """Once a chunk while the pool is not in use: every `_DECIDE_S` (and `_DECIDE_CHUNKS`)
+        """Once a chunk while the pool is not in use: every `DECIDE_S` (and `DECIDE_CHUNKS`)
         measures the host's rate alone and the idle CPUs; True when the pool's stream is to be
         opened now (its first worker starts)."""
         now = self._clock()
-        span, enough = (_DECIDE_S, self._enough) if self._measured else (_FIRST_S, self._chunk)
+        span, enough = (DECIDE_S, self._enough) if self._measured else (_FIRST_S, self._chunk)
         if now - self._window < span or self._made < enough:
             return False
         self._measured = True
@@ -120,7 +120,7 @@ class PoolPolicy:
             del self._rates[1:]
         elif self._growing and frontier is not None and ready is not None and ready(self.level + 1):  # asked from here
             self.level, self._trial, self._trial_from, self._growing = self.level + 1, 0.0, frontier, False
-        elif self._trial and now - self._trial >= _DECIDE_S and self._made >= self._enough:
+        elif self._trial and now - self._trial >= DECIDE_S and self._made >= self._enough:
             self._judge(now, ready)
         if self.level > self._pool.count:  # the pool's share of this host fell (a shared pool that more hosts joined)
             self.level, self._trial, self._growing, self._settled = self._pool.count, None, False, True

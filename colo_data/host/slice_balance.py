@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S
+from colo_data.host.pool_policy import DECIDE_CHUNKS, DECIDE_S
 
 START_SHARE = 0.5  # the host's thread starts at this much of a worker's share of the partitions
 _WAITING = 0.05  # the host's thread waits for the workers more than this part of the time: it can take more
@@ -27,7 +27,7 @@ def first_share(count: int, workers: int) -> int:
 class SliceBalance:
     """The host's thread's partitions (`here`), of `count` shared with `workers` workers.
 
-    It measures the batches' rate over `_DECIDE_S` (and `_DECIDE_CHUNKS` chunks), then tries
+    It measures the batches' rate over `DECIDE_S` (and `DECIDE_CHUNKS` chunks), then tries
     one partition more for the host's thread where it waited for the workers more than
     `_WAITING` of the time, else one fewer; a step is kept while it makes the batches come
     `_GAIN` faster, and the next one in the same direction is tried; the first that does not
@@ -63,7 +63,7 @@ class SliceBalance:
             return None
         self._batches, self._chunks, self._waited = self._batches + batches, self._chunks + 1, self._waited + waited
         elapsed = self._clock() - self._start
-        if self.settled or elapsed < _DECIDE_S or self._chunks < _DECIDE_CHUNKS:
+        if self.settled or elapsed < DECIDE_S or self._chunks < DECIDE_CHUNKS:
             return None
         rate, waiting = self._batches / elapsed, self._waited / elapsed
         if self._best is None:  # the first share's rate: the direction follows the waits

@@ -31,9 +31,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from colo_data.errors import ConfigError, StateError
 from colo_data.loader.loader import Loader
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.state import restore
-from colo_data.spec.state_format import format_of
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.state import restore
+from colo_data.pipeline.state_format import format_of
 
 STATE_FILE = "loader_state.json"
 _ORBAX_JSON_FILE = "metadata"  # where a plain ocp.args.JsonSave item keeps its dict

@@ -29,12 +29,12 @@ from colo_data.host.dtypes import check_index_column
 from colo_data.io.integers import int_setting
 from colo_data.loader.meters import LoaderMeters
 from colo_data.loader.picklable import check_picklable
+from colo_data.pipeline import parts
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.order import Position
+from colo_data.pipeline.state import make_state, restore, state_step
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
-from colo_data.spec import parts
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.state import make_state, restore, state_step
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters

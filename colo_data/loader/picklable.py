@@ -12,7 +12,7 @@ import cloudpickle
 
 from colo_data.backends.options import BackendOptions
 from colo_data.errors import ConfigError
-from colo_data.spec.kinds import AnyPipeline
+from colo_data.pipeline.kinds import AnyPipeline
 
 
 def _shipped_to(pipeline: AnyPipeline, backend: BackendOptions) -> str | None:

@@ -23,7 +23,7 @@ from colo_data.errors import ConfigError
 from colo_data.host.chunk_work import check_batch
 from colo_data.io.columns import from_records
 from colo_data.loader.loader import Loader
-from colo_data.spec.kinds import AnyPipeline
+from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.quality import Quality
 from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
-from colo_data.host.resources import workers_from
 from colo_data.io.integers import as_int
+from colo_data.workers.settings import workers_from
 
 if TYPE_CHECKING:
-    from colo_data.spec.kinds import AnyPipeline
+    from colo_data.pipeline.kinds import AnyPipeline
 
 _TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
 CONFIG_IS_CODE = (
@@ -62,7 +62,7 @@ class Config:
         standard-library module, or a target that is not a Python function (a builtin such as
         `os:system`, a class), is refused before anything is called."""
         # the pipeline machinery, imported only when a pipeline is built
-        from colo_data.spec.kinds import AnyPipeline
+        from colo_data.pipeline.kinds import AnyPipeline
 
         module_name, _, function_name = self.pipeline.partition(":")
         if module_name.partition(".")[0] in sys.stdlib_module_names:

@@ -16,13 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from colo_data.io.sources import ArrowSource
-from colo_data.spec.mix import Mix
-from colo_data.spec.order import Order, Shuffle
-from colo_data.spec.pack import Pack
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.tokenize import tokenize
-from colo_data.spec.transforms import drop, pad_or_truncate
+from colo_data.io.arrow_source import ArrowSource
+from colo_data.pipeline.mix import Mix
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Order, Shuffle
+from colo_data.pipeline.pack import Pack
+from colo_data.pipeline.tokenize import tokenize
+from colo_data.pipeline.transforms import drop, pad_or_truncate
 
 FILES, ROWS_PER_FILE, ROW_GROUP_SIZE = 8, 5_000, 1_000
 MIN_TOKENS, MAX_TOKENS, VOCAB = 64, 2047, 32_000

@@ -15,14 +15,14 @@ import numpy as np
 
 from colo_data.errors import ConfigError, StateError
 from colo_data.host.chunk import HostChunk
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
+from colo_data.pipeline.grain_pipeline import GrainPipeline
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
+from colo_data.pipeline.state import restore, state_step
+from colo_data.pipeline.transforms import select
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.grain_pipeline import GrainPipeline
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import restore, state_step
-from colo_data.spec.transforms import select
 
 # The index column that lineage reads records' names from when the pipeline has none of its own.
 _INDEX = "_lineage_index"

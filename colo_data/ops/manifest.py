@@ -28,10 +28,10 @@ import yaml
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
-from colo_data.host.ray_workers import RayWorkers
-from colo_data.host.resources import Workers, workers_text
 from colo_data.ops import versions
 from colo_data.ops.config import Config
+from colo_data.workers.ray_options import RayWorkers
+from colo_data.workers.settings import Workers, workers_text
 
 if TYPE_CHECKING:
     pass

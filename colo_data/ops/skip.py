@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from colo_data.errors import ConfigError
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.io.integers import int_setting
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
+from colo_data.pipeline.state import make_state, restore, state_step
+from colo_data.pipeline.state_format import MAX_POSITION
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.state import make_state, restore, state_step
-from colo_data.spec.state_format import MAX_POSITION
 
 
 def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict[str, Any]:

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import ConfigError
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.loader.loader import Loader
 from colo_data.ops.checks import Batch, Check, differing_rows, one_device
 from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.pipeline import Pipeline
-from colo_data.spec.schedule import DENOMINATOR
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.schedule import DENOMINATOR
 from colo_data.testing import to_numpy
 
 _KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects

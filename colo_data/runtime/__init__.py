@@ -1,1 +1,2 @@
-"""What everything else runs on: the lifecycle owner of threads and processes, the prefetcher."""
+"""What everything else runs on: the lifecycle owner of threads and processes, the prefetcher,
+child processes' environment, and what the machine lets this process spend."""

@@ -10,7 +10,7 @@ Python's and no state of the trainer's.
 `multiprocessing`'s fork server does not fit: its children import the parent's `__main__`
 (scripts would need an `if __name__ == "__main__":` guard again), its preload list is one
 setting for the whole process, and it hands a child its own pipes, where a worker talks to
-its pool over a socket of the pool's (colo_data/host/frames.py). This one takes that socket
+its pool over a socket of the pool's (colo_data/workers/frames.py). This one takes that socket
 over its control connection (`SCM_RIGHTS`), forks, and answers with the worker's pid, then
 with its exit code once it has reaped it.
 

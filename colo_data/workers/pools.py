@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from colo_data.host.chunk_work import ChunkPool
-from colo_data.host.ray_workers import RayWorkers
-from colo_data.host.resources import CpuBudget, WorkerChoice
+from colo_data.runtime.budget import CpuBudget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.workers.processes import WorkerPool
+from colo_data.workers.ray_options import RayWorkers
+from colo_data.workers.settings import WorkerChoice
 
 
 def start_pool(

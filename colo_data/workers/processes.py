@@ -33,14 +33,14 @@ from typing import Any, cast
 import cloudpickle
 
 from colo_data.errors import ColoDataError, TransformError, from_wire, to_wire
-from colo_data.host import frames, slices
+from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
-from colo_data.host.cpu_use import IdleCpus
-from colo_data.host.resources import CpuBudget, cpu_budget
+from colo_data.runtime.budget import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_command, child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
-from colo_data.workers import forks
+from colo_data.workers import forks, frames
+from colo_data.workers.cpu_use import IdleCpus
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
 
 __all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]

@@ -18,8 +18,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from colo_data.errors import RayClusterError, to_wire
 from colo_data.host import slices
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
-from colo_data.host.ray_workers import RayWorkers
 from colo_data.workers.processes import READY
+from colo_data.workers.ray_options import RayWorkers
 
 StreamKey = tuple[str, int]  # (the pool that opened the stream, its number there): unique on the cluster
 IDLE_S = 60.0  # a job no share asked for in this long is let go (its host left, or a shared pool's host moved on)

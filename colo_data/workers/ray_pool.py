@@ -31,13 +31,13 @@ from colo_data.errors import RayClusterError, TransformError, Wire, from_wire
 from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
-from colo_data.host.ray_workers import RayWorkers
 from colo_data.runtime import process
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers import ray_shared
 from colo_data.workers.processes import READY
 from colo_data.workers.ray_actor import StreamKey, reserved, spawn
+from colo_data.workers.ray_options import RayWorkers
 
 _LOG = logging.getLogger(__name__)
 _SERVER_FAILED = "Initialization failure from server"  # Ray Client: the head did not start this client's server

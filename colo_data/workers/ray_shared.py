@@ -22,8 +22,8 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from colo_data.errors import RayClusterError
-from colo_data.host.ray_workers import RayWorkers
 from colo_data.workers.ray_actor import reserved, spawn
+from colo_data.workers.ray_options import RayWorkers
 
 _LOG = logging.getLogger(__name__)
 NAMESPACE = "colo-data"  # Ray's namespace of the pools' keepers

@@ -12,13 +12,13 @@ from colo_data.backends.base import GlobalBatch, assembled, plus
 from colo_data.backends.placement import Placement
 from colo_data.backends.sidecar.client import SidecarClient
 from colo_data.backends.sidecar.local import LocalSidecar
-from colo_data.host.resources import Workers
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.order import Position
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.quality import QualityCounts
 from colo_data.telemetry.report import HostCounters, HostInfo, added_by_worker
+from colo_data.workers.settings import Workers
 
 
 class SidecarBackend:

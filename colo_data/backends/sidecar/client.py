@@ -25,8 +25,8 @@ from colo_data.backends.sidecar.protocol import SESSION_END_S, check_path_length
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError, Wire, from_wire
 from colo_data.host.chunk import HostChunk, split_rows
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.order import Position
 from colo_data.telemetry.counters import HANDOFF, StageTimes
 
 _POLL_S = 0.5

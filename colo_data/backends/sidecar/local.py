@@ -11,8 +11,8 @@ import tempfile
 
 from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory, sweep_stale
-from colo_data.host.resources import Workers, workers_text
 from colo_data.runtime.child_env import child_command, child_env
+from colo_data.workers.settings import Workers, workers_text
 
 _STOP_S = 10.0
 _KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remove its ring

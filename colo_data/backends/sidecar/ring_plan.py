@@ -14,10 +14,10 @@ import numpy as np
 from colo_data.backends.sidecar.shm import check_capacity, ring_bytes, slot_bytes
 from colo_data.errors import ConfigError
 from colo_data.host.chunk import HostBatch
-from colo_data.host.kinds import HostShare, host_pipeline
-from colo_data.host.resources import memory_limit, shm_capacity
+from colo_data.host.shares import HostShare, host_pipeline
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.runtime.budget import memory_limit, shm_capacity
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.kinds import AnyPipeline
 
 SLOT_TARGET_BYTES = 4 * 2**20
 

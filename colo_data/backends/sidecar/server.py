@@ -32,14 +32,15 @@ from colo_data.backends.sidecar.shm import ShmRing, check_directory
 from colo_data.errors import ConfigError, SidecarError, to_wire
 from colo_data.host.chunk import HostChunk, split_rows
 from colo_data.host.chunk_work import ChunkPool
-from colo_data.host.kinds import host_pipeline
-from colo_data.host.resources import CpuBudget, Workers, choose_workers, cpu_budget
+from colo_data.host.shares import host_pipeline
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.order import Position
+from colo_data.runtime.budget import CpuBudget, cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
 from colo_data.telemetry.counters import SHM_WRITE, CpuMeter
 from colo_data.workers.pools import start_pool
+from colo_data.workers.settings import Workers, choose_workers
 
 _WATCH_S = 0.5
 _LEAVE_S = 5.0  # a thread inside the session's batches is waited for this long when it closes

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from colo_data.errors import ConfigError, ShmError
-from colo_data.host.resources import shm_capacity
 from colo_data.runtime import process
+from colo_data.runtime.budget import shm_capacity
 
 ALIGN = 64
 COPY_PIECE = 2**20

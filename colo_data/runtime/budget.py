@@ -1,6 +1,7 @@
 """What this host can spend: the CPU budget (affinity mask, cgroup quotas of the whole
-hierarchy, an override), the cgroup memory limit and the shared-memory directory's free
-space. `os.cpu_count()` reports the machine's CPUs, not the container's, so it is never used.
+hierarchy, an override), the worker processes "auto" gives for it, the cgroup memory limit and
+the shared-memory directory's free space. `os.cpu_count()` reports the machine's CPUs, not the
+container's, so it is never used.
 """
 
 from __future__ import annotations
@@ -8,39 +9,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
 
 from colo_data.errors import ConfigError
-from colo_data.host.ray_workers import SPEC_PREFIX, RayWorkers
-from colo_data.io.integers import as_int
 
 CPUS_ENV = "COLO_DATA_CPUS"
 
 
-@runtime_checkable
-class RemoteWorkers(Protocol):
-    """Workers of a kind of their own rather than this host's processes (`cd.RayWorkers`'
-    actors), as the host side asks of them; their pool is the workers package's
-    (`colo_data.workers.pools`)."""
-
-    @property
-    def actors(self) -> int:
-        """Workers per host pipeline."""
-        ...
-
-    def describe(self) -> str:
-        """The workers in words, for reports."""
-        ...
-
-    def to_spec(self) -> str:
-        """The workers as one `--workers` string, which `workers_from` reads back."""
-        ...
-
-
-# worker processes per host, "auto" (`choose_workers` picks), or workers of their own kind (Ray actors) per host
-Workers = int | Literal["auto"] | RemoteWorkers
 # cgroup v1 reports "no memory limit" as a page-rounded LONG_MAX; anything this large is none.
 _UNLIMITED_BYTES = 2**60
 
@@ -104,53 +80,6 @@ def cpu_budget(*, proc: str = "/proc/self", root: str = "/") -> CpuBudget:
     )
 
 
-def check_workers(owner: str, workers: Any) -> Workers:
-    """`workers` as a count of worker processes (numpy integers too), "auto", or workers of
-    their own kind (`RemoteWorkers`); anything else is a ConfigError naming `owner`'s setting."""
-    if isinstance(workers, str) and workers == "auto":
-        return "auto"
-    if isinstance(workers, RemoteWorkers):
-        return workers
-    count = as_int(workers)
-    if count is None or count < 0:
-        raise ConfigError(
-            f"{owner}(workers={workers!r}): give an int >= 0 (0: the host's own thread computes its batches), "
-            "'auto' (from the CPU budget) or cd.RayWorkers(...) (actors on a Ray cluster)"
-        )
-    return count
-
-
-def workers_from(value: Any, where: str) -> Workers:
-    """`workers` as written in a config or on a command line: a count (an int or its digits),
-    "auto", or Ray workers ("ray", `RayWorkers.to_spec()`'s "ray:{...}", or a table
-    `{ ray = "auto", actors = 4 }`); anything else is a ConfigError naming `where`."""
-    if isinstance(value, Mapping) or isinstance(value, str) and (value == "ray" or value.startswith(SPEC_PREFIX)):
-        return RayWorkers.from_spec(value, where)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if value == "auto" or as_int(value) is not None and value >= 0:
-        return check_workers(where, value)
-    raise ConfigError(
-        f"{where} = {value!r}: give a number >= 0, \"auto\", or Ray workers: \"ray\", "
-        '\'ray:{"address": "auto", "actors": 4}\' (a config: workers = { ray = "auto", actors = 4 })'
-    )
-
-
-def workers_text(workers: Workers) -> str:
-    """`workers` as `workers_from` reads it back (a sidecar's `--workers`)."""
-    return workers.to_spec() if isinstance(workers, RemoteWorkers) else str(workers)
-
-
-@dataclass(frozen=True)
-class WorkerChoice:
-    """How many worker processes a host pipeline uses (0: its own thread computes its
-    chunks), and why, in words for the report."""
-
-    count: int
-    reason: str
-    ray: RemoteWorkers | None = None  # the count is of these workers (Ray actors), not of local processes
-
-
 def auto_workers(cpus: float) -> int:
     """Worker processes for a budget of `cpus` CPUs: the CPUs, rounded up, less one for the
     host's own thread, which computes chunks beside them (none on 1 CPU or less). The count
@@ -158,40 +87,6 @@ def auto_workers(cpus: float) -> int:
     while CPU goes unused, and uses as many as deliver more than fewer did
     (`HostPipeline`); they run below the trainer's priority."""
     return max(0, math.ceil(cpus) - 1)
-
-
-def grain_multiprocessing_options(per_worker_buffer_size: int = 1) -> Any:
-    """Grain's `MultiprocessingOptions` for `mp_prefetch` inside a `GrainPipeline`, with one
-    worker process per CPU of this process's budget (cgroup quota, affinity mask,
-    `COLO_DATA_CPUS`) less one for the process that iterates the dataset, where Grain's
-    default is 10 and `os.cpu_count()` oversubscribes a container. Call it in
-    `make_dataset`: it runs where the host's share runs (the sidecar), on its budget."""
-    import grain  # noqa: PLC0415 - only a Grain pipeline needs it
-
-    return grain.MultiprocessingOptions(
-        num_workers=auto_workers(cpu_budget().cpus), per_worker_buffer_size=per_worker_buffer_size
-    )
-
-
-def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> WorkerChoice:
-    """`requested` worker processes as given, or for "auto" `auto_workers` of `budget`,
-    with the reason in words.
-
-    Args:
-        requested: a count, or "auto".
-        budget: this process's CPU budget.
-        beside: what else spends the budget first (the host's own thread, a trainer), for
-            the reason.
-    """
-    used = f"used while CPU goes unused (beside {beside}) and while each one more pays"
-    if isinstance(requested, RemoteWorkers):
-        return WorkerChoice(requested.actors, f"{requested.describe()}; each one more used while it pays", requested)
-    if requested != "auto":
-        return WorkerChoice(int(requested), f"as configured; {used}")
-    count = auto_workers(budget.cpus)
-    if not count:
-        return WorkerChoice(0, f"auto: CPU budget {budget.cpus:g} ({budget.source}): the host's own thread only")
-    return WorkerChoice(count, f"auto: CPU budget {budget.cpus:g} ({budget.source}) less 1 for the host's own thread; {used}")
 
 
 def memory_limit(*, proc: str = "/proc/self", root: str = "/") -> int | None:

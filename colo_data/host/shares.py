@@ -10,12 +10,12 @@ from typing import Any, Protocol
 from colo_data.host.chunk import HostChunk
 from colo_data.host.chunk_work import ChunkPool
 from colo_data.host.grain_host import GrainHost
-from colo_data.host.pipeline import HostPipeline
+from colo_data.host.host_pipeline import HostPipeline
+from colo_data.pipeline.grain_pipeline import GrainPipeline
+from colo_data.pipeline.kinds import AnyPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
 from colo_data.runtime.lifecycle import Lifecycle
-from colo_data.spec.grain_pipeline import GrainPipeline
-from colo_data.spec.kinds import AnyPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import CpuMeter, StageTimes
 from colo_data.telemetry.quality import QualityCounts
 

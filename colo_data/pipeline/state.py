@@ -1,8 +1,8 @@
 """The loader's checkpoint: a small JSON dict holding the global position and what the
 pipeline must match to continue from it. It never depends on host or worker counts, so a
 state saved on H hosts restores on any other. What a state holds is the pipeline's
-stream's to say (`colo_data.spec.stream`); a Grain pipeline's is one per host. Each kind
-of pipeline answers for its own state (`colo_data.spec.kinds.PipelineKind`)."""
+stream's to say (`colo_data.pipeline.stream`); a Grain pipeline's is one per host. Each kind
+of pipeline answers for its own state (`colo_data.pipeline.kinds.PipelineKind`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.spec.kinds import PipelineKind
-from colo_data.spec.order import Position
-from colo_data.spec.state_format import format_of
+from colo_data.pipeline.kinds import PipelineKind
+from colo_data.pipeline.order import Position
+from colo_data.pipeline.state_format import format_of
 
 Kind = TypeVar("Kind", bound=PipelineKind)
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Self
 
-from colo_data.spec.grain_pipeline import GrainPipeline
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
+from colo_data.pipeline.grain_pipeline import GrainPipeline
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
 
 AnyPipeline = Pipeline | GrainPipeline
 
 
 class PipelineKind(Protocol):
     """What a pipeline of any kind answers. A new kind is one class with these members,
-    added to `AnyPipeline`, and its host side (`colo_data.host.kinds`)."""
+    added to `AnyPipeline`, and its host side (`colo_data.host.shares`)."""
 
     @property
     def global_batch_size(self) -> int:

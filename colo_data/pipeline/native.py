@@ -1,6 +1,6 @@
 """`Pipeline`: the whole dataset definition (source, order, transforms, batch size, epochs)
 as one frozen, picklable value that every host builds its share from. It answers what the
-loader asks of a pipeline kind (`colo_data.spec.kinds.PipelineKind`) through its stream."""
+loader asks of a pipeline kind (`colo_data.pipeline.kinds.PipelineKind`) through its stream."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from colo_data import defaults
 from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
 from colo_data.io.integers import as_int
-from colo_data.io.sources import Source, as_source
-from colo_data.spec import parts
-from colo_data.spec.order import Order, Partitioning, Position
-from colo_data.spec.pack import Pack
-from colo_data.spec.stream import Stream, stream_of
-from colo_data.spec.transforms import BatchTransform
+from colo_data.io.record_source import Source, as_source
+from colo_data.pipeline import parts
+from colo_data.pipeline.order import Order, Partitioning, Position
+from colo_data.pipeline.pack import Pack
+from colo_data.pipeline.stream import Stream, stream_of
+from colo_data.pipeline.transforms import BatchTransform
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +120,7 @@ class Pipeline:
     @functools.cached_property
     def stream(self) -> Stream:
         """What the source makes of the stream: its order, state and checks
-        (`colo_data.spec.stream`)."""
+        (`colo_data.pipeline.stream`)."""
         return stream_of(self.source)
 
     @functools.cached_property
@@ -160,7 +160,7 @@ class Pipeline:
     @property
     def own_epochs(self) -> bool:
         """Whether each partition runs through epochs of its own, its slice of each shuffle
-        window (`colo_data.spec.order.GlobalOrder`): several partitions under a `block` or
+        window (`colo_data.pipeline.order.GlobalOrder`): several partitions under a `block` or
         `global` order."""
         return self.partitioning.partitions > 1 and self.order.shuffle != "none"
 

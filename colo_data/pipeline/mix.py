@@ -22,12 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from colo_data.errors import ConfigError, SchemaError, StateError
-from colo_data.io.sources import ArrowSource, ReadAhead, Source, as_source, record_places
-from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
-from colo_data.spec.parts import encode_parts
-from colo_data.spec.schedule import DENOMINATOR, component_seed, integer_shares, schedule
-from colo_data.spec.state_format import FORMAT, MAX_POSITION
-from colo_data.spec.stream import PipelineView, Stream, check_older_order, order_name, parts_position
+from colo_data.io.arrow_source import ArrowSource
+from colo_data.io.record_source import ReadAhead, Source, as_source, record_places
+from colo_data.pipeline.order import GlobalOrder, Order, Partitioning, Position
+from colo_data.pipeline.parts import encode_parts
+from colo_data.pipeline.schedule import DENOMINATOR, component_seed, integer_shares, schedule
+from colo_data.pipeline.state_format import FORMAT, MAX_POSITION
+from colo_data.pipeline.stream import PipelineView, Stream, check_older_order, order_name, parts_position
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
 _VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
@@ -196,7 +197,7 @@ class Mix:
             (int(position), tuple(int(q) for q in component_positions)),
         )
 
-    # -- the Stream protocol (colo_data.spec.stream) --
+    # -- the Stream protocol (colo_data.pipeline.stream) --
 
     @property
     def sizes(self) -> tuple[int, ...]:

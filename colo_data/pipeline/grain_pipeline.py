@@ -3,7 +3,7 @@ stream. colo-data gives each host its shard (from the mesh, never `jax.process_i
 runs the dataset where the backend says, and checkpoints each host's Grain iterator state
 with the batch it belongs to. Its promises are Grain's: resume on the same host count, and
 on another only through Grain's own `ElasticIterator`. It answers what the loader asks of a
-pipeline kind (`colo_data.spec.kinds.PipelineKind`) with its hosts' Grain states."""
+pipeline kind (`colo_data.pipeline.kinds.PipelineKind`) with its hosts' Grain states."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal
 
 from colo_data.errors import ConfigError, StateError
 from colo_data.io.integers import as_int
-from colo_data.spec.order import Position
-from colo_data.spec.state_format import FORMAT
+from colo_data.pipeline.order import Position
+from colo_data.pipeline.state_format import FORMAT
 
 KIND = "grain"
 # Grain's ElasticIterator state: the same on every host, valid for any host count

@@ -11,7 +11,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError
 from colo_data.io.integers import as_int
-from colo_data.spec.permute import partition_keys, permute, permute_within
+from colo_data.pipeline.permute import partition_keys, permute, permute_within
 
 Shuffle = Literal["none", "global", "block"]
 _DEALT = 2**63  # the spawn key of a partitioned block order's dealing of row groups: no epoch's (those are < 2**63)
@@ -28,7 +28,7 @@ class Order:
     Args:
         shuffle: `none`: file order. `global`: a new permutation of all records per epoch
             (uniform up to 2**16 records, a keyed bijection with O(1) memory above;
-            `colo_data.spec.permute`). `block`: row groups permuted per epoch,
+            `colo_data.pipeline.permute`). `block`: row groups permuted per epoch,
             records shuffled inside windows of `window` row groups, so a batch reads at most
             `window` row groups (plus the next window's at a boundary).
         seed: the seed of every epoch's permutation, an int in `[0, 2**63)`.

@@ -25,12 +25,12 @@ from colo_data.host.pool_policy import PoolPolicy
 from colo_data.host.slice_balance import SliceBalance
 from colo_data.host.slices import cut
 from colo_data.io.columns import table_to_columns
-from colo_data.io.sources import ReadAhead
+from colo_data.io.record_source import ReadAhead
+from colo_data.pipeline import parts
+from colo_data.pipeline.native import Pipeline
+from colo_data.pipeline.order import Position
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
-from colo_data.spec import parts
-from colo_data.spec.order import Position
-from colo_data.spec.pipeline import Pipeline
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 from colo_data.telemetry.quality import QualityCounts
 
@@ -112,7 +112,7 @@ class HostPipeline:
         `_pooled` shares them out. `owner` stops the source's read-ahead. Packed batches are
         planned in stream order, one at a time, here (the pool is not used for them), and so
         are filtered ones; a partitioned pipeline's partitions each at their own pace, from
-        their position `start` (`colo_data.spec.parts`; or theirs at a stream position)."""
+        their position `start` (`colo_data.pipeline.parts`; or theirs at a stream position)."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)

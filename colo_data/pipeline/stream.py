@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.io.sources import record_places
-from colo_data.spec.order import GlobalOrder, Order, Partitioning, Position
-from colo_data.spec.parts import decode_parts, encode_parts, saved_count
-from colo_data.spec.state_format import FORMAT, MAX_POSITION
+from colo_data.io.record_source import record_places
+from colo_data.pipeline.order import GlobalOrder, Order, Partitioning, Position
+from colo_data.pipeline.parts import decode_parts, encode_parts, saved_count
+from colo_data.pipeline.state_format import FORMAT, MAX_POSITION
 
 if TYPE_CHECKING:
-    from colo_data.io.sources import Source
+    from colo_data.io.record_source import Source
 
 # A loader state's fields that must match the pipeline's. The global batch size is recorded
 # but not matched: the position counts records, so a loader with another batch size

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import psutil
 
-from colo_data.host.resources import CpuBudget
+from colo_data.runtime.budget import CpuBudget
 
 
 class IdleCpus:

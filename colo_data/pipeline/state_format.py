@@ -1,6 +1,6 @@
 """The loader state's format tag, and the one place a state's format is checked. The tag
 changes whenever a state would point at other records: colo-data/2 changed the `global`
-shuffle (`colo_data.spec.permute`)."""
+shuffle (`colo_data.pipeline.permute`)."""
 
 from __future__ import annotations
 

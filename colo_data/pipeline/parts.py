@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.spec.state_format import MAX_POSITION
+from colo_data.pipeline.state_format import MAX_POSITION
 
 _WIDTHS = (1, 2, 4, 8)
 

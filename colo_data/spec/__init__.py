@@ -1,1 +1,0 @@
-"""What a user declares: `Pipeline`, `Order`, `Pack`, transforms, and the loader state format."""
