@@ -159,6 +159,23 @@ def test_a_filter_that_keeps_everything_is_the_padded_pipeline(token_corpus: Pat
     assert_batches_equal(expected[5:], read_all(cd.Loader(filtered, hosts=4, state=state), 7), "from a stream position")
 
 
+def test_a_state_resumed_at_another_batch_size_names_the_one_it_was_saved_at(token_corpus: Path) -> None:
+    """Partitions and their rows are part of a shuffled order: a state saved at one global batch
+    size with the same partitions is a StateError that names the batch size it was saved at
+    (not "give the partitions it was saved with": they are the same), and resuming there
+    works."""
+    def padded(batch: int) -> cd.Pipeline:
+        return make_pipeline(token_corpus, "global", partitions=4, global_batch_size=batch, epochs=None)
+
+    with cd.Loader(padded(16)) as loader:
+        next(loader)
+        state = loader.get_state()
+    with pytest.raises(cd.errors.StateError, match=r"same 4 partitions, of 4 rows a batch each.*global_batch_size=16\.") as raised:
+        cd.Loader(padded(32), state=state)
+    assert "partitions it was saved with" not in str(raised.value)
+    read_all(cd.Loader(padded(16), state=state), 1)
+
+
 def test_states_name_what_they_need(token_corpus: Path) -> None:
     def packed(shuffle: str, partitions: int) -> cd.Pipeline:
         return make_pipeline(token_corpus, shuffle, transforms=[], pack=cd.Pack("tokens", 16), partitions=partitions, epochs=2)
@@ -171,7 +188,7 @@ def test_states_name_what_they_need(token_corpus: Path) -> None:
         cd.Loader(packed("none", 1), state=state)
     with pytest.raises(cd.errors.StateError, match=r"4 partitions.*partitions=6.*give it the partitions=4"):
         cd.Loader(packed("none", 6), state=state)
-    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 dealt', pipeline has 'block:2'.*partitions it was saved"):
+    with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2/4x3 dealt', pipeline has 'block:2'.*saved with 4 partitions of 3 rows a batch each.*partitions=4 and global_batch_size=12"):
         cd.Loader(packed("block", 1), state={**state, "order": "block:2/4x3 dealt"})
     damaged = {**state, "parts": {**state["parts"], "deltas": "not base64!"}}
     with pytest.raises(cd.errors.StateError, match=r"partition positions \(`parts`\) are damaged"):

@@ -28,7 +28,7 @@ from colo_data.pipeline.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.pipeline.parts import encode_parts
 from colo_data.pipeline.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.pipeline.state_format import FORMAT, MAX_POSITION
-from colo_data.pipeline.stream import PipelineView, Stream, check_older_order, order_name, parts_position
+from colo_data.pipeline.stream import PipelineView, Stream, check_older_order, order_name, partitions_hint, parts_position
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
 _VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
@@ -299,6 +299,7 @@ class Mix:
             raise StateError(
                 "the loader state does not fit this mixture (" + "; ".join(differences) + "). Restore it into the "
                 "pipeline that saved it (weights may change), or start without a state."
+                + partitions_hint(state.get("order"), name)
             )
         if pipeline.partitioning.partitions > 1:
             if state.get("weights") != self._weights_id():

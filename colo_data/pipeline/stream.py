@@ -241,13 +241,11 @@ class Single:
         differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
         check_older_order(state.get("order"), ours["order"])
         if differences:
-            parts = "/" in str(state.get("order")) or "/" in ours["order"]  # the partitions are in the order's name
             raise StateError(
                 "the loader state was saved from a different pipeline ("
                 + "; ".join(differences)
                 + "). Restore it into the pipeline that saved it, or start without a state."
-                + (" The partitions (`/P x rows`) are part of the order: give the pipeline the partitions it was saved "
-                   "with (a state saved without them: partitions=1)." if parts else "")
+                + partitions_hint(state.get("order"), ours["order"])
             )
         if "parts" in state:
             return pipeline, parts_position(pipeline, state)
@@ -290,6 +288,29 @@ def order_name(pipeline: PipelineView) -> str:
         return pipeline.order.describe()
     kind = "dealt" if pipeline.order.shuffle == "block" else "own"
     return f"{pipeline.order.describe()}/{parts.partitions}x{parts.rows} {kind}"
+
+
+def partitions_hint(saved: object, ours: str) -> str:
+    """Where a state's order name (`saved`) and the pipeline's (`ours`) differ in their
+    partitions (`/P x rows`, part of the order), the settings that give the saved ones: the
+    partitions and, since each partition's rows are part of it too, the global batch size
+    (P x rows) it was saved at; "" where neither names partitions."""
+    was, now = (re.search(r"/(\d+)x(\d+) \w+$", str(name)) for name in (saved, ours))
+    if was is None and now is None:
+        return ""
+    if was is None:
+        return " The state was saved without partitions: give the pipeline partitions=1."
+    count, rows = int(was.group(1)), int(was.group(2))
+    if now is not None and int(now.group(1)) == count:
+        return (
+            f" The state was saved with the same {count} partitions, of {rows} rows a batch each: partitions and their rows "
+            f"are part of the order, so it resumes only at the global batch size it was saved at, "
+            f"global_batch_size={count * rows}."
+        )
+    return (
+        f" The state was saved with {count} partitions of {rows} rows a batch each, and partitions are part of the order: "
+        f"give the pipeline partitions={count} and global_batch_size={count * rows}."
+    )
 
 
 def check_older_order(saved: object, ours: str) -> None:
