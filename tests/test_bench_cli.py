@@ -121,8 +121,14 @@ def test_bench_with_no_step_reports_capacity_not_a_verdict(
     assert capacity, out
     records, batches, every = (float(g.replace(",", "")) for g in capacity.groups())
     assert records > 0 and batches > 0 and every == pytest.approx(1000 / batches, abs=0.006)  # both printed rounded
-    assert re.search(r"what limits it: the (order|read|transform|batch|hand-off) stage; \d+ worker", out), out
+    assert re.search(r"what limits it: the (order|read|transform|batch|hand-off) stage; the host's own thread", out), out
     assert "add --step-time MS" in out
+    # no worker processes in process (its default): the header, the host and why say so alike
+    assert "workers none (the host's own thread)" in out.splitlines()[0], out
+    assert re.search(r"^host 0: trainer process; the host's own thread", out, re.MULTILINE), out
+    assert "workers: none configured (workers=0): the host's own thread computes every batch" in out, out
+    steps = [line for line in out.splitlines() if line.startswith("next: ")]
+    assert len(steps) <= 1 and all("Ray" not in s for s in steps if len(os.sched_getaffinity(0)) >= 2), steps
 
 
 @pytest.mark.parametrize("key", BAD_VALUES)

@@ -206,3 +206,37 @@ def test_no_module_uses_another_modules_private_name() -> None:
         for use in private_uses(ast.parse(path.read_text(), str(path)), name, set(paths))
     ]
     assert not found, "a private name used outside its module: make it public, or move the code that needs it:\n" + "\n".join(found)
+
+
+def name_checks(tree: ast.AST) -> Iterator[int]:
+    """The lines that ask which backend a value is by its name (`x.name == "sidecar"`) or
+    which workers a host has by the words of why they were chosen (`"Ray" in
+    h.workers_chosen`), where a member should answer."""
+    from colo_data.backends.options import NAMES
+
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any(isinstance(s, ast.Attribute) and s.attr == "name" for s in sides) and any(
+            isinstance(s, ast.Constant) and s.value in NAMES for s in sides
+        )
+        worded = any(isinstance(s, ast.Attribute) and s.attr == "workers_chosen" for s in sides) and any(
+            isinstance(op, ast.In | ast.NotIn) for op in node.ops
+        )
+        if named or worded:
+            yield node.lineno
+
+
+def test_the_name_check_finds_a_backend_asked_by_name() -> None:
+    source = 'if b.name == "sidecar": pass\nif "Ray actor" in h.workers_chosen: pass\nif s.name == "read": pass\nb.ships_to\n'
+    assert list(name_checks(ast.parse(source))) == [1, 2]
+
+
+def test_backends_and_workers_are_asked_by_their_members_not_their_names() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+        for line in name_checks(ast.parse(path.read_text()))
+        if path != PACKAGE / "backends" / "options.py"  # where `resolve` reads a backend's name, the one place
+    ]
+    assert not found, "ask a member (BackendOptions.ships_to, HostSide.remote_workers) instead:\n" + "\n".join(found)

@@ -391,14 +391,17 @@ def test_auto_workers_are_the_cpus_less_the_hosts_own_thread(cpus: float, worker
 
 def test_the_worker_choice_says_why() -> None:
     budget = CpuBudget(cpus=2.0, workers=1, source="affinity mask: 2 CPUs", affinity=2, quota=None)
-    used = "used while CPU goes unused (beside {}) and while each one more pays"
+    used = "each started only while CPU goes unused beside {}, and kept only while it adds batches"
     chosen = choose_workers("auto", budget, "the sidecar's own thread and the trainer")
-    expected = "auto: CPU budget 2 (affinity mask: 2 CPUs) less 1 for the host's own thread; " + used.format(
+    expected = "auto: up to 1, the CPU budget 2 (affinity mask: 2 CPUs) less 1 for the host's own thread; " + used.format(
         "the sidecar's own thread and the trainer"
     )
     assert chosen == WorkerChoice(1, expected)
     half = choose_workers("auto", CpuBudget(0.5, 0, "COLO_DATA_CPUS=0.5", 2, None), "the sidecar's own thread")
     assert half.count == 0 and half.reason.endswith("(COLO_DATA_CPUS=0.5): the host's own thread only")
     roomy = choose_workers("auto", CpuBudget(8.0, 7, "cgroup v2 cpu.max 800000 100000", 64, 8.0), "the trainer")
-    assert roomy.count == 7 and "8 (cgroup v2 cpu.max 800000 100000) less 1" in roomy.reason
-    assert choose_workers(3, budget, "the trainer") == WorkerChoice(3, "as configured; " + used.format("the trainer"))
+    assert roomy.count == 7 and "up to 7, the CPU budget 8 (cgroup v2 cpu.max 800000 100000) less 1" in roomy.reason
+    assert choose_workers(3, budget, "the trainer") == WorkerChoice(3, "up to 3, as configured; " + used.format("the trainer"))
+    assert choose_workers(0, budget, "the trainer") == WorkerChoice(
+        0, "none configured (workers=0): the host's own thread computes every batch"
+    )

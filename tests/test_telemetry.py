@@ -97,7 +97,7 @@ def test_a_slow_transform_is_named_and_the_wait_share_is_right(token_corpus: Pat
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.020 / BATCH)])
     telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3), steps=40, step_s=0.005)
     assert telemetry.input_bound and telemetry.bottleneck == "transform", telemetry.verdict
-    assert telemetry.verdict.startswith("input-bound: transform stage; 1 worker at "), telemetry.verdict
+    assert telemetry.verdict.startswith("input-bound: transform stage; the host's own thread at "), telemetry.verdict
     assert "CPU budget" in telemetry.verdict
     assert telemetry.steady.input_wait_share == pytest.approx(0.75, abs=0.15)
     assert telemetry.steady.input_wait_share == pytest.approx(measured, abs=0.08)
@@ -309,11 +309,11 @@ def test_an_exporter_that_cannot_start_stops_the_others(token_corpus: Path, tmp_
     assert not [t for t in threading.enumerate() if t.name == "colo-data-telemetry-jsonl"]  # the JSON lines writer stopped
 
 
-def test_bench_suggests_ray_workers_where_the_host_cpus_are_the_limit(token_corpus: Path, one_batch_chunks: None) -> None:
+def test_bench_names_the_next_step_workers_where_cpu_is_spare_else_ray(token_corpus: Path, one_batch_chunks: None) -> None:
     """A slow transform on a host whose CPU budget its own thread fills (this process held to
-    one CPU): `colo-data bench` suggests Ray workers. With a CPU to spare (a local worker
-    could be added), it does not."""
-    from colo_data.ops.bench import ray_advice
+    one CPU): `colo-data bench` suggests Ray workers. With a CPU to spare, it suggests
+    worker processes (`--workers auto`) instead."""
+    from colo_data.ops.bench import next_step
 
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.010 / BATCH)])
     cpus = os.sched_getaffinity(0)
@@ -325,8 +325,10 @@ def test_bench_suggests_ray_workers_where_the_host_cpus_are_the_limit(token_corp
     finally:
         os.sched_setaffinity(0, cpus)
     assert held.limit_stage == "transform" and held.hosts[0].cpu_budget == 1, held.limit
-    advice = ray_advice(held)
+    advice = next_step(held)
     assert advice and "transform stage is CPU work" in advice and "budget of 1.0 is taken by the host's own thread" in advice and "--workers 'ray:" in advice, advice
     spare, _ = timed_run(cd.Loader(pipeline, warmup=3), steps=20, step_s=0.002)
     assert spare.limit_stage == "transform" and spare.hosts[0].cpu_budget == len(cpus), spare.limit
-    assert ray_advice(spare) is None
+    advice = next_step(spare)
+    assert advice and "transform stage is CPU work on the host's own thread" in advice and "--workers auto" in advice, advice
+    assert "ray" not in advice.lower(), advice

@@ -78,5 +78,7 @@ class InProcessBackend:
 
     def infos(self) -> list[HostInfo]:
         b, w = self._budget, self.choice.count
-        why = self.choice.reason
-        return [HostInfo(h, "trainer process", max(1, w), w > 0, b.cpus, b.source, None, 0, why) for h in self.local_hosts]
+        why, remote = self.choice.reason, self.choice.ray is not None
+        return [
+            HostInfo(h, "trainer process", max(1, w), w > 0, b.cpus, b.source, None, 0, why, remote) for h in self.local_hosts
+        ]

@@ -34,6 +34,8 @@ class BackendOptions(Protocol):
     one class with these members (and its transport, a `Backend`)."""
 
     name: ClassVar[str]
+    # where it sends the pipeline, pickled, to run each host's share, in words (None: the trainer runs them)
+    ships_to: ClassVar[str | None]
 
     @property
     def workers(self) -> Workers:
@@ -71,6 +73,7 @@ class InProcess:
 
     workers: Workers = 0
     name: ClassVar[str] = "inprocess"
+    ships_to: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", check_workers("InProcess", self.workers))
@@ -108,6 +111,7 @@ class Sidecar:
     timeout: float = defaults.SIDECAR_TIMEOUT_S
     workers: Workers = "auto"
     name: ClassVar[str] = "sidecar"
+    ships_to: ClassVar[str | None] = "its sidecar process"
 
     def __post_init__(self) -> None:
         address = self.address
@@ -172,6 +176,7 @@ class Colocated:
 
     workers: Workers = 0
     name: ClassVar[str] = "colocated"
+    ships_to: ClassVar[str | None] = "the colocated-Python sidecars"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", check_workers("Colocated", self.workers))

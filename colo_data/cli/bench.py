@@ -108,10 +108,13 @@ def bench(
         # the backend ("auto" asks JAX whether it runs on Pathways) and the loader: once the config is known to be good
         chosen = _backend(backend, workers, settings.sidecar)
         from colo_data.ops import bench as runner
+        from colo_data.workers.settings import workers_text
+
         options: dict[str, Any] = {"backend": chosen, "hosts": hosts}
+        said = "none (the host's own thread)" if chosen.workers == 0 else workers_text(chosen.workers)
         header = (
             f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen.name}, hosts {hosts or 'default'}, "
-            f"workers {chosen.workers}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
+            f"workers {said}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
         )
         click.echo(header)
         runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]

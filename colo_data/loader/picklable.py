@@ -19,10 +19,8 @@ def _shipped_to(pipeline: AnyPipeline, backend: BackendOptions) -> str | None:
     """Where `backend` sends `pipeline` pickled (with cloudpickle), or None: a sidecar and a
     colocated host always get it; worker processes and Ray actors a positional pipeline's
     work (a Grain pipeline's parallelism is its own)."""
-    if backend.name == "sidecar":
-        return "its sidecar process"
-    if backend.name == "colocated":
-        return "the colocated-Python sidecars"
+    if backend.ships_to is not None:
+        return backend.ships_to
     if backend.workers != 0 and pipeline.positional:
         return "its worker processes"
     return None

@@ -26,7 +26,7 @@ from colo_data.loader.loader import Loader
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.quality import Quality
-from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize
+from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize, workers_text
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
 QUALITY_SAMPLES = 100  # data-quality samples a run takes for the plot (every 10 steps where its length is unknown)
@@ -287,29 +287,46 @@ def worker_line(stages: Sequence[Stage]) -> str:
 CPU_STAGES = ("order", "read", "transform", "batch")  # the host stages that are CPU work (read: unless it waits for I/O)
 
 
-def ray_advice(telemetry: Telemetry) -> str | None:
-    """A line suggesting Ray workers where the host's CPUs are what limits the pipeline: its
-    slowest stage is CPU work (a read that mostly waits for I/O is not), and its worker
-    processes and its own thread already fill every host's CPU budget, so that no local
-    worker can be added; None otherwise, and where the hosts' workers are Ray actors already."""
+def next_step(telemetry: Telemetry) -> str | None:
+    """The one thing to try next where the stage that limits the pipeline can be given more:
+    a read that mostly waits for I/O more reads in flight; CPU work with CPU to spare worker
+    processes (`--workers auto`); CPU work that its thread and workers already fill every
+    host's CPU budget with, Ray workers, the CPUs of other machines. None where nothing here
+    would help (the hand-off, a stage not measured) and where the workers are Ray's already."""
     hosts, stage = telemetry.hosts, telemetry.limit_stage
     if not hosts or stage not in CPU_STAGES:
         return None
+    label = STAGE_LABELS[stage]
     if stage == "read":
         read, io_wait = (sum(h.stages[i].seconds for h in hosts) for i in (READ, IO_WAIT))
         if io_wait >= read / 2:
-            return None
-    for host in hosts:  # `workers` counts the host's own thread, unless they are worker processes
-        busy = host.workers + host.worker_processes
-        if host.cpu_budget is None or busy < host.cpu_budget or "Ray actor" in host.workers_chosen:
-            return None
+            return (
+                f"next: the read stage waits for I/O {io_wait / read:.0%} of its time: more reads in flight, "
+                "cd.ArrowSource(..., io_concurrency=N), or a local cache of what was fetched, cache_dir=DIR "
+                '(see "Object storage" in the docs)'
+            )
+    if any(host.remote_workers for host in hosts):
+        return None
     host = hosts[0]
-    who = f"{host.workers} worker process(es) and the host's own thread" if host.worker_processes else "the host's own thread"
+    budget = cpus_text(host.cpu_budget or 0)
+    spare = [h for h in hosts if h.cpu_budget is not None and h.workers + h.worker_processes < h.cpu_budget]
+    if spare and not any(h.worker_processes for h in hosts):
+        return (
+            f"next: the {label} stage is CPU work on the host's own thread, and its CPU budget of {budget} has room for "
+            "worker processes: --workers auto (in code, workers=\"auto\" on cd.InProcess or cd.Sidecar; --backend sidecar "
+            "runs the host beside the trainer with the config's [sidecar] workers)"
+        )
+    if spare:
+        return (
+            f"next: the {label} stage is CPU work, and {workers_text([host])} leave room in the CPU budget of "
+            f"{budget}: --workers auto (one per CPU less the host's own thread)"
+        )
+    who = f"{workers_text([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
     return (
-        f"the host's CPUs are the limit: its {STAGE_LABELS[stage]} stage is CPU work, and its CPU budget of "
-        f"{cpus_text(host.cpu_budget or 0)} is taken by {who}. Ray workers "
-        "add the CPUs of other machines: --workers 'ray:{\"address\": \"HEAD:6379\", \"actors\": 2}' (in a "
-        "config: [sidecar] workers = { ray = \"HEAD:6379\", actors = 2 }); see \"When host CPUs run short: Ray\" in the docs"
+        f"next: the host's CPUs are the limit: its {label} stage is CPU work, and its CPU budget of {budget} is taken by "
+        f"{who}. Ray workers add the CPUs of other machines: --workers 'ray:{{\"address\": \"HEAD:6379\", \"actors\": 2}}' "
+        "(in a config: [sidecar] workers = { ray = \"HEAD:6379\", actors = 2 }); see \"When host CPUs run short: Ray\" "
+        "in the docs"
     )
 
 
@@ -375,9 +392,6 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
     lines.append("")
     for host in colo.hosts:
         cpu = f" at {host.worker_cpu:.0%} CPU" if host.worker_cpu is not None else ""
-        kind = ("worker process" if host.worker_processes else "worker thread") if host.workers == 1 else (
-            "worker processes" if host.worker_processes else "worker threads"
-        )
         ring = (
             f"; ring {host.ring_slots_in_use:.1f} of {host.ring_slots} slots in use, {_mb(host.shm_bytes)} MB shared memory"
             if host.ring_slots_in_use is not None
@@ -388,17 +402,17 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
             if host.cpu_budget is not None
             else "CPU budget unknown"
         )
-        lines.append(f"host {host.host}: {host.runs_in}; {host.workers} {kind}{cpu}; {budget}{ring}")
+        lines.append(f"host {host.host}: {host.runs_in}; {workers_text([host])}{cpu}; {budget}{ring}")
         if host.workers_chosen:
             lines.append(f"  workers: {host.workers_chosen}")
-        noun = "Ray actor" if "Ray actor" in host.workers_chosen else "worker"
+        noun = "Ray actor" if host.remote_workers else "worker"
         lines += [f"  {noun} {i}: {worker_line(stages)}" for i, stages in enumerate(host.worker_stages)]
     if colo.queue_depth is not None:
         lines.append(f"prefetch queue: {colo.queue_depth:.1f} of {colo.prefetch} batches ready at next() on average")
     for run in runs[1:]:
         lines += [f"{run.name}: {note}" for note in run.notes]
     lines += ["", f"verdict: {colo.verdict}"] if step_ms else ["", *capacity(colo)]
-    advice = ray_advice(colo) if colo.input_bound or not step_ms else None
+    advice = next_step(colo) if colo.input_bound or not step_ms else None
     lines += [advice] if advice else []
     return "\n".join(lines)
 

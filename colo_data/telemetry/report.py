@@ -73,6 +73,7 @@ class HostSide:
     ring_slots_in_use: float | None
     shm_bytes: int
     workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
+    remote_workers: bool = False  # the workers are of their own kind (Ray actors), not this host's processes
     # by worker process or Ray actor: the stages of the shares of chunks it made (a Ray
     # actor's include `transfer`, the fetch of its shares); empty without workers
     worker_stages: tuple[tuple[Stage, ...], ...] = ()
@@ -159,6 +160,7 @@ class HostInfo:
     ring_slots: int | None
     shm_bytes: int
     workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
+    remote_workers: bool = False  # the workers are of their own kind (Ray actors), not this host's processes
 
 
 def _stages(values: Sequence[float] | np.ndarray) -> tuple[Stage, ...]:
@@ -246,9 +248,19 @@ def verdict(
     return True, stage, f"input-bound: {limiting}; wait {share:.1%} of step time"
 
 
+def workers_text(hosts: Sequence[HostSide]) -> str:
+    """Who computes `hosts`' chunks, in words: "the host's own thread" where they have no
+    worker processes (`workers` then counts that thread), else "2 worker processes" (local,
+    or Ray actors)."""
+    if not any(h.worker_processes for h in hosts):
+        return "the host's own thread" if len(hosts) == 1 else f"the {len(hosts)} hosts' own threads"
+    count = sum(h.workers for h in hosts if h.worker_processes)
+    return f"{count} worker process{'' if count == 1 else 'es'}"
+
+
 def limit(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tuple[str | None, str | None]:
     """The stage with the most time on the critical path and what holds it, e.g. `("read",
-    "read stage; 1 worker at 42% CPU; CPU budget 2.0 (affinity mask)")`, whether or not the
+    "read stage; the host's own thread at 42% CPU; CPU budget 2.0 (affinity mask)")`, whether or not the
     trainer waits; (None, None) where the hosts' stages are not measured."""
     critical = _critical_seconds(hosts, handoff, shared_thread)
     if not hosts or not any(critical.values()):
@@ -261,12 +273,8 @@ def limit(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tup
         if read > 0 and io_wait > 0:
             parts[0] += f" ({io_wait / read:.0%} of it waiting for I/O)"
     cpus = [h.worker_cpu for h in hosts if h.worker_cpu is not None]
-    workers = sum(h.workers for h in hosts) if not shared_thread else hosts[0].workers
-    noun = "worker" if workers == 1 else "workers"
-    if cpus:
-        parts.append(f"{workers} {noun} at {sum(cpus) / len(cpus):.0%} CPU")
-    else:
-        parts.append(f"{workers} {noun}")
+    workers = workers_text(hosts if not shared_thread else hosts[:1])
+    parts.append(f"{workers} at {sum(cpus) / len(cpus):.0%} CPU" if cpus else workers)
     budget = hosts[0]
     if budget.cpu_budget is not None:
         parts.append(f"CPU budget {cpus_text(budget.cpu_budget)} ({_short_source(budget.cpu_budget_source)})")
@@ -346,6 +354,7 @@ def summarize(
                 ring_slots_in_use=in_use,
                 shm_bytes=info.shm_bytes,
                 workers_chosen=info.workers_chosen,
+                remote_workers=info.remote_workers,
                 worker_stages=workers,
             )
         )

@@ -109,12 +109,16 @@ def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> Worker
         beside: what else spends the budget first (the host's own thread, a trainer), for
             the reason.
     """
-    used = f"used while CPU goes unused (beside {beside}) and while each one more pays"
+    used = f"each started only while CPU goes unused beside {beside}, and kept only while it adds batches"
     if isinstance(requested, RemoteWorkers):
-        return WorkerChoice(requested.actors, f"{requested.describe()}; each one more used while it pays", requested)
+        return WorkerChoice(requested.actors, f"{requested.describe()}; each kept only while it adds batches", requested)
     if requested != "auto":
-        return WorkerChoice(int(requested), f"as configured; {used}")
+        if not int(requested):
+            return WorkerChoice(0, "none configured (workers=0): the host's own thread computes every batch")
+        return WorkerChoice(int(requested), f"up to {int(requested)}, as configured; {used}")
     count = auto_workers(budget.cpus)
     if not count:
         return WorkerChoice(0, f"auto: CPU budget {budget.cpus:g} ({budget.source}): the host's own thread only")
-    return WorkerChoice(count, f"auto: CPU budget {budget.cpus:g} ({budget.source}) less 1 for the host's own thread; {used}")
+    return WorkerChoice(
+        count, f"auto: up to {count}, the CPU budget {budget.cpus:g} ({budget.source}) less 1 for the host's own thread; {used}"
+    )

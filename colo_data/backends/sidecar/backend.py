@@ -110,7 +110,7 @@ class SidecarBackend:
             infos.append(
                 HostInfo(
                     h, f"sidecar {address}", max(1, workers), workers > 0, budget.get("cpus"), budget.get("source"),
-                    info.get("slots"), shm, info.get("workers_chosen", ""),
+                    info.get("slots"), shm, info.get("workers_chosen", ""), bool(info.get("remote_workers", False)),
                 )
             )
         return infos

@@ -10,7 +10,8 @@ the sidecar serves another trainer (busy), then:
 
 Messages, trainer -> sidecar:
   {"op": "open", "pipeline": bytes | None, "host": h, "hosts": H, "position": p}
-      -> {"rows": r, "names": [...], "shm_dir": str, "slots": n, "workers": w, "workers_chosen": why, "copy_threads": t,
+      -> {"rows": r, "names": [...], "shm_dir": str, "slots": n, "workers": w, "workers_chosen": why,
+          "remote_workers": bool, "copy_threads": t,
           "batches_per_slot": k, "slot_bytes": b, "budget": {...}}, then, unasked, one
          {"slot": i, "layout": [...], "after": e | None, "states": [...] | None, "stats": {...}} per filled
          slot, in stream order (the slot holds k batches of r rows one after the other, the stream's

@@ -283,6 +283,7 @@ class SidecarServer:
             "slots": self.slots,
             "workers": self.workers,
             "workers_chosen": self.choice.reason,
+            "remote_workers": self.choice.ray is not None,
             "copy_threads": copy_threads(self.budget),
             "batches_per_slot": self._session.per_slot,
             "slot_bytes": ring.slot_size,
