@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from colo_data.host.pool_policy import _DECIDE_CHUNKS, _DECIDE_S, _FIRST_S, PoolPolicy
+from colo_data.host.pool_policy import DECIDE_CHUNKS, DECIDE_S, _FIRST_S, PoolPolicy
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
 CHUNK = 512  # host records a chunk
-ALONE_S = _DECIDE_S  # the host's thread alone makes a measurement's chunks in this long: 4096 records/s
+ALONE_S = DECIDE_S  # the host's thread alone makes a measurement's chunks in this long: 4096 records/s
 FRONTIER = 10_000  # the pool's next request, while it is in use
 
 
@@ -55,7 +55,7 @@ class Stream:
 
 
 def alone(
-    policy: PoolPolicy, clock: Clock, seconds: float = ALONE_S, chunks: int = _DECIDE_CHUNKS, stream: Stream | None = None
+    policy: PoolPolicy, clock: Clock, seconds: float = ALONE_S, chunks: int = DECIDE_CHUNKS, stream: Stream | None = None
 ) -> bool:
     """The host's thread alone makes `chunks` chunks in `seconds`; then, as `_pooled` at each
     chunk, asks whether the pool's stream is to be opened (`stream`: the one already open)."""
@@ -65,7 +65,7 @@ def alone(
     return policy.wants_stream(None if stream is None else stream.ready)
 
 
-def trial(policy: PoolPolicy, clock: Clock, stream: Stream, seconds: float, chunks: int = _DECIDE_CHUNKS) -> None:
+def trial(policy: PoolPolicy, clock: Clock, stream: Stream, seconds: float, chunks: int = DECIDE_CHUNKS) -> None:
     """The count of workers on trial makes its first chunk, then `chunks` more in `seconds`;
     then the policy judges it, as `_pooled` does at the next chunk."""
     policy.delivered(CHUNK, at=FRONTIER)
@@ -86,7 +86,7 @@ def taken_on(pool: Pool, clock: Clock, stream: Stream) -> PoolPolicy:
 
 def taken_on_again(policy: PoolPolicy, clock: Clock, stream: Stream) -> float:
     """Seconds from the pool's last chunk after it was given up until it is taken on again,
-    the host's thread alone measured every `_DECIDE_S` meanwhile."""
+    the host's thread alone measured every `DECIDE_S` meanwhile."""
     policy.released()
     since = clock.now
     while clock.now - since < 100:
@@ -133,8 +133,8 @@ def test_the_pool_is_wanted_once_half_a_cpu_goes_unused_over_the_first_short_mea
 
 
 def test_after_the_first_a_measurement_takes_a_whole_half_second_and_its_chunks() -> None:
-    """Under half a CPU unused at the first measurement: the next one comes after `_DECIDE_S`
-    and `_DECIDE_CHUNKS` chunks, both."""
+    """Under half a CPU unused at the first measurement: the next one comes after `DECIDE_S`
+    and `DECIDE_CHUNKS` chunks, both."""
     for short_of in ("time", "chunks"):
         clock, pool = Clock(), Pool(idle=0.4)
         policy = PoolPolicy(pool, CHUNK, clock)
@@ -142,11 +142,11 @@ def test_after_the_first_a_measurement_takes_a_whole_half_second_and_its_chunks(
         assert pool.idle_calls == 2, "the first measurement"
         pool.idle = 0.5
         if short_of == "time":
-            assert not alone(policy, clock, seconds=_DECIDE_S - 0.125), "its chunks, not its half second"
+            assert not alone(policy, clock, seconds=DECIDE_S - 0.125), "its chunks, not its half second"
             assert pool.idle_calls == 2, "no measurement yet"
             assert alone(policy, clock, seconds=0.125, chunks=0)
         else:
-            assert not alone(policy, clock, seconds=2.0, chunks=_DECIDE_CHUNKS - 1), "its half second, not its chunks"
+            assert not alone(policy, clock, seconds=2.0, chunks=DECIDE_CHUNKS - 1), "its half second, not its chunks"
             assert pool.idle_calls == 2, "no measurement yet"
             assert alone(policy, clock, seconds=0.0, chunks=1)
         assert pool.idle_calls == 3
@@ -162,7 +162,7 @@ def test_the_first_trial_is_judged_against_the_host_alone_while_its_worker_start
     assert not alone(policy, clock, seconds=ALONE_S, stream=stream), "4096 records/s while its worker started"
     stream.up = 1
     assert policy.adjust(None, stream.ready)
-    trial(policy, clock, stream, seconds=_DECIDE_S * 1.0625)  # 3855 records/s: 0.94 x 4096, 0.75 x 5120
+    trial(policy, clock, stream, seconds=DECIDE_S * 1.0625)  # 3855 records/s: 0.94 x 4096, 0.75 x 5120
     assert policy.level == 1, "kept: judged against the host's rate while its worker started"
 
 
@@ -203,16 +203,16 @@ def test_one_more_worker_starts_only_where_the_last_paid_and_left_cpu_unused() -
     clock, pool, stream = Clock(), Pool(count=3), Stream()
     policy = taken_on(pool, clock, stream)
     pool.idle = 0.4
-    trial(policy, clock, stream, seconds=_DECIDE_S)
+    trial(policy, clock, stream, seconds=DECIDE_S)
     assert policy.level == 1 and stream.asked == [1], "0.4 CPUs went unused: no second worker"
-    trial(policy, clock, stream, seconds=_DECIDE_S)
+    trial(policy, clock, stream, seconds=DECIDE_S)
     assert policy.level == 1 and stream.asked == [1], "settled: no more trials"
 
     clock, pool, stream = Clock(), Pool(count=3), Stream()
     policy = taken_on(pool, clock, stream)
     pool.idle = 0.5
     calls = pool.idle_calls
-    trial(policy, clock, stream, seconds=_DECIDE_S)
+    trial(policy, clock, stream, seconds=DECIDE_S)
     assert pool.idle_calls == calls + 2, "the CPU left unused is measured from the trial's first chunk to its end"
     assert policy.level == 1 and stream.asked == [1, 2], "a second worker is asked for (it starts)..."
     for _ in range(3):
@@ -222,7 +222,7 @@ def test_one_more_worker_starts_only_where_the_last_paid_and_left_cpu_unused() -
     assert not policy.adjust(FRONTIER, stream.ready)
     assert policy.level == 2
 
-    trial(policy, clock, stream, seconds=_DECIDE_S, chunks=5)  # 5120 records/s: 1.25 x one worker
+    trial(policy, clock, stream, seconds=DECIDE_S, chunks=5)  # 5120 records/s: 1.25 x one worker
     assert policy.level == 2 and stream.asked[-1] == 3, "faster by more than 5%: a third is asked for"
 
 
@@ -230,18 +230,18 @@ def test_a_count_that_did_not_pay_goes_back_one_and_settles() -> None:
     """A third worker that made the stream less than 5% faster is dropped, and no more are tried."""
     clock, pool, stream = Clock(), Pool(count=3), Stream(up=3)
     policy = taken_on(pool, clock, stream)
-    trial(policy, clock, stream, seconds=_DECIDE_S)
+    trial(policy, clock, stream, seconds=DECIDE_S)
     assert not policy.adjust(FRONTIER, stream.ready)
     assert policy.level == 2
-    trial(policy, clock, stream, seconds=_DECIDE_S, chunks=_DECIDE_CHUNKS + 1)
+    trial(policy, clock, stream, seconds=DECIDE_S, chunks=DECIDE_CHUNKS + 1)
     assert policy.level == 2, "two workers made the stream faster by 25%"  # a third is starting
     assert not policy.adjust(FRONTIER, stream.ready)
     assert policy.level == 3
-    trial(policy, clock, stream, seconds=_DECIDE_S, chunks=_DECIDE_CHUNKS + 1)
+    trial(policy, clock, stream, seconds=DECIDE_S, chunks=DECIDE_CHUNKS + 1)
     assert policy.level == 2, "the third added nothing: back to two"
     asked = len(stream.asked)
     for _ in range(3):
-        trial(policy, clock, stream, seconds=_DECIDE_S, chunks=2 * _DECIDE_CHUNKS)
+        trial(policy, clock, stream, seconds=DECIDE_S, chunks=2 * DECIDE_CHUNKS)
     assert policy.level == 2 and len(stream.asked) == asked, "settled: no more workers tried"
 
 
@@ -249,7 +249,7 @@ def test_the_level_follows_a_fall_of_the_pools_count() -> None:
     """A shared pool's share that falls lowers the level, and the count settles there."""
     clock, pool, stream = Clock(), Pool(count=3), Stream(up=3)
     policy = taken_on(pool, clock, stream)
-    trial(policy, clock, stream, seconds=_DECIDE_S)
+    trial(policy, clock, stream, seconds=DECIDE_S)
     assert not policy.adjust(FRONTIER, stream.ready)
     assert policy.level == 2
     pool.count = 1
@@ -257,5 +257,5 @@ def test_the_level_follows_a_fall_of_the_pools_count() -> None:
     assert policy.level == 1, "the pool's share of this host fell"
     pool.count = 3
     for _ in range(3):
-        trial(policy, clock, stream, seconds=_DECIDE_S, chunks=2 * _DECIDE_CHUNKS)
+        trial(policy, clock, stream, seconds=DECIDE_S, chunks=2 * DECIDE_CHUNKS)
     assert policy.level == 1, "settled: its trial was dropped, and no more are made"
