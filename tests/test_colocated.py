@@ -32,7 +32,7 @@ from colo_data.host.host_pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.backends import colocated
 from colo_data.backends.colocated import ColocatedHosts, colocated_hosts
-from colo_data.host import kinds
+from colo_data.host import shares
 from colo_data.pipeline.state import make_state, restore_position
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
@@ -137,7 +137,7 @@ def test_endless_stream_crosses_epochs_and_stops_early(token_corpus: Path) -> No
 def test_calls_are_chunks_of_batches(token_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One colocated call per `batches_per_call` batches, sized like the in-process chunks."""
     pipeline = make_pipeline(token_corpus, epochs=3)
-    monkeypatch.setitem(kinds._KINDS, cd.Pipeline, _SmallChunks)  # the host side a native pipeline runs as
+    monkeypatch.setitem(shares._KINDS, cd.Pipeline, _SmallChunks)  # the host side a native pipeline runs as
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
         assert hosts.batches_per_call == 4
         calls = []
@@ -273,7 +273,7 @@ class _LostRowGroup(HostPipeline):
 def test_any_other_failure_of_a_hosts_work_is_a_sidecar_error_naming_the_host(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(kinds._KINDS, cd.Pipeline, _LostRowGroup)
+    monkeypatch.setitem(shares._KINDS, cd.Pipeline, _LostRowGroup)
     with ColocatedHosts(make_pipeline(token_corpus), mesh_of(jax.devices())) as hosts:
         with pytest.raises(cd.errors.SidecarError) as failed:
             next(hosts.batches(0))
