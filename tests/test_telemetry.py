@@ -218,17 +218,17 @@ def test_verdict_lines() -> None:
 
     workers = [host({"transform": 3.9, "read": 1.0}, 2, True, 0.97)]
     assert verdict(steady, workers)[2] == (
-        "input-bound: transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup); wait 40.0% of step time"
+        "input-bound: transform stage; 2 worker processes at 97% CPU; CPU budget 2.0 (cgroup); wait 40.0% of step time"
     )
     # two worker processes share the transform out: 3.0 s of it is 1.5 s on the critical path, less
     # than the 2 s of shared-memory writes, which the sidecar's producer thread does alone
     line = verdict(steady, [host({"transform": 3.0, "shm_write": 2.0}, 2, True, 0.5)])[2]
-    assert line.startswith("input-bound: shared-memory write stage; 2 workers at 50% CPU")
+    assert line.startswith("input-bound: shared-memory write stage; 2 worker processes at 50% CPU")
     assert verdict(steady, [host({"transform": 0.5}, 1, False, None)])[1] == "handoff"
     assert verdict(calm, workers) == (False, None, "not input-bound: wait 0.3% of step time")
     assert verdict(warm, workers)[2].startswith("warming up")
     # what limits the pipeline is named whether or not the trainer waits, and not where nothing was measured
-    assert report.limit(workers, handoff, False) == ("transform", "transform stage; 2 workers at 97% CPU; CPU budget 2.0 (cgroup)")
+    assert report.limit(workers, handoff, False) == ("transform", "transform stage; 2 worker processes at 97% CPU; CPU budget 2.0 (cgroup)")
     assert report.limit([], handoff, False) == (None, None)
 
 

@@ -17,11 +17,12 @@ import numpy as np
 from colo_data import defaults
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change, split_rows
-from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, PoolStream, Resume
+from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, Resume
 from colo_data.host.filtering import filtered_batches, kept, with_index
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
+from colo_data.host.pool_schedule import POOL_AHEAD, PooledChunks
 from colo_data.host.slice_balance import SliceBalance
 from colo_data.host.slices import cut
 from colo_data.io.columns import table_to_columns
@@ -35,7 +36,6 @@ from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metere
 from colo_data.telemetry.quality import QualityCounts
 
 _FOREVER = 2**62
-_POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
 
 
 class HostPipeline:
@@ -134,75 +134,21 @@ class HostPipeline:
         return self._pooled(self.pool, start_position, total)
 
     def _pooled(self, pool: ChunkPool, start_position: int, total: int | None) -> Iterator[HostChunk]:
-        """Chunks made here, and by as many of the pool's workers as pay; never slower than
-        this thread alone. This thread makes the chunks while the workers start (two
-        workers behind a host that waited for them ran at about 0.1x of none over the
-        first 100 batches). When the pool is wanted and how many of its workers a request
-        is shared out to, `PoolPolicy` decides; while it is in use, `_POOL_AHEAD` chunks are
-        in the pool's hands (the first ones smaller), and whenever the next of them has not
-        come, this thread makes chunks after them (as many batches as the pool has in hand),
-        so it is never idle while there is work."""
+        """Chunks made here, and by as many of the pool's workers as pay (`PooledChunks`)."""
         size, chunk = self.pipeline.global_batch_size, self.chunk
-        end = None if total is None else start_position + total * size
-        # opened when the policy wants the pool (its workers start, the first time); at once if its CPUs are not the host's
-        stream: PoolStream | None = None
-        if pool.remote:
-            stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, start_position)
-        policy = PoolPolicy(pool, chunk * len(self.rows))
-        position = start_position
-        frontier: int | None = None  # while the pool is in use: the first position not yet claimed
-        # chunks claimed, in stream order: (position, the chunk if made here, else None for the pool's)
-        claimed: deque[tuple[int, HostChunk | None]] = deque()
-        asked = 0  # requests in the pool's hands
-        in_pool = here = 0  # host batches claimed: in the pool's hands, and made here ahead
-        batches = chunk  # of the next request: 1, 2, 4 chunks, quick at first
-
-        def here_until(stop: int | None) -> HostChunk:
-            """A chunk made here at `position`, ending at `stop` at the latest."""
-            count = chunk if stop is None else min(chunk, (stop - position) // size)
-            return self.work.compute(position, count, read_ahead=frontier is None)
-
-        while end is None or position < end:
-            ready = None if stream is None else stream.ready
-            if frontier is None and policy.wants_stream(ready):
-                stream = pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
-                ready = stream.ready
-            if policy.adjust(frontier, ready):  # taken on: asked from the chunk after the one made here now
-                frontier, batches = position + chunk * size, chunk
-            while policy.level and asked < _POOL_AHEAD and frontier is not None and (end is None or frontier < end):
-                assert stream is not None  # the pool is asked only once its stream is ready
-                count = batches if end is None else min(batches, (end - frontier) // size)
-                stream.ask(frontier, count, policy.level)
-                claimed.append((frontier, None))
-                asked, in_pool, frontier = asked + 1, in_pool + count, frontier + count * size
-                batches = min(2 * batches, chunk * defaults.WORKER_CHUNKS)
-            head = claimed[0][0] if claimed else frontier  # where the claimed chunks start
-            at: int | None = None  # the position of the chunk, if the pool made it
-            if head is None or head > position:  # not claimed: made here
-                part = here_until(end if head is None else head if end is None else min(end, head))
-            elif claimed[0][1] is not None:  # made here ahead, its turn now
-                part = claimed.popleft()[1]  # type: ignore[assignment]
-                here -= part.rows // len(self.rows)
-            else:
-                assert frontier is not None and stream is not None  # chunks are claimed only while the pool is in use
-                if policy.level and here < in_pool and not stream.has_next() and (end is None or frontier < end):
-                    # the pool's next chunk has not come: make the one after the last claimed, here
-                    count = chunk if end is None else min(chunk, (end - frontier) // size)
-                    claimed.append((frontier, self.work.compute(frontier, count, read_ahead=False)))
-                    here, frontier = here + count, frontier + count * size
-                    continue
-                at = claimed.popleft()[0]
-                waited = time.perf_counter()
-                part = stream.take()
-                self.stages.add(POOL_WAIT, time.perf_counter() - waited, part.rows, 0)
-                asked, in_pool = asked - 1, in_pool - part.rows // len(self.rows)
-                self._took(part)
-            position += part.rows // len(self.rows) * size
-            policy.delivered(part.rows, at)
-            if frontier is not None and not policy.level and not claimed:  # given up, its chunks all taken
-                frontier = None
-                policy.released()
-            yield part
+        yield from PooledChunks(  # made at the first chunk asked for, as the stream's policy measures from then
+            pool,
+            PoolPolicy(pool, chunk * len(self.rows)),
+            lambda position: pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position),
+            lambda position, count, read_ahead: self.work.compute(position, count, read_ahead=read_ahead),
+            self._took,
+            lambda seconds, rows: self.stages.add(POOL_WAIT, seconds, rows, 0),
+            start=start_position,
+            end=None if total is None else start_position + total * size,
+            size=size,
+            chunk=chunk,
+            rows=len(self.rows),
+        )
 
     def _took(self, part: HostChunk) -> None:
         """The stage and data-quality counters a chunk from the pool carries, added to this host's."""
@@ -222,7 +168,7 @@ class HostPipeline:
     def _sliced(self, pool: ChunkPool, start: np.ndarray) -> Iterator[HostChunk]:
         """A partitioned pipeline's batches with a pool: the host's partitions cut into
         `level + 1` slices (`slices.cut`), the first computed here, the others by as many
-        workers, each going on ahead on its own (`Resume`; `_POOL_AHEAD` chunks asked of
+        workers, each going on ahead on its own (`Resume`; `POOL_AHEAD` chunks asked of
         the pool), put together batch by batch. `PoolPolicy` decides the level, counting
         batches for positions, and `SliceBalance` this thread's share. At a change of level
         the chunks asked are taken and dropped; at a change of share, the pool is asked for
@@ -274,7 +220,7 @@ class HostPipeline:
                     at: int | None = None
                 else:
                     assert stream is not None
-                    while share is None and len(asked) < _POOL_AHEAD:
+                    while share is None and len(asked) < POOL_AHEAD:
                         stream.ask(Resume(origin_position, frontier - origin, level, mine_count), chunk, level)
                         asked.append(frontier)
                         frontier += chunk
