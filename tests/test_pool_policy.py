@@ -1,4 +1,4 @@
-"""`PoolPolicy` (colo_data/host/pool_policy.py), driven as `HostPipeline._pooled` drives it,
+"""`PoolPolicy` (colo_data/host/pool_policy.py), driven as `PooledChunks` (pool_schedule.py) drives it,
 with a fake clock, pool and stream: when the pool is wanted, when a worker is given up and
 tried again, when one more starts, when a count goes back or follows the pool's share. No
 processes, no sleeping."""
@@ -57,7 +57,7 @@ class Stream:
 def alone(
     policy: PoolPolicy, clock: Clock, seconds: float = ALONE_S, chunks: int = DECIDE_CHUNKS, stream: Stream | None = None
 ) -> bool:
-    """The host's thread alone makes `chunks` chunks in `seconds`; then, as `_pooled` at each
+    """The host's thread alone makes `chunks` chunks in `seconds`; then, as `PooledChunks` at each
     chunk, asks whether the pool's stream is to be opened (`stream`: the one already open)."""
     for _ in range(chunks):
         policy.delivered(CHUNK)
@@ -67,7 +67,7 @@ def alone(
 
 def trial(policy: PoolPolicy, clock: Clock, stream: Stream, seconds: float, chunks: int = DECIDE_CHUNKS) -> None:
     """The count of workers on trial makes its first chunk, then `chunks` more in `seconds`;
-    then the policy judges it, as `_pooled` does at the next chunk."""
+    then the policy judges it, as `PooledChunks` does at the next chunk."""
     policy.delivered(CHUNK, at=FRONTIER)
     for _ in range(chunks):
         policy.delivered(CHUNK)

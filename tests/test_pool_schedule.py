@@ -1,10 +1,12 @@
-"""`PooledChunks` (colo_data/host/pool_schedule.py): a host's chunks made here and by a pool,
-with a fake clock, pool and stream and the real `PoolPolicy`: every batch once and in stream
-order whoever made it (the pool's chunks, this thread's, and those this thread made ahead
-while the pool's had not come), the requests growing 1, 2, 4 chunks with at most
-`POOL_AHEAD` in the pool's hands, the stream's end, a pool given up and a remote one. No
-processes, no sleeping: making a chunk here moves the clock, and the pool's chunks are done
-when the clock says so."""
+"""`PooledChunks` and `SlicedChunks` (colo_data/host/pool_schedule.py): a host's chunks made
+here and by a pool, with a fake clock, pool and stream and the real `PoolPolicy`. Chunks by
+position: every batch once and in stream order whoever made it (the pool's chunks, this
+thread's, and those this thread made ahead while the pool's had not come), the requests
+growing 1, 2, 4 chunks with at most `POOL_AHEAD` in the pool's hands, the stream's end, a
+pool given up and a remote one. A partitioned pipeline's slices: the batches joined from
+this thread's slice and the workers' are those of all partitions computed here, whatever
+the level and the share, cut again as they change. No processes, no sleeping: making a
+batch here moves the clock, and the pool's chunks are done when the clock says so."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import pytest
 from colo_data import defaults
 from colo_data.host.chunk import HostChunk
 from colo_data.host.pool_policy import PoolPolicy
-from colo_data.host.pool_schedule import POOL_AHEAD, PooledChunks
+from colo_data.host.chunk_work import Resume
+from colo_data.host.pool_schedule import POOL_AHEAD, PooledChunks, SlicedChunks
+from colo_data.host.slices import cut
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
@@ -182,3 +186,126 @@ def test_no_pool_where_no_cpu_goes_unused_and_a_remote_one_at_once() -> None:
     at, by = remote.take(500)
     assert remote.opened_at == [5 * SIZE] and (by == POOL).sum() > 400
     assert (at == np.arange(5 * SIZE, 505 * SIZE, SIZE)).all()
+
+
+PARTS, PART_ROWS, PART_BATCHES = 6, 2, 400  # a host's partitions, the rows of each a batch, its batches
+
+
+def sliced(clock: Clock | None, start: np.ndarray, owned: range | None, here_s: float = 0.0):
+    """A partitioned host's batches from `start` (`[phase, each partition's position]`) for
+    the slice `owned` (None: all its partitions), each with the slice's position after it;
+    each batch moves `clock` by `here_s` a partition (None: made elsewhere)."""
+    parts = range(PARTS) if owned is None else owned
+    position = np.array(start, np.int64)
+    while position[1 + parts.start] < PART_ROWS * PART_BATCHES:
+        rows = [(p, position[1 + p] + i) for p in parts for i in range(PART_ROWS)]
+        position[1 + parts.start : 1 + parts.stop] += PART_ROWS
+        position[0] += 1
+        if clock is not None:
+            clock.now += here_s * len(parts)
+        columns = {"part": np.array([p for p, _ in rows]), "record": np.array([r for _, r in rows])}
+        yield columns, np.concatenate([position[:1], position[1 + parts.start : 1 + parts.stop]])
+
+
+class SliceStream:
+    """A pool stream that computes the workers' slices of each request (`Resume`) at once,
+    done `part_s` a partition a batch after the one before (shared out among the workers)."""
+
+    def __init__(self, clock: Clock, part_s: float) -> None:
+        self.clock, self.part_s = clock, part_s
+        self.pending: deque[tuple[float, HostChunk]] = deque()
+        self.levels: list[int] = []
+
+    def ready(self, workers: int) -> bool:
+        return True
+
+    def ask(self, resume: Resume, count: int, workers: int) -> None:
+        owned = range(PARTS)
+        theirs = range(cut(owned, resume.parts, 0, resume.here).stop, owned.stop)
+        made = list(sliced(None, resume.start, theirs))[resume.skip : resume.skip + count]
+        columns = {name: np.concatenate([c[name] for c, _ in made]) for name in ("part", "record")} if made else {}
+        begins = max(self.clock.now, self.pending[-1][0] if self.pending else 0.0)
+        done = begins + len(made) * len(theirs) * self.part_s / workers
+        self.pending.append((done, HostChunk(columns, np.array([end for _, end in made]).reshape(len(made), 1 + len(theirs)))))
+        self.levels.append(workers)
+
+    def take(self) -> HostChunk:
+        done, part = self.pending.popleft()
+        self.clock.now = max(self.clock.now, done)
+        return part
+
+
+class SlicedRun:
+    """A partitioned host's batches with a pool: this thread makes a partition's rows of a
+    batch in `here_s`, the workers in `pool_s`."""
+
+    def __init__(self, pool: Pool, here_s: float, pool_s: float, start: np.ndarray | None = None) -> None:
+        self.clock, self.pool, self.pool_s = Clock(), pool, pool_s
+        self.start = np.zeros(1 + PARTS, np.int64) if start is None else start
+        self.streams: list[SliceStream] = []
+        self.cuts: list[tuple[int, range | None]] = []  # (the level, this thread's slice) at each cut
+        chunk, rows = 8, PARTS * PART_ROWS
+
+        def batches(position: np.ndarray, owned: range | None):
+            self.cuts.append((self.chunks.level if hasattr(self, "chunks") else 0, owned))
+            return sliced(self.clock, position, owned, here_s)
+
+        self.chunks = SlicedChunks(
+            pool, PoolPolicy(pool, chunk * rows, self.clock), self.open, batches, lambda workers: PART_ROWS * len(workers),
+            lambda part: None, lambda seconds, rows: None,
+            start=self.start, owned=range(PARTS), chunk=chunk, rows=rows, clock=self.clock,
+        )
+
+    def open(self) -> SliceStream:
+        self.streams.append(SliceStream(self.clock, self.pool_s))
+        return self.streams[-1]
+
+
+def rows_of(chunks: list[HostChunk]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's partition and record, in order; and each batch's position after it."""
+    pairs = np.concatenate([np.stack([c.columns["part"], c.columns["record"]], 1) for c in chunks])
+    return pairs, np.stack([np.asarray(c.end) for c in chunks])
+
+
+def alone(start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batches of every partition computed here, with no pool: what any slicing gives."""
+    return rows_of([HostChunk(columns, end) for columns, end in sliced(None, start, None)])
+
+
+def test_slices_joined_are_the_batches_of_all_partitions_computed_here() -> None:
+    """Workers twice as fast as this thread: the pool is taken on, a second worker pays, the
+    share of this thread is cut again as the balance moves; the batches joined from the
+    slices are, row by row and position by position, those of all partitions made here."""
+    run = SlicedRun(Pool(count=2), here_s=0.002, pool_s=0.001)
+    got = list(run.chunks)
+    want = alone(run.start)
+    assert len(got) == PART_BATCHES
+    assert all((a == b).all() for a, b in zip(rows_of(got), want, strict=True))
+    assert max(run.streams[0].levels) == 2, run.streams[0].levels  # both workers used
+    shares = {len(mine) for level, mine in run.cuts if level == 2 and mine is not None}
+    assert len(shares) > 1, run.cuts  # cut again at the same level: the balance moved this thread's share
+
+
+def test_slices_from_a_position_in_the_stream_and_a_fall_of_the_pools_count() -> None:
+    """From a position other than the start, with the pool's share of this host falling from 2
+    workers to 1 on the way (the chunks asked are taken and dropped, the slices cut again):
+    the same batches."""
+    start = np.array([3, *[PART_ROWS * 3] * PARTS], np.int64)
+    run = SlicedRun(Pool(count=2), here_s=0.002, pool_s=0.001, start=start)
+    got = []
+    for chunk in run.chunks:
+        got.append(chunk)
+        if len(got) == 250:
+            assert run.chunks.level == 2, run.chunks.level
+            run.pool.count = 1
+    assert run.chunks.level == 1
+    want = alone(start)
+    assert len(got) == PART_BATCHES - 3
+    assert all((a == b).all() for a, b in zip(rows_of(got), want, strict=True))
+
+
+def test_no_slices_where_no_cpu_goes_unused() -> None:
+    run = SlicedRun(Pool(count=2, idle=0.0), here_s=0.002, pool_s=0.001)
+    got = list(run.chunks)
+    assert run.cuts == [(0, None)] and not run.streams  # all partitions here, from the first batch to the last
+    assert all((a == b).all() for a, b in zip(rows_of(got), alone(run.start), strict=True))

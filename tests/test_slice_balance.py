@@ -1,5 +1,5 @@
-"""`SliceBalance` (colo_data/host/slice_balance.py), driven as `HostPipeline._sliced` drives
-it, with a fake clock: the host's thread starts at half a worker's share, moves toward the
+"""`SliceBalance` (colo_data/host/slice_balance.py), driven as `SlicedChunks`
+(colo_data/host/pool_schedule.py) drives it, with a fake clock: the host's thread starts at half a worker's share, moves toward the
 side that leaves the other waiting, keeps a step that makes the batches come faster, and
 settles back at the first that does not. No processes, no sleeping."""
 

@@ -6,9 +6,6 @@ process boundary; packed pipelines are planned here in stream order."""
 
 from __future__ import annotations
 
-import itertools
-import time
-from collections import deque
 from collections.abc import Iterator
 
 import cloudpickle
@@ -16,15 +13,13 @@ import numpy as np
 
 from colo_data import defaults
 from colo_data.errors import TransformError
-from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change, split_rows
-from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork, Resume
+from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
+from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork
 from colo_data.host.filtering import filtered_batches, kept, with_index
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
 from colo_data.host.pool_policy import PoolPolicy
-from colo_data.host.pool_schedule import POOL_AHEAD, PooledChunks
-from colo_data.host.slice_balance import SliceBalance
-from colo_data.host.slices import cut
+from colo_data.host.pool_schedule import PooledChunks, SlicedChunks
 from colo_data.io.columns import table_to_columns
 from colo_data.io.record_source import ReadAhead
 from colo_data.pipeline import parts
@@ -166,84 +161,24 @@ class HostPipeline:
         part.worker_stages = None
 
     def _sliced(self, pool: ChunkPool, start: np.ndarray) -> Iterator[HostChunk]:
-        """A partitioned pipeline's batches with a pool: the host's partitions cut into
-        `level + 1` slices (`slices.cut`), the first computed here, the others by as many
-        workers, each going on ahead on its own (`Resume`; `POOL_AHEAD` chunks asked of
-        the pool), put together batch by batch. `PoolPolicy` decides the level, counting
-        batches for positions, and `SliceBalance` this thread's share. At a change of level
-        the chunks asked are taken and dropped; at a change of share, the pool is asked for
-        no more and the chunks asked are joined first. Either way the slices are cut again
-        from where the stream stands: the batches do not depend on it."""
+        """A partitioned pipeline's batches with a pool: its partitions cut into slices, the
+        first computed here, the others by the pool's workers (`SlicedChunks`)."""
         rows = len(self.rows)
         chunk = max(1, defaults.CHUNK_RECORDS // rows)  # batches a request
-        owned = self.pipeline.partitioning.owned(self.host, self.hosts)
-        payload = cloudpickle.dumps(self.pipeline)
-        policy = PoolPolicy(pool, chunk * rows)
-        stream = pool.stream(payload, self.host, self.hosts, 0) if pool.remote else None
-        current = np.array(start, np.int64)  # the pipeline's position where the stream stands
-        level = delivered = 0  # the workers that compute slices; batches handed on
-        balance: SliceBalance | None = None  # this thread's share while the workers compute slices
-        share: int | None = None  # a share to cut the slices to, once the chunks asked are joined
-        mine_count = 0  # the partitions of this thread's slice as cut (the balance may have moved on)
-        origin, frontier = 0, 0  # the batch the slices were cut at; the next asked of the pool
-        origin_position = current.copy()  # the position there
-        asked: deque[int] = deque()  # the first batch of each chunk in the pool's hands
-        here: Iterator[tuple[HostBatch, np.ndarray]] = partitioned_batches(self.work, current)
-        try:
-            while True:
-                ready = None if stream is None else stream.ready
-                if not level and policy.wants_stream(ready):
-                    stream = pool.stream(payload, self.host, self.hosts, 0)
-                    ready = stream.ready
-                policy.adjust(frontier if level else None, ready)
-                wanted = min(policy.level, len(owned) - 1)
-                if wanted != level or (share is not None and not asked):  # cut again, from here
-                    while asked:
-                        assert stream is not None
-                        asked.popleft()
-                        self._took(stream.take())
-                    close_iterator(here)
-                    if level and not policy.level:
-                        policy.released()
-                    if wanted != level:
-                        level, balance = wanted, SliceBalance(len(owned), wanted) if wanted else None
-                    elif balance is not None:
-                        balance.restart()
-                    share, origin, frontier = None, delivered, delivered
-                    origin_position, mine_count = current.copy(), balance.here if balance else 0
-                    here = partitioned_batches(self.work, current, cut(owned, level, 0, mine_count) if balance else None)
-                if balance is None:
-                    batch = next(here, None)
-                    if batch is None:
-                        return
-                    made: list[tuple[HostBatch, np.ndarray]] = [batch]
-                    at: int | None = None
-                else:
-                    assert stream is not None
-                    while share is None and len(asked) < POOL_AHEAD:
-                        stream.ask(Resume(origin_position, frontier - origin, level, mine_count), chunk, level)
-                        asked.append(frontier)
-                        frontier += chunk
-                    mine = list(itertools.islice(here, chunk))
-                    waited = time.perf_counter()
-                    part = stream.take()
-                    waited = time.perf_counter() - waited
-                    self.stages.add(POOL_WAIT, waited, part.rows, 0)
-                    self._took(part)
-                    at = asked.popleft()
-                    workers = range(cut(owned, level, 0, mine_count).stop, owned.stop)
-                    theirs = len(self.pipeline.partitioning.kept(self.host, self.hosts, workers))
-                    made = _joined(mine, part, theirs)
-                    share = balance.record(len(made), waited) if share is None else share
-                for columns, end in made:
-                    current[0], current[1 + owned.start : 1 + owned.stop] = end[0], end[1:]
-                    delivered += 1
-                    yield HostChunk(columns, end)
-                policy.delivered(len(made) * rows, at)
-                if level and len(made) < chunk:  # the stream ended
-                    return
-        finally:
-            close_iterator(here)
+        partitioning = self.pipeline.partitioning
+        yield from SlicedChunks(  # made at the first chunk asked for, as the stream's policy measures from then
+            pool,
+            PoolPolicy(pool, chunk * rows),
+            lambda: pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, 0),
+            lambda position, owned: partitioned_batches(self.work, position, owned),
+            lambda workers: len(partitioning.kept(self.host, self.hosts, workers)),
+            self._took,
+            lambda seconds, rows: self.stages.add(POOL_WAIT, seconds, rows, 0),
+            start=start,
+            owned=partitioning.owned(self.host, self.hosts),
+            chunk=chunk,
+            rows=rows,
+        )
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:
         """Packed host batches, transformed, each with the stream position after it."""
@@ -252,22 +187,6 @@ class HostPipeline:
         for columns, end in packed_batches(self.work, self.pipeline.pack, start_position):
             yield HostChunk(self.work.transformed(columns, position), end)
             position = end
-
-
-def _joined(
-    mine: list[tuple[HostBatch, np.ndarray]], part: HostChunk, rows: int
-) -> list[tuple[HostBatch, np.ndarray]]:
-    """A chunk's batches put together from this thread's slice of the partitions (`mine`,
-    the first) and the workers' (`part`: `rows` rows and a row of `end` a batch): their rows
-    and positions in slice order. As many batches as both made (fewer at the stream's end)."""
-    assert isinstance(part.end, np.ndarray)
-    out = []
-    for i in range(min(len(part.end), len(mine))):
-        columns, end = mine[i]
-        theirs = slice(i * rows, (i + 1) * rows)
-        batch = {name: np.concatenate([column, part.columns[name][theirs]]) for name, column in columns.items()}
-        out.append((batch, np.concatenate([end, part.end[i, 1:]])))
-    return out
 
 
 def owning(chunks: Iterator[HostChunk], run: Lifecycle) -> Iterator[HostChunk]:

@@ -1,18 +1,25 @@
-"""`PooledChunks`: a host's chunks, in stream order, made here and by a pool of workers as
-`PoolPolicy` decides, with the bookkeeping of who makes which (the chunks claimed, the
+"""The schedule of a host's work between its own thread and a pool of workers, as
+`PoolPolicy` decides: `PooledChunks` (chunks by stream position: the chunks claimed, the
 first position not yet claimed, the requests in the pool's hands, the growing request
-size) in one object, so that it can be tested with a fake pool and clock."""
+size) and `SlicedChunks` (a partitioned pipeline's partitions cut into slices, joined
+batch by batch), each one object with its bookkeeping, tested with a fake pool and clock."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from colo_data import defaults
-from colo_data.host.chunk import HostChunk
-from colo_data.host.chunk_work import ChunkPool, PoolStream
+from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.chunk_work import ChunkPool, PoolStream, Resume
 from colo_data.host.pool_policy import PoolPolicy
+from colo_data.host.slice_balance import SliceBalance
+from colo_data.host.slices import cut
+from colo_data.runtime.prefetch import close_iterator
 
 POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
 
@@ -135,3 +142,140 @@ class PooledChunks:
     def _count(self, position: int, batches: int) -> int:
         """`batches`, or fewer where the stream ends first."""
         return batches if self._end is None else min(batches, (self._end - position) // self._size)
+
+
+class SlicedChunks:
+    """A partitioned pipeline's host batches with a pool: the host's partitions `owned` cut
+    into `level + 1` slices (`slices.cut`), the first computed here, the others by as many
+    workers, each going on ahead on its own (`Resume`; `POOL_AHEAD` chunks asked of the pool),
+    put together batch by batch (`joined`). `policy` decides the level, counting batches for
+    positions, and a `SliceBalance` this thread's share. At a change of level the chunks
+    asked are taken and dropped; at a change of share, the pool is asked for no more and the
+    chunks asked are joined first. Either way the slices are cut again from where the stream
+    stands: the batches do not depend on it.
+
+    Args:
+        pool, policy, took, waited: as `PooledChunks`'.
+        open_stream: the pool's stream (its workers start the first time).
+        batches: a slice's batches computed here from a position on, each with the slice's
+            position after it (`partitioned_batches`; None: all of `owned`).
+        kept_rows: the host's rows a batch of a slice of its partitions.
+        start: the pipeline's position (`colo_data.pipeline.parts`).
+        owned: the host's partitions.
+        chunk: batches a request.
+        rows: host rows a batch.
+        clock: seconds, monotonic (the wait for the pool, the slice balance's measurements).
+    """
+
+    def __init__(
+        self,
+        pool: ChunkPool,
+        policy: PoolPolicy,
+        open_stream: Callable[[], PoolStream],
+        batches: Callable[[np.ndarray, range | None], Iterator[tuple[HostBatch, np.ndarray]]],
+        kept_rows: Callable[[range], int],
+        took: Callable[[HostChunk], None],
+        waited: Callable[[float, int], None],
+        *,
+        start: np.ndarray,
+        owned: range,
+        chunk: int,
+        rows: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._policy, self._open, self._batches, self._kept_rows = policy, open_stream, batches, kept_rows
+        self._took, self._waited, self._owned, self._chunk, self._rows, self._clock = took, waited, owned, chunk, rows, clock
+        self.stream: PoolStream | None = open_stream() if pool.remote else None
+        self.current = np.array(start, np.int64)  # the pipeline's position where the stream stands
+        self.level = self.delivered = 0  # the workers that compute slices; batches handed on
+        self.balance: SliceBalance | None = None  # this thread's share while the workers compute slices
+        self.share: int | None = None  # a share to cut the slices to, once the chunks asked are joined
+        self.mine_count = 0  # the partitions of this thread's slice as cut (the balance may have moved on)
+        self.origin = self.frontier = 0  # the batch the slices were cut at; the next asked of the pool
+        self.origin_position = self.current.copy()  # the position there
+        self.asked: deque[int] = deque()  # the first batch of each chunk in the pool's hands
+        self._here: Iterator[tuple[HostBatch, np.ndarray]] = batches(self.current, None)
+
+    def __iter__(self) -> Iterator[HostChunk]:
+        owned, policy = self._owned, self._policy
+        try:
+            while True:
+                ready = None if self.stream is None else self.stream.ready
+                if not self.level and policy.wants_stream(ready):
+                    self.stream = self._open()
+                    ready = self.stream.ready
+                policy.adjust(self.frontier if self.level else None, ready)
+                wanted = min(policy.level, len(owned) - 1)
+                if wanted != self.level or (self.share is not None and not self.asked):
+                    self._cut_again(wanted)
+                if self.balance is None:
+                    batch = next(self._here, None)
+                    if batch is None:
+                        return
+                    made, at = [batch], None
+                else:
+                    made, at = self._joined_chunk(self.balance)
+                for columns, end in made:
+                    self.current[0], self.current[1 + owned.start : 1 + owned.stop] = end[0], end[1:]
+                    self.delivered += 1
+                    yield HostChunk(columns, end)
+                policy.delivered(len(made) * self._rows, at)
+                if self.level and len(made) < self._chunk:  # the stream ended
+                    return
+        finally:
+            close_iterator(self._here)
+
+    def _cut_again(self, wanted: int) -> None:
+        """The slices cut again from where the stream stands, for `wanted` workers (the
+        chunks in the pool's hands taken first: joined, or dropped at a change of level)."""
+        while self.asked:
+            assert self.stream is not None
+            self.asked.popleft()
+            self._took(self.stream.take())
+        close_iterator(self._here)
+        if self.level and not self._policy.level:
+            self._policy.released()
+        if wanted != self.level:
+            self.level, self.balance = wanted, SliceBalance(len(self._owned), wanted, self._clock) if wanted else None
+        elif self.balance is not None:
+            self.balance.restart()
+        self.share, self.origin, self.frontier = None, self.delivered, self.delivered
+        self.origin_position, self.mine_count = self.current.copy(), self.balance.here if self.balance else 0
+        mine = cut(self._owned, self.level, 0, self.mine_count) if self.balance else None
+        self._here = self._batches(self.current, mine)
+
+    def _joined_chunk(self, balance: SliceBalance) -> tuple[list[tuple[HostBatch, np.ndarray]], int]:
+        """A chunk's batches, this thread's slice joined with the workers' (asked ahead,
+        `POOL_AHEAD` requests, unless a new share waits for them to be joined), and the
+        first batch's place in the stream."""
+        assert self.stream is not None
+        while self.share is None and len(self.asked) < POOL_AHEAD:
+            resume = Resume(self.origin_position, self.frontier - self.origin, self.level, self.mine_count)
+            self.stream.ask(resume, self._chunk, self.level)
+            self.asked.append(self.frontier)
+            self.frontier += self._chunk
+        mine = list(itertools.islice(self._here, self._chunk))
+        began = self._clock()
+        part = self.stream.take()
+        waited = self._clock() - began
+        self._waited(waited, part.rows)
+        self._took(part)
+        at = self.asked.popleft()
+        workers = range(cut(self._owned, self.level, 0, self.mine_count).stop, self._owned.stop)
+        made = joined(mine, part, self._kept_rows(workers))
+        self.share = balance.record(len(made), waited) if self.share is None else self.share
+        return made, at
+
+
+def joined(mine: list[tuple[HostBatch, np.ndarray]], part: HostChunk, rows: int) -> list[tuple[HostBatch, np.ndarray]]:
+    """A chunk's batches put together from this thread's slice of the partitions (`mine`,
+    the first) and the workers' (`part`: `rows` rows and a row of `end` a batch): their rows
+    and positions in slice order. As many batches as both made (fewer at the stream's end)."""
+    assert isinstance(part.end, np.ndarray)
+    out = []
+    for i in range(min(len(part.end), len(mine))):
+        columns, end = mine[i]
+        theirs = slice(i * rows, (i + 1) * rows)
+        batch = {name: np.concatenate([column, part.columns[name][theirs]]) for name, column in columns.items()}
+        out.append((batch, np.concatenate([end, part.end[i, 1:]])))
+    return out
