@@ -26,6 +26,7 @@ from colo_data.host.host_pipeline import HostPipeline
 from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.backends.sidecar import local
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES, batches_per_slot
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
@@ -117,6 +118,32 @@ def test_slots_holding_several_batches(token_corpus: Path, shm_dir: Path) -> Non
     finally:
         sidecar.stop()
     assert_batches_equal([to_numpy(c.columns) for c in HostPipeline(pipeline).chunks(0, batches=1)], views, "views, 3 batches a slot")
+
+
+def test_a_deep_tmpdir_puts_the_sidecars_socket_in_tmp(
+    token_corpus: Path, shm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's own sidecar listens on a socket in a temp dir of its own: under a TMPDIR
+    too deep for a Unix socket's 107 bytes (a job scheduler's per-job one), in /tmp instead,
+    and the batches come; where no directory would do, a ConfigError that names TMPDIR."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    assert tempfile.gettempdir() == str(deep)
+    pipeline = make_pipeline(token_corpus)
+    sidecar = LocalSidecar(str(shm_dir), 0, 2)
+    try:
+        assert sidecar.address.startswith("/tmp/" + defaults.LOCAL_SIDECAR_DIR_PREFIX), sidecar.address
+        client = SidecarClient(sidecar.address, sidecar.process.pid)
+        got = [to_numpy(b.columns) for b in client.batches(pipeline, 0, 1, 0)]
+    finally:
+        sidecar.stop()
+    assert not os.path.exists(os.path.dirname(sidecar.address))
+    assert_batches_equal([to_numpy(c.columns) for c in HostPipeline(pipeline).chunks(0, batches=1)], got, "a socket in /tmp")
+    monkeypatch.setattr(local, "MAX_PATH_BYTES", 20)
+    with pytest.raises(cd.errors.ConfigError, match=r"at most 20 bytes.*bytes under .*ddd.*set TMPDIR to a shorter directory"):
+        cd.Loader(pipeline, backend=cd.Sidecar(workers=0, shm_dir=str(shm_dir)))
 
 
 def test_a_small_shm_dir_gets_one_batch_a_slot(token_corpus: Path, tmp_path: Path) -> None:

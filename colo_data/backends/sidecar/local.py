@@ -10,10 +10,13 @@ import subprocess
 import tempfile
 
 from colo_data import defaults
+from colo_data.backends.sidecar.protocol import MAX_PATH_BYTES
 from colo_data.backends.sidecar.shm import check_directory, sweep_stale
+from colo_data.errors import ConfigError
 from colo_data.runtime.child_env import child_command, child_env
 from colo_data.workers.settings import Workers, workers_text
 
+_SOCKET = "sidecar.sock"
 _STOP_S = 10.0
 _KILL_AFTER_S = 0.5  # even with no time left, a sidecar gets this long to remove its ring
 
@@ -25,8 +28,8 @@ class LocalSidecar:
     def __init__(self, shm_dir: str, workers: Workers, slots: int) -> None:
         check_directory(shm_dir)  # here, in the trainer: the sidecar would only say so in its log
         self._shm_dir = shm_dir
-        self._dir = tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX)
-        self.address = os.path.join(self._dir, "sidecar.sock")
+        self._dir = socket_dir()
+        self.address = os.path.join(self._dir, _SOCKET)
         command = [*child_command("colo_data.cli"), "sidecar", "serve", "--socket", self.address]
         command += ["--shm-dir", shm_dir, "--slots", str(slots), "--exit-with", str(os.getpid())]
         command += ["--workers", workers_text(workers)]
@@ -47,3 +50,27 @@ class LocalSidecar:
                 self.process.wait()
                 sweep_stale(self._shm_dir)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def socket_dir() -> str:
+    """A private new directory for a trainer's own sidecar's socket: in the temp dir
+    (`TMPDIR`) where the socket's path fits in a Unix socket's address, else in /tmp (a
+    deep `TMPDIR`, as a job scheduler's per-job one can be, would make the sidecar fail to
+    listen).
+
+    Raises:
+        ConfigError: the path is too long in both (names `TMPDIR` and the byte counts).
+    """
+    tried = []
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+        # mkdtemp adds 8 characters to the prefix
+        path = os.path.join(base, defaults.LOCAL_SIDECAR_DIR_PREFIX + "x" * 8, _SOCKET)
+        size = len(os.fsencode(path))
+        if size <= MAX_PATH_BYTES and os.path.isdir(base):
+            return tempfile.mkdtemp(prefix=defaults.LOCAL_SIDECAR_DIR_PREFIX, dir=base)
+        tried.append(f"{size} bytes under {base}" if os.path.isdir(base) else f"{base} is not a directory")
+    raise ConfigError(
+        f"the sidecar that this trainer starts needs a socket path of at most {MAX_PATH_BYTES} bytes, and it would be "
+        f"{' and '.join(tried)}: set TMPDIR to a shorter directory, or start a sidecar with `colo-data sidecar serve "
+        "--socket PATH` and give cd.Sidecar(address=PATH)"
+    )
