@@ -17,8 +17,8 @@ import pytest
 
 from colo_data import defaults
 from colo_data.host.chunk import HostChunk
-from colo_data.host.pool_policy import PoolPolicy
 from colo_data.host.chunk_work import Resume
+from colo_data.host.pool_policy import PoolPolicy
 from colo_data.host.pool_schedule import POOL_AHEAD, PooledChunks, SlicedChunks
 from colo_data.host.slices import cut
 

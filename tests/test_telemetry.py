@@ -5,6 +5,7 @@ assertion is about speed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import cloudpickle
 import numpy as np
@@ -230,6 +232,29 @@ def test_verdict_lines() -> None:
     # what limits the pipeline is named whether or not the trainer waits, and not where nothing was measured
     assert report.limit(workers, handoff, False) == ("transform", "transform stage; 2 worker processes at 97% CPU; CPU budget 2.0 (cgroup)")
     assert report.limit([], handoff, False) == (None, None)
+
+
+def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
+    """`colo-data bench`'s last line: worker processes where CPU work leaves room in the
+    budget (none yet, or fewer than it holds), Ray workers where it is full, more reads in
+    flight where the read waits for I/O, nothing for the hand-off or where the workers are
+    Ray's already (each host of a CPU budget of 2.0, as `host` makes it)."""
+    from colo_data.ops.bench import next_step
+
+    def said(stage: str, **side: object) -> str | None:
+        stages = {"read": 1.0, "io_wait": 0.8} if stage == "read" else {stage: 1.0}
+        made = host(stages, int(side.pop("workers", 1)), bool(side.pop("processes", False)), 0.5)
+        return next_step(SimpleNamespace(hosts=[dataclasses.replace(made, **side)], limit_stage=stage))
+
+    own = said("transform")
+    assert own and "on the host's own thread" in own and "--workers auto" in own and "Ray" not in own, own
+    one = said("transform", workers=1, processes=True, cpu_budget=4.0)
+    assert one and "room for more than 1 worker process:" in one and "--workers auto" in one, one
+    full = said("batch", workers=1, processes=True)
+    assert full and "budget of 2.0 is taken by 1 worker process and the host's own thread" in full and "ray:" in full, full
+    reads = said("read")
+    assert reads and "waits for I/O 80% of its time" in reads and "io_concurrency" in reads, reads
+    assert said("handoff") is None and said("transform", workers=2, processes=True, remote_workers=True) is None
 
 
 def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:

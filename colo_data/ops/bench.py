@@ -26,7 +26,7 @@ from colo_data.loader.loader import Loader
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
 from colo_data.telemetry.quality import Quality
-from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize, workers_text
+from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize, who_computes
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
 QUALITY_SAMPLES = 100  # data-quality samples a run takes for the plot (every 10 steps where its length is unknown)
@@ -318,10 +318,10 @@ def next_step(telemetry: Telemetry) -> str | None:
         )
     if spare:
         return (
-            f"next: the {label} stage is CPU work, and {workers_text([host])} leave room in the CPU budget of "
-            f"{budget}: --workers auto (one per CPU less the host's own thread)"
+            f"next: the {label} stage is CPU work, and the CPU budget of {budget} has room for more than "
+            f"{who_computes([host])}: --workers auto (one per CPU less the host's own thread)"
         )
-    who = f"{workers_text([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
+    who = f"{who_computes([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
     return (
         f"next: the host's CPUs are the limit: its {label} stage is CPU work, and its CPU budget of {budget} is taken by "
         f"{who}. Ray workers add the CPUs of other machines: --workers 'ray:{{\"address\": \"HEAD:6379\", \"actors\": 2}}' "
@@ -402,7 +402,7 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
             if host.cpu_budget is not None
             else "CPU budget unknown"
         )
-        lines.append(f"host {host.host}: {host.runs_in}; {workers_text([host])}{cpu}; {budget}{ring}")
+        lines.append(f"host {host.host}: {host.runs_in}; {who_computes([host])}{cpu}; {budget}{ring}")
         if host.workers_chosen:
             lines.append(f"  workers: {host.workers_chosen}")
         noun = "Ray actor" if host.remote_workers else "worker"

@@ -248,7 +248,7 @@ def verdict(
     return True, stage, f"input-bound: {limiting}; wait {share:.1%} of step time"
 
 
-def workers_text(hosts: Sequence[HostSide]) -> str:
+def who_computes(hosts: Sequence[HostSide]) -> str:
     """Who computes `hosts`' chunks, in words: "the host's own thread" where they have no
     worker processes (`workers` then counts that thread), else "2 worker processes" (local,
     or Ray actors)."""
@@ -273,7 +273,7 @@ def limit(hosts: Sequence[HostSide], handoff: Stage, shared_thread: bool) -> tup
         if read > 0 and io_wait > 0:
             parts[0] += f" ({io_wait / read:.0%} of it waiting for I/O)"
     cpus = [h.worker_cpu for h in hosts if h.worker_cpu is not None]
-    workers = workers_text(hosts if not shared_thread else hosts[:1])
+    workers = who_computes(hosts if not shared_thread else hosts[:1])
     parts.append(f"{workers} at {sum(cpus) / len(cpus):.0%} CPU" if cpus else workers)
     budget = hosts[0]
     if budget.cpu_budget is not None:
