@@ -107,6 +107,7 @@ class Counting:
 
     workers: int = 0
     name: ClassVar[str] = "counting"
+    ships_to: ClassVar[str | None] = None  # it runs the hosts in the trainer: nothing is pickled
     opened: list[int] = dataclasses.field(default_factory=list, compare=False)
 
     def host_count(self, mesh: Any, requested: int | None) -> int:
