@@ -62,9 +62,9 @@ class PooledChunks:
         size: int,
         chunk: int,
         rows: int,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._pool, self._policy, self._open, self._make, self._took, self._waited = pool, policy, open_stream, make, took, waited
+        self._policy, self._open, self._make, self._took, self._waited = policy, open_stream, make, took, waited
         self._end, self._size, self._chunk, self._rows, self._clock = end, size, chunk, rows, clock
         self.stream: PoolStream | None = open_stream(start) if pool.remote else None
         self.position = start  # of the next chunk handed on
