@@ -124,11 +124,26 @@ def test_bench_with_no_step_reports_capacity_not_a_verdict(
     assert re.search(r"what limits it: the (order|read|transform|batch|hand-off) stage; the host's own thread", out), out
     assert "add --step-time MS" in out
     # no worker processes in process (its default): the header, the host and why say so alike
-    assert "workers none (the host's own thread)" in out.splitlines()[0], out
+    assert "workers none (the host's own thread), 30 steps, warm-up 3 steps" in out.splitlines()[0], out  # 3 epochs of 10
     assert re.search(r"^host 0: trainer process; the host's own thread", out, re.MULTILINE), out
     assert "workers: none configured (workers=0): the host's own thread computes every batch" in out, out
     steps = [line for line in out.splitlines() if line.startswith("next: ")]
     assert len(steps) <= 1 and all("Ray" not in s for s in steps if len(os.sched_getaffinity(0)) >= 2), steps
+
+
+def test_a_pipeline_that_repeats_forever_runs_a_set_count_of_steps(token_corpus: Path) -> None:
+    """Without --steps: one pass over a finite pipeline's epochs, `ENDLESS_STEPS` of one that
+    repeats forever (it was an error), to the end of a Grain one; --steps wins over each."""
+    import colo_data as cd
+    from colo_data.ops.bench import ENDLESS_STEPS, steps_to_run
+    from pipelines import BATCH, make_pipeline
+
+    finite = make_pipeline(token_corpus, epochs=2)
+    assert steps_to_run(finite, None) == finite.batches_from(0) == 2 * (len(finite.source) // BATCH)
+    assert steps_to_run(make_pipeline(token_corpus, epochs=None), None) == ENDLESS_STEPS == 500
+    assert steps_to_run(make_pipeline(token_corpus, epochs=None), 7) == 7
+    grain = cd.GrainPipeline(make_dataset=lambda shard: None, global_batch_size=BATCH)
+    assert steps_to_run(grain, None) is None
 
 
 @pytest.mark.parametrize("key", BAD_VALUES)

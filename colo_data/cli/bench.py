@@ -46,7 +46,8 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
 @click.command(epilog=CONFIG_IS_CODE)
 @click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option(
-    "--steps", type=click.IntRange(min=1), default=None, help="Global batches to read [one pass over the pipeline's epochs]."
+    "--steps", type=click.IntRange(min=1), default=None,
+    help="Global batches to read [one pass over the pipeline's epochs; 500 where it repeats forever].",
 )
 @click.option(
     "--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="First steps kept apart from the steady state."
@@ -112,9 +113,12 @@ def bench(
 
         options: dict[str, Any] = {"backend": chosen, "hosts": hosts}
         said = "none (the host's own thread)" if chosen.workers == 0 else workers_text(chosen.workers)
+        total = runner.steps_to_run(pipeline, steps)
+        endless = " (it repeats forever: --steps N for more)" if steps is None and total == runner.ENDLESS_STEPS else ""
         header = (
             f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen.name}, hosts {hosts or 'default'}, "
-            f"workers {said}, warm-up {warmup} steps, simulated step {step_ms:g} ms"
+            f"workers {said}, {total if total is not None else 'all'} steps{endless}, warm-up {warmup} steps, simulated step "
+            f"{step_ms:g} ms"
         )
         click.echo(header)
         runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]

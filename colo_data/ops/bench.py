@@ -29,6 +29,7 @@ from colo_data.telemetry.quality import Quality
 from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize, who_computes
 
 GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
+ENDLESS_STEPS = 500  # steps a run reads of a pipeline that repeats forever, unless --steps says
 QUALITY_SAMPLES = 100  # data-quality samples a run takes for the plot (every 10 steps where its length is unknown)
 
 
@@ -78,15 +79,16 @@ class _Shielded:
         signal.signal(signal.SIGINT, self._previous)
 
 
-def _steps(pipeline: AnyPipeline, steps: int | None) -> int | None:
+def steps_to_run(pipeline: AnyPipeline, steps: int | None) -> int | None:
     """The steps to run: `steps`, else the stream's global batches (one pass over the
-    pipeline's epochs), else None (run to the end: packed and Grain pipelines)."""
+    pipeline's epochs), `ENDLESS_STEPS` where it repeats forever, else None (run to the
+    end: packed and Grain pipelines)."""
     if steps is not None:
         return steps
     if not pipeline.positional:  # a Grain pipeline's datasets say where it ends
         return None
     if pipeline.total_records is None:
-        raise ConfigError("the pipeline repeats forever (epochs = None in its [args] or definition): give --steps N")
+        return ENDLESS_STEPS
     return pipeline.batches_from(0)
 
 
@@ -101,7 +103,7 @@ def run_loader(
     (the simulated training step), with a progress bar, and the data quality
     `QUALITY_SAMPLES` times (after a step, outside the input wait). Ctrl-C ends the run
     early; the loader (its sidecars, workers and shared memory) is closed either way."""
-    total = _steps(pipeline, steps)
+    total = steps_to_run(pipeline, steps)
     every = max(1, total // QUALITY_SAMPLES) if total else 10
     loader = Loader(pipeline, warmup=warmup, **loader_options)
     samples: list[tuple[int, Quality]] = []
@@ -188,7 +190,7 @@ def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
 def run_grain(pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float) -> Run:
     """The Grain equivalent, timed the same way at the trainer: each batch put on the
     devices (batch dimension sharded over all of them, as the Loader's default)."""
-    total = _steps(pipeline, steps)
+    total = steps_to_run(pipeline, steps)
     clock = StepClock(warmup)
     loader, notes = grain_loader(pipeline)
     mesh = Mesh(np.array(jax.devices()), ("data",))
