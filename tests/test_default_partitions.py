@@ -1,8 +1,8 @@
 """The partitions a pipeline gets when it names none (`colo_data.pipeline.native.default_partitions`):
-an endless packed or filtered pipeline is partitioned from its own settings alone, so that each
-host computes about its share of every batch, with the batches the same on every host count;
-finite and padded pipelines keep one partition; a state saved with one partition says how
-to go on."""
+an endless pipeline is partitioned from its own settings alone, so that each host computes
+about its share of every batch, with the batches the same on every host count; finite
+pipelines and padded mixtures keep one partition; a state saved with one partition
+continues with it."""
 
 from __future__ import annotations
 
@@ -45,9 +45,16 @@ def test_an_endless_packed_pipeline_gets_the_largest_divisor_up_to_the_rule(batc
     assert dataclasses.replace(pipeline, global_batch_size=24).partitioning.partitions == 12
 
 
-def test_finite_padded_and_named_pipelines_keep_their_partitions(token_corpus: Path) -> None:
-    assert make_pipeline(token_corpus, epochs=None).partitioning.partitions == 1  # padded
+def test_finite_and_named_pipelines_and_padded_mixtures_keep_their_partitions(
+    token_corpus: Path, mix_corpora: dict[str, Path]
+) -> None:
+    assert make_pipeline(token_corpus, epochs=None).partitioning.partitions == 12  # padded, endless
+    assert make_pipeline(token_corpus, epochs=2).partitioning.partitions == 1  # padded, finite
     assert packed(token_corpus, epochs=2).partitioning.partitions == 1  # finite
+    sources = {name: cd.ArrowSource(str(path), columns=["id", "tokens"]) for name, path in mix_corpora.items()}
+    mixture = cd.Mix(sources, {name: 1.0 for name in sources})
+    assert make_pipeline(token_corpus, source=mixture, epochs=None).partitioning.partitions == 1  # padded mixture
+    assert packed(token_corpus, source=mixture).partitioning.partitions > 1  # packed mixture
     assert make_pipeline(token_corpus, keep=not_third, epochs=None).partitioning.partitions == 12  # filtered, endless
     assert packed(token_corpus, partitions=1).partitioning.partitions == 1
     assert packed(token_corpus, partitions=4).partitioning.partitions == 4
@@ -89,17 +96,22 @@ def test_a_state_resumes_across_host_counts(token_corpus: Path) -> None:
     )
 
 
-def test_a_state_saved_with_one_partition_says_how_to_go_on(token_corpus: Path) -> None:
-    """A state that the pipeline saved before it chose partitions (one partition) is a
-    StateError that names partitions=1 under a shuffled order; under file order it continues
-    (each partition after its records before the saved position: every record once)."""
+def test_a_state_saved_with_one_partition_continues_with_it(token_corpus: Path) -> None:
+    """A state that the pipeline saved before it chose partitions (one partition) continues
+    the stream of one partition under a shuffled order (the pipeline it continues with names
+    partitions=1); restored into a pipeline that names other partitions it is a StateError
+    that says to give partitions=1; under file order a state saved with one
+    partition continues with the chosen ones (each partition after its records before the
+    saved position: every record once)."""
     with cd.Loader(packed(token_corpus, partitions=1)) as loader:
         next(loader)
         state = loader.get_state()
+    with cd.Loader(packed(token_corpus), state=state) as loader:
+        assert loader.pipeline.partitions == 1
+        batches = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(3)]
+    assert_batches_equal(read_all(cd.Loader(packed(token_corpus, partitions=1), state=state), 3), batches, "partitions=1")
     with pytest.raises(cd.errors.StateError, match=r"saved without partitions: give the pipeline partitions=1"):
-        cd.Loader(packed(token_corpus), state=state)
-    batches = read_all(cd.Loader(packed(token_corpus, partitions=1), state=state), 3)
-    assert_batches_equal(batches, read_all(cd.Loader(packed(token_corpus, partitions=1), state=state), 3), "partitions=1")
+        cd.Loader(packed(token_corpus, partitions=12), state=state)
 
     many = [{"id": i, "tokens": np.arange(1 + i % 5, dtype=np.int32)} for i in range(2400)]  # no partition wraps an epoch
     in_file_order = packed(token_corpus, source=many, order=cd.Order(shuffle="none"), partitions=1)

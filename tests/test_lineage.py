@@ -196,9 +196,9 @@ def test_the_command_prints_lineage_and_names_what_does_not_fit(
     done = run("--state", "state.json", "--steps", "3:5", "--json")
     assert done.returncode == 0, done.stderr
     assert [json.loads(line) for line in done.stdout.splitlines()] == cd.lineage(pipeline, state, steps=range(3, 5))
-    early = run("--state", "state.json", "--steps", "1:2", "--arg", "global_batch_size=4")
+    early = run("--state", "state.json", "--steps", "1:2", "--arg", "global_batch_size=16")
     assert early.returncode == 2 and "step 1 is before this state, saved after step 2" in early.stderr, early.stderr
-    assert "the state was saved with global_batch_size=8; " in early.stderr and "has 4" in early.stderr
+    assert "the state was saved with global_batch_size=8; " in early.stderr and "has 16" in early.stderr
     backwards = run("--steps", "5:3")
     assert backwards.returncode == 2 and "'5:3': give global steps as A:B" in backwards.stderr, backwards.stderr
     empty = run("--state", "empty", "--steps", "3")

@@ -169,8 +169,9 @@ def test_epochs_reshuffle_and_each_epoch_is_exactly_once(token_corpus: Path) -> 
 
 
 def test_forever_crosses_epochs_and_resumes(token_corpus: Path) -> None:
-    """120 records in batches of 16: batch 7 straddles epochs 0 and 1."""
-    pipeline = make_pipeline(token_corpus, "block", epochs=None, global_batch_size=16)
+    """120 records in batches of 16, one partition: batch 7 straddles epochs 0 and 1. (With
+    partitions, each runs through epochs of its own: tests/test_padded_partitions.py.)"""
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, global_batch_size=16, partitions=1)
     batches = read_all(cd.Loader(pipeline), 15)
     seen = np.concatenate([b["_index"] for b in batches])
     assert sorted(seen[:120]) == sorted(seen[120:240]) == list(range(120))

@@ -126,7 +126,7 @@ def test_a_state_resumes_on_other_host_counts_and_names_the_partitions(token_cor
         lambda k, state: cd.Loader(pipeline, hosts=(2, 4)[k % 2], state=state),
         steps=12,
     )
-    with cd.Loader(make_pipeline(token_corpus, "block", epochs=None)) as loader:
+    with cd.Loader(make_pipeline(token_corpus, "block", epochs=None, partitions=1)) as loader:
         next(loader)
         unpartitioned = loader.get_state()
     with pytest.raises(cd.errors.StateError, match=r"order: state has 'block:2', pipeline has 'block:2/4x3 dealt'.*partitions=1"):

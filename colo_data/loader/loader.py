@@ -399,8 +399,9 @@ class Loader:
         step = state_step(rebased, state, position)
         if not rebased.continues(self.pipeline):
             raise StateError(
-                "set_state: this state continues the mixture under other weights (or from another interleaving); make "
-                "a new loader for it: cd.Loader(pipeline, state=state, ...)"
+                "set_state: this state continues another stream than this loader's (a mixture under other weights or "
+                "from another interleaving, other partitions, or partitions saved at another batch size); make a new "
+                "loader for it: cd.Loader(pipeline, state=state, ...)"
             )
         runner = self._runner
         if runner.owner.state == "closed":

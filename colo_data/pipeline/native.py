@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -13,14 +14,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from colo_data import defaults
-from colo_data.errors import ConfigError
+from colo_data.errors import ConfigError, StateError
 from colo_data.io.columns import Columns
 from colo_data.io.integers import as_int
 from colo_data.io.record_source import Source, as_source
 from colo_data.pipeline import parts
 from colo_data.pipeline.order import Order, Partitioning, Position
 from colo_data.pipeline.pack import Pack
-from colo_data.pipeline.stream import Stream, stream_of
+from colo_data.pipeline.stream import Stream, order_name, stream_of
 from colo_data.pipeline.transforms import BatchTransform
 
 
@@ -58,7 +59,12 @@ class Pipeline:
             (docs/scaling.md). With `pack` or `keep`, each partition reads, filters and
             packs its own records at its own pace (a host only those its rows fall in), the
             state holds a position per partition, and a finite stream ends at the first
-            batch that one partition cannot fill.
+            batch that one partition cannot fill. A pipeline restored from a state takes
+            the state's partitions where it names none.
+        partition_origin: set by a restore, not by hand: the stream position from which a
+            padded pipeline's partitions take rows of this batch size
+            (`Partitioning.origin`), where a state saved at another batch size continues;
+            0 otherwise.
     """
 
     source: Source | Any
@@ -70,6 +76,7 @@ class Pipeline:
     pack: Pack | None = None
     keep: Callable[[Columns], np.ndarray] | None = None
     partitions: int | None = None
+    partition_origin: int = 0
     # every record a function of its stream position: skip, lineage, verify's record checks and worker pools apply
     positional: ClassVar[Literal[True]] = True
 
@@ -89,6 +96,13 @@ class Pipeline:
                     "let the pipeline choose"
                 )
             object.__setattr__(self, "partitions", partitions)
+        origin = as_int(self.partition_origin)
+        if origin is None or origin < 0 or origin and (self.partitions is None or origin % self.partitions):
+            raise ConfigError(
+                f"partition_origin={self.partition_origin!r}: a restore sets it, with the partitions of the state it "
+                "continues; leave it 0"
+            )
+        object.__setattr__(self, "partition_origin", origin)
         if self.epochs is not None:
             epochs = as_int(self.epochs)
             if epochs is None or epochs < 1:
@@ -128,7 +142,7 @@ class Pipeline:
         """The stream's partitions: `partitions` (or `default_partitions`) of
         `global_batch_size / partitions` rows."""
         count = self.partitions if self.partitions is not None else default_partitions(self)
-        return Partitioning(count, self.global_batch_size // count)
+        return Partitioning(count, self.global_batch_size // count, self.partition_origin)
 
     @property
     def position_partitioning(self) -> Partitioning | None:
@@ -222,17 +236,46 @@ class Pipeline:
 
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[Pipeline, Position]:
         """This pipeline rebased to continue from `state` (a `cd.Mix` where its components
-        left off), and the stream position it continues from, on any host count.
+        left off; the state's partitions where it names none, counted from where the state
+        stands in rows of this batch size), and the stream position it continues from, on
+        any host count.
 
         Raises:
-            StateError: the state is not one of this pipeline's (its stream says why).
+            StateError: the state is not one of this pipeline's (its stream says why), or
+                its partitions do not divide this batch size.
         """
-        return self.stream.restore(self, state)
+        pipeline, position = self.stream.restore(self.with_partitions_of(state), state)
+        if isinstance(position, int) and pipeline.own_epochs and not pipeline.variable_batches:
+            origin = resumed_origin(pipeline, position)
+            if origin != pipeline.partition_origin:
+                pipeline = dataclasses.replace(pipeline, partitions=pipeline.partitioning.partitions, partition_origin=origin)
+        return pipeline, position
+
+    def with_partitions_of(self, state: dict[str, Any]) -> Pipeline:
+        """This pipeline with the partitions `state` was saved with, where it names none and
+        they change the order: a pipeline that chooses its partitions continues the stream
+        it saved (a state saved before it chose them continues with one partition)."""
+        if self.partitions is not None or not isinstance(state.get("order"), str):
+            return self
+        saved = saved_partitions(state["order"])
+        if saved == self.partitioning.partitions or saved == 1 and order_name(self) == self.order.describe():
+            return self  # the same partitions, or one where they would not change the order
+        if self.global_batch_size % saved:
+            raise StateError(
+                f"the loader state was saved with {saved} partitions (part of its order, {state['order']!r}), "
+                f"which do not divide global_batch_size={self.global_batch_size}: resume at a batch size that "
+                f"{saved} divides, or start without a state"
+            )
+        return dataclasses.replace(self, partitions=saved)
 
     def continues(self, running: object) -> bool:
         """Whether this pipeline, restored from a state, gives the stream that `running`
         gives, so that a loader running it can jump to the state in place."""
-        return isinstance(running, Pipeline) and self.stream.continues(running.stream)
+        return (
+            isinstance(running, Pipeline)
+            and self.partitioning == running.partitioning
+            and self.stream.continues(running.stream)
+        )
 
     def host_states(self) -> dict[int, Any] | None:
         """None: a native pipeline's state is one global position, the same on every host."""
@@ -259,20 +302,43 @@ class Pipeline:
 
 
 def default_partitions(pipeline: Pipeline) -> int:
-    """The partitions of a pipeline that names none. An endless packed or filtered pipeline
-    gets the largest divisor of its batch size B up to `max(defaults.PARTITIONS, B //
+    """The partitions of a pipeline that names none. An endless pipeline gets the largest
+    divisor of its batch size B up to `max(defaults.PARTITIONS, B //
     defaults.PARTITION_ROWS)` (16 up to batches of 256, then a partition per 16 rows), and
-    no more than its smallest weighted component's records: each host then reads, filters
-    and packs about its share of every batch for up to that many hosts, and shares its
-    edge partitions beyond. A finite one, and a padded one, keep one partition (a finite
+    no more than its smallest weighted component's records: each host then reads (and
+    filters and packs) about its share of every batch for up to that many hosts, and
+    shares its edge partitions beyond. A finite one keeps one partition (a finite
     partitioned stream ends where one partition runs out, which a multi-controller run
-    cannot agree on; a padded one's hosts already do their share). The count depends on
-    the pipeline alone, never on the host or worker count, so the batches do not either
-    (docs/scaling.md)."""
-    if not pipeline.variable_batches or pipeline.epochs is not None:
+    cannot agree on, and leaves records of each epoch out), and so does a padded
+    `cd.Mix` (it resumes under other weights, which partitions would refuse). The count
+    depends on the pipeline alone, never on the host or worker count, so the batches do
+    not either (docs/scaling.md)."""
+    if pipeline.epochs is not None or not pipeline.variable_batches and pipeline.stream.shares is not None:
         return 1
     size = pipeline.global_batch_size
     stream = pipeline.stream
     smallest = min(n for n, share in zip(stream.sizes, stream.shares or (1,) * len(stream.sizes), strict=True) if share)
     most = min(max(defaults.PARTITIONS, size // defaults.PARTITION_ROWS), smallest)
     return max(d for d in range(1, min(size, most) + 1) if size % d == 0)
+
+
+def saved_partitions(order: str) -> int:
+    """The partitions a state's order name records (`/P x rows` after the order; 1 where
+    it names none)."""
+    named = re.search(r"/(\d+)x\d+ \w+$", order)
+    return 1 if named is None else int(named.group(1))
+
+
+def resumed_origin(pipeline: Pipeline, position: int) -> int:
+    """Where a padded pipeline's partitions, each `position / P` records in at `position`,
+    take rows of its batch size from (`Partitioning.origin`); StateError where its P
+    partitions cannot have taken `position` records evenly (a state at no batch boundary of
+    theirs)."""
+    parts = pipeline.partitioning
+    if position % parts.partitions:
+        raise StateError(
+            f"the loader state stands at stream position {position}, which its {parts.partitions} partitions cannot "
+            f"have taken evenly (each partition takes its rows of every batch): it was not saved at a batch "
+            "boundary; restore it at the batch size it was saved at"
+        )
+    return position % pipeline.global_batch_size

@@ -68,20 +68,25 @@ class Partitioning:
     and host h of H (H dividing `partitions`) serves whole partitions. Under the `block` and
     `global` orders each partition runs through epochs of its own, its slice of every
     window's records (`GlobalOrder`), so that a host reads only its partitions' row
-    groups."""
+    groups. `origin` (a multiple of `partitions` below `rows * partitions`) is where the
+    turns start: a padded stream resumed at another batch size, whose partitions have
+    each taken `position / partitions` records at the state's position, turns from there
+    in rows of the new size; the mapping holds for positions from `origin` on."""
 
     partitions: int = 1
     rows: int = 1
+    origin: int = 0
 
     def of(self, stream: np.ndarray) -> np.ndarray:
         """The partition of each stream position."""
-        return (stream // self.rows) % self.partitions
+        return ((stream - self.origin) // self.rows) % self.partitions
 
     def before(self, stream: np.ndarray | int, partition: np.ndarray) -> np.ndarray:
         """How many positions of `partition` come before stream position `stream` (element
         by element)."""
-        span = self.rows * self.partitions
-        return (stream // span) * self.rows + np.clip(stream % span - partition * self.rows, 0, self.rows)
+        span, shifted = self.rows * self.partitions, stream - self.origin
+        taken = (shifted // span) * self.rows + np.clip(shifted % span - partition * self.rows, 0, self.rows)
+        return taken + self.origin // self.partitions
 
     def own(self, position: int) -> np.ndarray:
         """Each partition's own position at stream position `position`: its positions before it."""
@@ -90,8 +95,9 @@ class Partitioning:
     def stream(self, partition: np.ndarray | int, own: np.ndarray) -> np.ndarray:
         """The stream positions of `partition`'s own positions `own` (its i-th position in
         the stream is its own position i)."""
-        own = np.asarray(own, dtype=np.int64)
-        return (own // self.rows) * (self.rows * self.partitions) + np.asarray(partition) * self.rows + own % self.rows
+        own = np.asarray(own, dtype=np.int64) - self.origin // self.partitions
+        turns = (own // self.rows) * (self.rows * self.partitions)
+        return turns + np.asarray(partition) * self.rows + own % self.rows + self.origin
 
     def bounds(self, records: np.ndarray | int, partition: np.ndarray | int) -> np.ndarray:
         """Where partition `partition`'s slice of `records` records begins when they are

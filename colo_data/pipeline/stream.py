@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # but not matched: the position counts records, so a loader with another batch size
 # continues the same stream (each record still once).
 _MATCHED = ("seed", "order", "records", "source")
+_ROWS = re.compile(r"/(\d+)x\d+ (\w+)$")  # an order name's partitions and their rows a batch
 
 
 class PipelineView(Protocol):
@@ -54,6 +55,9 @@ class PipelineView(Protocol):
 
     @property
     def partitioned(self) -> bool: ...
+
+    @property
+    def variable_batches(self) -> bool: ...
 
     def at(self, position: int) -> Position: ...
 
@@ -238,7 +242,11 @@ class Single:
                 "cd.Pipeline: restore it into the pipeline that saved it, or start without a state"
             )
         ours = _identity(pipeline)
-        differences = [f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}" for k in _MATCHED if state.get(k) != ours[k]]
+        differences = [
+            f"{k}: state has {state.get(k)!r}, pipeline has {ours[k]!r}"
+            for k in _MATCHED
+            if not (same_order(pipeline, state.get(k), ours[k]) if k == "order" else state.get(k) == ours[k])
+        ]
         check_older_order(state.get("order"), ours["order"])
         if differences:
             raise StateError(
@@ -288,6 +296,18 @@ def order_name(pipeline: PipelineView) -> str:
         return pipeline.order.describe()
     kind = "dealt" if pipeline.order.shuffle == "block" else "own"
     return f"{pipeline.order.describe()}/{parts.partitions}x{parts.rows} {kind}"
+
+
+def same_order(pipeline: PipelineView, saved: object, ours: str) -> bool:
+    """Whether a state's order name (`saved`) is the pipeline's (`ours`). A padded
+    pipeline's partitions take their own records in turn whatever their rows a batch, so
+    its rows (`x rows` in `/P x rows`) may differ: it resumes at any batch size its
+    partitions divide (`Partitioning.origin`)."""
+    if saved == ours:
+        return True
+    if pipeline.variable_batches or not isinstance(saved, str):
+        return False
+    return bool(_ROWS.sub(r"/\1 \2", saved) == _ROWS.sub(r"/\1 \2", ours))
 
 
 def partitions_hint(saved: object, ours: str) -> str:
