@@ -1,8 +1,9 @@
 """An endless padded pipeline that names no partitions is partitioned by the same rule as a
 packed one (`colo_data.pipeline.native.default_partitions`), so that host h of H reads
 about 1/H of the row groups: its batches are the same on every host count and backend, a
-state resumes exactly on any of them, and, since a padded partition takes its own records
-in turn whatever its rows a batch, at any batch size its partitions divide
+state resumes exactly on any of them (through the sidecar and colocated backends:
+tests/test_partitioned.py), and, since a padded partition takes its own records in turn
+whatever its rows a batch, at any batch size its partitions divide
 (`Partitioning.origin`)."""
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import backend_of, make_pipeline
+from pipelines import make_pipeline
 
 pytestmark = pytest.mark.unit
 
 
 def endless(corpus: Path, **overrides) -> cd.Pipeline:
+    """The tests' padded pipeline, repeating forever, no partitions named."""
     return make_pipeline(corpus, **{"epochs": None, **overrides})
 
 
@@ -65,20 +67,8 @@ def test_an_endless_padded_pipeline_chooses_partitions_and_a_host_reads_its_shar
         assert most - 1 <= ratio <= most if partitions == 1 else ratio <= most, f"partitions={partitions}: {ratio:.2f}"
 
 
-@pytest.mark.parametrize("backend", ["sidecar", "colocated"])
-def test_every_backend_gives_the_same_batches_and_resumes(token_corpus: Path, backend: str) -> None:
-    """4 hosts through sidecars and through the colocated backend read the one-host batches,
-    and a state saved there (through JSON) resumes in process on 2 hosts."""
-    pipeline = endless(token_corpus)
-    expected = read_all(cd.Loader(pipeline), 8)
-    with cd.Loader(pipeline, hosts=4, backend=backend_of(backend)) as loader:
-        got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(3)]
-        state = json.loads(json.dumps(loader.get_state()))
-    assert_batches_equal(expected[:3], got, backend)
-    assert_batches_equal(expected[3:], read_all(cd.Loader(pipeline, hosts=2, state=state), 5), f"{backend}, resumed")
-
-
 def test_a_state_resumes_across_host_counts(token_corpus: Path) -> None:
+    """Under the global shuffle too, saved on 3 hosts and resumed on 1 and 4."""
     pipeline = endless(token_corpus, order=cd.Order(shuffle="global", seed=3))
     assert_resumes_identically(
         lambda: cd.Loader(pipeline, hosts=3),
@@ -130,12 +120,14 @@ def test_a_state_saved_with_one_partition_continues_with_it(token_corpus: Path) 
 
 
 def test_set_state_from_another_batch_size_says_to_make_a_new_loader(token_corpus: Path) -> None:
+    """A running loader cannot jump to a state whose partitions turn from elsewhere."""
     with cd.Loader(endless(token_corpus)) as loader:
         for _ in range(5):
             next(loader)
         state = loader.get_state()
     with cd.Loader(endless(token_corpus, global_batch_size=24)) as loader:
         next(loader)
-        with pytest.raises(cd.errors.StateError, match=r"partitions saved at another batch size.*cd.Loader\(pipeline, state=state"):
+        message = r"partitions saved at another batch size.*cd.Loader\(pipeline, state=state"
+        with pytest.raises(cd.errors.StateError, match=message):
             loader.set_state(state)
         loader.set_state(loader.get_state())  # its own state continues in place

@@ -112,6 +112,21 @@ def test_every_backend_gives_the_same_batches_and_resumes(token_corpus: Path, ba
         assert_batches_equal(expected[3:], read_all(cd.Loader(pipeline, hosts=2, state=state)), f"{kind}, resumed")
 
 
+@pytest.mark.parametrize("backend", ["sidecar", "colocated"])
+def test_a_padded_pipeline_that_names_none_on_every_backend(token_corpus: Path, backend: str) -> None:
+    """An endless padded pipeline that names no partitions (12 chosen): 4 hosts through
+    sidecars and through the colocated backend read the one-host batches, and a state saved
+    there (through JSON) resumes in process on 2 hosts (tests/test_padded_partitions.py)."""
+    pipeline = make_pipeline(token_corpus, epochs=None)
+    assert pipeline.partitioning.partitions == 12
+    expected = read_all(cd.Loader(pipeline), 8)
+    with cd.Loader(pipeline, hosts=4, backend=backend_of(backend)) as loader:
+        got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(3)]
+        state = json.loads(json.dumps(loader.get_state()))
+    assert_batches_equal(expected[:3], got, backend)
+    assert_batches_equal(expected[3:], read_all(cd.Loader(pipeline, hosts=2, state=state), 5), f"{backend}, resumed")
+
+
 @pytest.fixture(scope="module")
 def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """40 texts in row groups of 7 and a tokenizer trained on the text demo."""
