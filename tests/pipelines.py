@@ -145,23 +145,28 @@ def pool_records(loader: cd.Loader) -> int:
     return next(s for s in loader.telemetry().stages if s.name == "pool_wait").items
 
 
-def read_while_given_up(loader: cd.Loader, settled_s: float, watched_s: float) -> list[dict]:
-    """The loader's batches (as numpy) until its pool has made records, then for `settled_s`
-    seconds (its trial over, its chunks in hand taken), then to `watched_s` seconds, over
-    which the pool must make no more records (it is given up, and asked again only after
-    its retry time, 10 s)."""
+def read_while_given_up(loader: cd.Loader, quiet_s: float = 2.0, watched_s: float = 3.0, deadline_s: float = 60.0) -> list[dict]:
+    """The loader's batches (as numpy) until its pool has made records, then until it has
+    made no more for `quiet_s` seconds (its trial over, the chunks it had in hand taken:
+    `deadline_s` at most, as a pool that is kept goes on making them), then for `watched_s`
+    seconds more, over which it must make none: it is given up. For a loader made under
+    the `long_pool_retry` fixture: on a machine that other work keeps busy, the chunks in
+    hand can take most of the 10 s after which a pool is asked again."""
     import time
 
     from colo_data.testing import to_numpy
 
     got = until_workers_made(loader)
-    tried = time.monotonic()
-    while time.monotonic() - tried < settled_s:
+    made, last, stop = pool_records(loader), time.monotonic(), time.monotonic() + deadline_s
+    while time.monotonic() - last < quiet_s:
+        assert time.monotonic() < stop, f"the pool was not given up: it made records for {deadline_s:g} s"
         got.append(to_numpy(next(loader)))
-    made = pool_records(loader)
-    while time.monotonic() - tried < watched_s:
+        if pool_records(loader) != made:
+            made, last = pool_records(loader), time.monotonic()
+    watched = time.monotonic()
+    while time.monotonic() - watched < watched_s:
         got.append(to_numpy(next(loader)))
-    assert pool_records(loader) == made, "the pool was asked again within its retry time"
+    assert pool_records(loader) == made, f"the pool made records again after {quiet_s:g} s without"
     return got
 
 

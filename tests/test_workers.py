@@ -92,21 +92,19 @@ def slow_in_workers(batch: dict) -> dict:
 
 
 @pytest.mark.serial
-@pytest.mark.usefixtures("own_cpu_budget")
+@pytest.mark.usefixtures("own_cpu_budget", "long_pool_retry")
 def test_workers_that_cost_more_than_they_give_are_given_up(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool is tried once CPU goes unused; slower than the host's own thread, it is given
-    up (its chunks in flight are still taken) and not asked again for a while: the workers'
-    share of the stream stops growing, and the batches are the same."""
+    up (its chunks in flight are still taken) and not asked again: the workers' share of the
+    stream stops growing, and the batches are the same."""
     monkeypatch.setenv("COLO_DATA_TEST_TRAINER", str(os.getpid()))
     transforms = [idle_host, slow_in_workers, cd.pad_or_truncate("tokens", 8)]
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
 
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
-        # the trial (0.5 s from the pool's first chunk) is over, and the two chunks it still had
-        # in hand (1 s each) are taken, by 5 s (a second to spare on a loaded machine)
-        got = read_while_given_up(loader, 5.0, 7.0)
+        got = read_while_given_up(loader)  # a worker's chunks take 1 s each: 2 s without one is given up
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "after the pool was given up")
 
 
@@ -162,6 +160,31 @@ def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_pat
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
 
 
+class OthersCpu:
+    """The CPUs that processes outside this one's tree (itself and its descendants) kept
+    busy, on average, since this was made: what other work on the machine took."""
+
+    def __init__(self) -> None:
+        self._me = psutil.Process()
+        self._start = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        machine = psutil.cpu_times()
+        busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq + machine.steal
+        mine = 0.0
+        for process in [self._me, *self._me.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            mine += times.user + times.system
+        return time.monotonic(), busy, mine
+
+    def cpus(self) -> float:
+        (t0, busy0, mine0), (t1, busy1, mine1) = self._start, self._now()
+        return max(0.0, (busy1 - busy0) - (mine1 - mine0)) / (t1 - t0)
+
+
 @pytest.mark.serial
 def test_no_second_worker_where_the_first_leaves_no_cpu_unused(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
@@ -171,10 +194,12 @@ def test_no_second_worker_where_the_first_leaves_no_cpu_unused(
     then on the loop's steps keep its CPU busy, and none of the budget is left: no second
     worker starts (it would only take its CPU from the first and the loop: beside the light
     pipeline in process on 2 CPUs, the stream ran at about 0.8x of one worker's rate while a
-    second started), and the first stays in use."""
+    second started), and the first stays in use. Where other processes keep the machine's
+    CPUs busy, the first worker (at nice 10) is slower than the host's thread alone and is
+    rightly given up: then there is nothing to test, and the test says so."""
     monkeypatch.setenv("COLO_DATA_CPUS", "1")
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
-    me = psutil.Process()
+    me, others = psutil.Process(), OthersCpu()
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
         got = paced_until_workers_made(loader)
         tried = time.monotonic()
@@ -183,6 +208,12 @@ def test_no_second_worker_where_the_first_leaves_no_cpu_unused(
         made = pool_records(loader)
         while time.monotonic() - tried < 4.0:
             paced(loader, got, busy=True)
+        taken = others.cpus()
+        if pool_records(loader) == made and taken >= 0.5:
+            pytest.skip(
+                f"the first worker was given up while other processes kept {taken:.1f} of the machine's "
+                f"{psutil.cpu_count()} CPUs busy: this test needs it in use (run it on a machine left idle)"
+            )
         assert pool_records(loader) > made, "the first worker was given up: this test needs it in use"
         assert len(workers_of(me)) == 1, f"a second worker started: {workers_of(me)}"
     assert_batches_equal(read_all(cd.Loader(pipeline, hosts=1), len(got)), got, "workers vs none")
