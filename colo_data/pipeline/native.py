@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -21,7 +20,7 @@ from colo_data.io.record_source import Source, as_source
 from colo_data.pipeline import parts
 from colo_data.pipeline.order import Order, Partitioning, Position
 from colo_data.pipeline.pack import Pack
-from colo_data.pipeline.stream import Stream, order_name, stream_of
+from colo_data.pipeline.stream import Stream, order_name, saved_partitions, stream_of
 from colo_data.pipeline.transforms import BatchTransform
 
 
@@ -320,13 +319,6 @@ def default_partitions(pipeline: Pipeline) -> int:
     smallest = min(n for n, share in zip(stream.sizes, stream.shares or (1,) * len(stream.sizes), strict=True) if share)
     most = min(max(defaults.PARTITIONS, size // defaults.PARTITION_ROWS), smallest)
     return max(d for d in range(1, min(size, most) + 1) if size % d == 0)
-
-
-def saved_partitions(order: str) -> int:
-    """The partitions a state's order name records (`/P x rows` after the order; 1 where
-    it names none)."""
-    named = re.search(r"/(\d+)x\d+ \w+$", order)
-    return 1 if named is None else int(named.group(1))
 
 
 def resumed_origin(pipeline: Pipeline, position: int) -> int:

@@ -298,6 +298,13 @@ def order_name(pipeline: PipelineView) -> str:
     return f"{pipeline.order.describe()}/{parts.partitions}x{parts.rows} {kind}"
 
 
+def saved_partitions(order: str) -> int:
+    """The partitions a state's order name records (`/P x rows` after the order; 1 where
+    it names none)."""
+    named = _ROWS.search(order)
+    return 1 if named is None else int(named.group(1))
+
+
 def same_order(pipeline: PipelineView, saved: object, ours: str) -> bool:
     """Whether a state's order name (`saved`) is the pipeline's (`ours`). A padded
     pipeline's partitions take their own records in turn whatever their rows a batch, so
