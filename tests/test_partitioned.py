@@ -347,8 +347,9 @@ def test_worker_processes_compute_slices_of_the_partitions(token_corpus: Path, b
             ),
         )
 
-    # the host's thread leaves CPU unused: the workers are taken on (the batches are the same without it)
-    for pipeline, plain in zip(pipelines([IdleHost(0.01)]), pipelines([]), strict=True):
+    # the host's thread leaves CPU unused: the workers are taken on (the batches are the same without it); 50 ms a
+    # chunk: beside four busy processes this test took 88 s with 10 ms, 45 s with 50 (the same, 15 s, on an idle machine)
+    for pipeline, plain in zip(pipelines([IdleHost(0.05)]), pipelines([]), strict=True):
         hosts = 3 if pipeline.pack is not None else 2
         with cd.Loader(pipeline, hosts=hosts, backend=backend_of(backend, 2)) as loader:
             got = until_workers_made(loader)
