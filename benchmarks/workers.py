@@ -237,6 +237,8 @@ def main() -> None:
     options.add_argument("--pipelines", default=",".join(PIPELINES), help=f"a subset of {','.join(PIPELINES)}")
     options.add_argument("--before", type=Path, default=None, help="a colo-data tree to compare the start with")
     args = harness.parse(options)
+    if args.before:
+        harness.compiled(args.before)
     pipelines = [p for p in PIPELINES if p in args.pipelines.split(",")]
     pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": pythonpath}
