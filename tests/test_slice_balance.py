@@ -1,7 +1,7 @@
 """`SliceBalance` (colo_data/host/slice_balance.py), driven as `SlicedChunks`
 (colo_data/host/pool_schedule.py) drives it, with a fake clock: the host's thread starts at half a worker's share, moves toward the
-side that leaves the other waiting, keeps a step that makes the batches come faster, and
-settles back at the first that does not. No processes, no sleeping."""
+side that leaves the other waiting, keeps a step that makes the batches come faster or that
+its waits for the workers call for, and settles back at the first that does neither. No processes, no sleeping."""
 
 from __future__ import annotations
 
@@ -76,6 +76,36 @@ def test_a_busy_host_thread_gives_partitions_to_the_workers() -> None:
     slow = SliceBalance(8, 1, clock)  # and where the worker is much slower, the host takes most
     run(slow, clock, pipeline_of(8, 1, host_s=0.05, worker_s=0.3, other_s=0.0))
     assert slow.here == 7 and slow.settled
+
+
+def test_a_step_the_hosts_waits_call_for_is_kept_through_a_slower_spell() -> None:
+    """The host waits for the worker longer than one of its partitions takes: the step to one
+    more is taken and kept even where the machine ran slower while it was measured (its rate
+    lower than the share before), where a comparison of rates alone went back."""
+    clock = Clock()
+    balance = SliceBalance(8, 1, clock)
+    even = pipeline_of(8, 1, host_s=0.1, worker_s=0.1, other_s=0.0)
+
+    def slower_from_four(here: int) -> tuple[float, float]:
+        took, waited = even(here)
+        return (2 * took, 2 * waited) if here >= 4 else (took, waited)
+
+    cuts = run(balance, clock, slower_from_four)
+    assert cuts == [4] and balance.here == 4 and balance.settled, cuts
+    waits_once = SliceBalance(8, 1, clock)  # waits shorter than a partition: the rates decide, as before
+    cuts = run(waits_once, clock, lambda here: (1.0, 0.1) if here == 3 else (1.0, 0.0))
+    assert cuts == [4, 3] and waits_once.here == 3 and waits_once.settled, cuts
+
+
+def test_a_settled_host_that_goes_on_waiting_takes_one_more_at_a_time() -> None:
+    """Settled while the rates said nothing (the workers just started), the host's thread then
+    waits for its slower workers: one more partition a measurement, until it no longer
+    waits longer than one of its partitions takes; there it stays."""
+    clock = Clock()
+    balance = SliceBalance(8, 2, clock)
+    assert run(balance, clock, lambda here: (1.0, 0.0)) == [1, 2] and balance.settled
+    cuts = run(balance, clock, pipeline_of(8, 2, host_s=0.1, worker_s=0.3, other_s=0.0), chunks=400)
+    assert cuts == [3, 4, 5] and balance.here == 5, cuts  # at 5: the host's 0.5 s against the workers' 0.45 s
 
 
 def test_a_step_that_does_not_pay_goes_back_and_settles() -> None:

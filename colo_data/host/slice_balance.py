@@ -16,6 +16,7 @@ from colo_data.host.pool_policy import DECIDE_CHUNKS, DECIDE_S
 START_SHARE = 0.5  # the host's thread starts at this much of a worker's share of the partitions
 _WAITING = 0.05  # the host's thread waits for the workers more than this part of the time: it can take more
 _GAIN = 0.03  # a step is kept when the batches come this much faster with it
+_SETTLED_S = 4 * DECIDE_S  # once settled, the host's waits are measured over this long
 
 
 def first_share(count: int, workers: int) -> int:
@@ -31,7 +32,16 @@ class SliceBalance:
     one partition more for the host's thread where it waited for the workers more than
     `_WAITING` of the time, else one fewer; a step is kept while it makes the batches come
     `_GAIN` faster, and the next one in the same direction is tried; the first that does not
-    pay goes back to the one before, and there it settles.
+    pay goes back to the one before, and there it settles. Where the host's thread waited
+    for the workers longer than one of its partitions takes (its busy time over its
+    partitions), one more partition for it shortens every chunk whatever the rates say, so
+    that step is taken and kept without them: rates measured half a second apart on a
+    machine whose CPUs change speed by 1.6x in plateaus sent a filtered pipeline back to a
+    share at which its host waited for its worker a third of the time (2 workers in process
+    ran at 1.2x to 1.7x of none from run to run). Once settled, the waits are still
+    measured, over `_SETTLED_S`, and such a step still taken: measured at the start (the
+    workers just started), they had called for none where the host then waited a quarter
+    of the time.
 
     Args:
         count: the host's partitions.
@@ -47,6 +57,7 @@ class SliceBalance:
         self._fresh = False  # the slices were just cut again: the next chunk is not measured
         self._best: tuple[int, float] | None = None  # the share kept so far and its rate
         self._step = 0  # +1: more for the host's thread, -1: fewer (0: not chosen yet)
+        self._waited_for = False  # the host's waits called for the step to this share
         self.settled = self._low == self._high
 
     def restart(self) -> None:
@@ -63,16 +74,21 @@ class SliceBalance:
             return None
         self._batches, self._chunks, self._waited = self._batches + batches, self._chunks + 1, self._waited + waited
         elapsed = self._clock() - self._start
-        if self.settled or elapsed < DECIDE_S or self._chunks < DECIDE_CHUNKS:
+        if elapsed < (_SETTLED_S if self.settled else DECIDE_S) or self._chunks < DECIDE_CHUNKS:
             return None
         rate, waiting = self._batches / elapsed, self._waited / elapsed
+        # the host's thread waited longer than one of its partitions takes: one more for it pays
+        short = waiting > _WAITING and waiting > (1 - waiting) / self.here
+        if self.settled:  # settled on too few for the host's thread, it goes on waiting: one more
+            self._start, self._batches, self._chunks, self._waited = self._clock(), 0, 0, 0.0
+            return self._cut(self.here + 1) if short and self.here < self._high else None
         if self._best is None:  # the first share's rate: the direction follows the waits
-            self._best, self._step = (self.here, rate), 1 if waiting > _WAITING else -1
-        elif rate > self._best[1] * (1 + _GAIN):  # the step paid: keep it, try the next
-            self._best = (self.here, rate)
-        else:  # it did not: back to the one before, and settle there
+            self._step = 1 if waiting > _WAITING else -1
+        elif not (short and self._step > 0) and rate <= self._best[1] * (1 + _GAIN):  # the step did not pay
             self.settled = True
-            return self._cut(self._best[0])
+            # a step the waits called for beats the share before it: settle on it
+            return None if self._waited_for else self._cut(self._best[0])
+        self._best, self._waited_for = (self.here, rate), short and self._step > 0  # keep this step, try the next
         following = self.here + self._step
         if not self._low <= following <= self._high:
             self.settled = True
