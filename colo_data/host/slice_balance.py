@@ -38,7 +38,7 @@ class SliceBalance:
     that step is taken and kept without them: rates measured half a second apart on a
     machine whose CPUs change speed by 1.6x in plateaus sent a filtered pipeline back to a
     share at which its host waited for its worker a third of the time (2 workers in process
-    ran at 1.2x to 1.7x of none from run to run). Once settled, the waits are still
+    ran at 1.2x to 1.8x of none from run to run). Once settled, the waits are still
     measured, over `_SETTLED_S`, and such a step still taken: measured at the start (the
     workers just started), they had called for none where the host then waited a quarter
     of the time.
