@@ -49,11 +49,16 @@ class SliceBalance:
         clock: seconds, monotonic.
     """
 
+    _start: float  # the measurement's start (`_measure_from_now`), and since then:
+    _batches: int  # the batches handed on,
+    _chunks: int  # the chunks,
+    _waited: float  # and the seconds waited for the workers
+
     def __init__(self, count: int, workers: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.here = first_share(count, workers)
         self._low, self._high = 1, max(1, count - workers)
         self._clock = clock
-        self._start, self._batches, self._chunks, self._waited = clock(), 0, 0, 0.0
+        self._measure_from_now()
         self._fresh = False  # the slices were just cut again: the next chunk is not measured
         self._best: tuple[int, float] | None = None  # the share kept so far and its rate
         self._step = 0  # +1: more for the host's thread, -1: fewer (0: not chosen yet)
@@ -70,7 +75,7 @@ class SliceBalance:
         workers' part of it. Returns the share to cut the slices to now, or None."""
         if self._fresh:
             self._fresh = False
-            self._start, self._batches, self._chunks, self._waited = self._clock(), 0, 0, 0.0
+            self._measure_from_now()
             return None
         self._batches, self._chunks, self._waited = self._batches + batches, self._chunks + 1, self._waited + waited
         elapsed = self._clock() - self._start
@@ -80,7 +85,7 @@ class SliceBalance:
         # the host's thread waited longer than one of its partitions takes: one more for it pays
         short = waiting > _WAITING and waiting > (1 - waiting) / self.here
         if self.settled:  # settled on too few for the host's thread, it goes on waiting: one more
-            self._start, self._batches, self._chunks, self._waited = self._clock(), 0, 0, 0.0
+            self._measure_from_now()
             return self._cut(self.here + 1) if short and self.here < self._high else None
         if self._best is None:  # the first share's rate: the direction follows the waits
             self._step = 1 if waiting > _WAITING else -1
@@ -94,6 +99,10 @@ class SliceBalance:
             self.settled = True
             return None
         return self._cut(following)
+
+    def _measure_from_now(self) -> None:
+        """Start a measurement: its start, and the batches, chunks and waits since."""
+        self._start, self._batches, self._chunks, self._waited = self._clock(), 0, 0, 0.0
 
     def _cut(self, here: int) -> int | None:
         changed = here != self.here
