@@ -4,7 +4,6 @@ processes and sidecars import it to unpickle the CPU-bound function by name."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,19 @@ VOCAB = 32_000
 PASSES = 3  # passes over a record's tokens: about 70 µs of Python a record here, so the transform is the cost
 NOTES = "COLO_DATA_BENCH_WORKER_NOTES"  # a folder where each worker process notes when it began its first batches
 _began = 0  # batches this process has begun (counted up to 2)
+# whether this is a worker process: its command line (a fresh fork server's, or the one a sidecar's
+# forked server gives its workers) names the workers' module, also in an older tree (`--before`)
+_worker: bool | None = None
 
 
 def note_start(batch: dict[str, Any]) -> dict[str, Any]:
     """The padded pipelines' first transform: in a worker process, with `NOTES` set, append
     the time (time.monotonic) at which it began its first two batches to NOTES/PID: its
     warm-up batch (computed before it says it is ready) and its first chunk."""
-    global _began
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if _began < 2 and NOTES in os.environ and getattr(main, "name", None) == "colo_data.workers.processes":
+    global _began, _worker
+    if _worker is None:  # read once: whether this process shows a worker's command line
+        _worker = b"colo_data.workers.processes" in Path("/proc/self/cmdline").read_bytes()
+    if _began < 2 and NOTES in os.environ and _worker:
         _began += 1
         with open(Path(os.environ[NOTES]) / str(os.getpid()), "a") as notes:
             notes.write(f"{time.monotonic()}\n")

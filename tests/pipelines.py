@@ -11,6 +11,7 @@ from pathlib import Path
 import cloudpickle
 
 import colo_data as cd
+from colo_data.workers.processes import in_worker
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes and sidecars get its functions by value
 
@@ -31,9 +32,8 @@ def make_pipeline(corpus: Path, shuffle: str = "block", **overrides) -> cd.Pipel
 
 
 def in_worker_process() -> bool:
-    """Whether this process is a worker process of a pool (colo_data/workers/processes.py runs as its `__main__`)."""
-    main = sys.modules.get("__main__")
-    return getattr(getattr(main, "__spec__", None), "name", None) == "colo_data.workers.processes"
+    """Whether this process is a worker process of a pool."""
+    return in_worker()
 
 
 class IdleHost:

@@ -25,7 +25,7 @@ from colo_data import defaults
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.ops import demo
 from leftovers import left_behind
-from pipelines import WORKERS_S, IdleHost, backend_of, make_pipeline
+from pipelines import WORKERS_S, IdleHost, backend_of, in_worker_process, make_pipeline
 
 # every test counts what is left in /dev/shm and in the temporary directory: they run alone, and
 # count only what their own processes left (directories of their own, or tests/leftovers.py)
@@ -335,7 +335,7 @@ def test_close_from_another_thread_with_busy_workers_is_bounded_by_its_timeout(
     busy = tmp_path / "busy"
 
     def stuck_in_workers(columns: dict) -> dict:
-        if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) == "colo_data.workers.processes":
+        if in_worker_process():
             open(busy, "w").close()
             time.sleep(60)
         return columns

@@ -23,6 +23,7 @@ import pytest
 
 import colo_data as cd
 from colo_data.backends.sidecar.auth import connect, read_key
+from colo_data.runtime.child_env import process_settings
 from colo_data.testing import assert_batches_equal, read_all
 
 from leftovers import left_behind
@@ -197,20 +198,29 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
 
 @pytest.mark.serial
 @pytest.mark.usefixtures("own_cpu_budget")
+@pytest.mark.parametrize("settings", [False, True], ids=["as-a-shell-starts-it", "with-the-process-settings"])
 def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
-    tmp_path: Path, token_corpus: Path, shm_dir: Path
+    tmp_path: Path, token_corpus: Path, shm_dir: Path, settings: bool
 ) -> None:
+    """Started from a shell, a sidecar runs numpy's OpenBLAS threads and its workers' fork
+    server is a fresh interpreter; with the process settings (as the image and a trainer's
+    own sidecar start it) it runs one thread, and the server is a fork of it."""
     socket = tmp_path / "host0.sock"
     ipc_before = posix_ipc_files()
+    env = {**process_settings(), **os.environ} if settings else {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
     server = subprocess.Popen(
         [str(COLO), "sidecar", "serve", "--socket", str(socket), "--shm-dir", str(shm_dir), "--workers", "2"],
         stderr=subprocess.PIPE,
+        env=env,
     )
     try:
         assert server.stderr.readline().startswith(b"colo-data sidecar on")
         pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
         with cd.Loader(pipeline, backend=cd.Sidecar(address=f"unix://{socket}"), prefetch=0) as loader:
             until_workers_made(loader)  # they start once the sidecar hands them work
+            (fork_server,) = psutil.Process(server.pid).children()
+            forked = Path(f"/proc/{fork_server.pid}/environ").read_bytes() == Path(f"/proc/{server.pid}/environ").read_bytes()
+            assert forked == settings, f"the fork server is {'a fork of the sidecar' if forked else 'a fresh interpreter'}"
             workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
             assert 1 <= len([p for p in workers if "colo_data.workers.processes" in " ".join(psutil.Process(p).cmdline())]) <= 2
             server.send_signal(signal.SIGKILL)

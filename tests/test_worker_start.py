@@ -1,8 +1,10 @@
 """Workers ready sooner (colo_data/workers/forks.py): a pool starts a fork server when it is
 made, which has imported numpy, pyarrow and colo-data's chunk work (and never JAX), and
-forks each worker from it. The server and its workers are gone after `close()`, after the
-loader is dropped unclosed, after a script that just ends, and when the process that owns
-the pool is killed; workers die with their server."""
+forks each worker from it; a sidecar's server is a fork of the sidecar, which has imported
+them already (a process running more threads than its one gets a fresh interpreter). The
+server and its workers are gone after `close()`, after the loader is dropped unclosed, after
+a script that just ends, and when the process that owns the pool is killed; workers die
+with their server."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from pipelines import WORKERS_S, OnArrival, make_pipeline
+from pipelines import WORKERS_S, OnArrival, idle_host, make_pipeline, until_workers_made
 
 import colo_data as cd
+from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.workers.processes import WorkerPool
 
@@ -35,8 +38,8 @@ MARK = "colo_data.workers.processes"  # on the command line of worker processes 
 class NoteArrival(OnArrival):
     """A transform (doing nothing to the batch) that, as a worker process unpickles it (the
     job has just arrived), writes the worker's pid, parent pid, which of `PRELOADED` it has
-    imported already, whether it has JAX, and a draw from numpy's global random state, to
-    `directory`/PID.json."""
+    imported already, whether it has JAX, a draw from numpy's global random state and its
+    RAYON_NUM_THREADS, to `directory`/PID.json."""
 
     def arrived(self) -> None:
         """Write what the worker has at its set-up."""
@@ -48,6 +51,7 @@ class NoteArrival(OnArrival):
             "preloaded": [m for m in PRELOADED if m in sys.modules],
             "jax": "jax" in sys.modules,
             "draw": float(np.random.random()),
+            "rayon": os.environ.get("RAYON_NUM_THREADS"),
         }
         (self.directory / f"{os.getpid()}.json").write_text(json.dumps(seen))
 
@@ -107,6 +111,72 @@ def test_workers_are_forked_from_a_server_started_with_the_pool_that_preloaded_t
         assert seen[0]["draw"] != seen[1]["draw"], "the workers share numpy's global random state"
     finally:
         owner.close()
+
+
+def environ(pid: int) -> bytes:
+    """The environment process `pid` started with (a fork's is its parent's, whatever it set since)."""
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+def test_a_sidecars_fork_server_is_a_fork_of_the_sidecar(
+    token_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    pipeline = make_pipeline(
+        token_corpus, epochs=None, transforms=[idle_host, NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)]
+    )
+    with cd.Loader(pipeline, hosts=1, backend=cd.Sidecar(workers=2)) as loader:
+        until_workers_made(loader)
+        (sidecar,) = psutil.Process().children()
+        (server,) = sidecar.children()
+        workers = server.children()
+        assert environ(server.pid) == environ(sidecar.pid), "the server is a fresh interpreter, not a fork of the sidecar"
+        assert MARK not in " ".join(server.cmdline()), "the server's command line says it is a worker"
+        assert workers, "no worker was forked"
+        for worker in workers:
+            seen = json.loads((tmp_path / f"{worker.pid}.json").read_text())
+            assert seen["ppid"] == server.pid
+            assert seen["preloaded"] == list(PRELOADED) and not seen["jax"]
+            assert MARK in " ".join(worker.cmdline()), "a worker's command line names its module"
+            assert seen["rayon"] == "1", "a worker's environment lacks its share of the CPU budget (1.99 CPUs over 2)"
+
+
+FROM_HERE = """
+import json, threading
+import psutil
+from colo_data.runtime.lifecycle import Lifecycle
+from colo_data.workers.processes import WorkerPool
+
+def server_forked(owner):
+    before = {c.pid for c in psutil.Process().children()}
+    WorkerPool(1, owner, from_here=True)
+    (server,) = [c for c in psutil.Process().children() if c.pid not in before]
+    with open(f"/proc/{server.pid}/environ", "rb") as theirs, open("/proc/self/environ", "rb") as ours:
+        return theirs.read() == ours.read()
+
+owner = Lifecycle("test")
+alone = server_forked(owner)
+stop = threading.Event()
+thread = threading.Thread(target=stop.wait)
+thread.start()
+beside_a_thread = server_forked(owner)
+stop.set()
+thread.join()
+owner.close()
+print(json.dumps([alone, beside_a_thread]))
+"""
+
+
+def test_a_pool_forks_its_server_from_a_process_that_runs_one_thread_only(tmp_path: Path) -> None:
+    # with the process settings a sidecar starts with (one OpenBLAS thread: numpy's pool would be more threads)
+    result = subprocess.run(
+        [sys.executable, "-c", FROM_HERE], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    alone, beside_a_thread = json.loads(result.stdout.splitlines()[-1])
+    assert alone, "a process of one thread started a fresh interpreter as its server"
+    assert not beside_a_thread, "a process running a second thread forked itself"
 
 
 def test_close_stops_the_server_and_its_workers(token_corpus: Path) -> None:

@@ -14,6 +14,12 @@ its pool over a socket of the pool's (colo_data/workers/frames.py). This one tak
 over its control connection (`SCM_RIGHTS`), forks, and answers with the worker's pid, then
 with its exit code once it has reaped it.
 
+A sidecar is such an interpreter itself: at its start it has imported what a worker needs
+(and neither JAX nor a trainer's state) and runs one thread. Its pool's server is therefore
+a fork of it (`from_here`), ready at once, where a fresh one would take about 0.2 s of a CPU
+while the sidecar makes its first batches; a process running more than one thread (a
+trainer: JAX's) gets a fresh interpreter.
+
 Who stops what: the pool's owner stops the server (`stop`); the server stops its workers
 (each ends when its socket closes, the server kills what is still running at the deadline
 and reaps them all) and then exits. A worker dies with the server (`PR_SET_PDEATHSIG`), and
@@ -36,6 +42,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy.random  # a worker reseeds it, and the chunk work's orders use it: preloaded with the rest
 import psutil
@@ -49,6 +56,7 @@ _POLL_S = 0.5  # how often the server reaps its workers while it waits for reque
 _REAP_S = 1.0  # beyond a stop's seconds, what the server gets to kill and reap its workers before it is killed
 _PR_SET_PDEATHSIG = 1
 _TITLE = "colo-data worker fork server"  # its command line (`ps`), where its workers show the module they run
+_JEMALLOC = "jemalloc_bg_thd"  # the name of the background thread of Arrow's jemalloc
 
 
 def lower(pid: int) -> None:
@@ -71,28 +79,38 @@ def lower(pid: int) -> None:
 
 
 class ForkServer:
-    """A fork server, started now as `command` (which runs `serve` on the file descriptor
-    it is given as its last argument) with the environment `env`, at `WORKER_NICE` in a
-    session of its own. It ignores Ctrl-C, which is its trainer's to handle."""
+    """A fork server, started now at `WORKER_NICE` in a session of its own: as `command`
+    (which runs `serve` on the file descriptor it is given as its last argument) with the
+    environment `env`, or, with `from_here` (the function its workers run) where this
+    process runs only one thread, as a fork of this process that runs `serve` with it, its
+    workers showing `command` as theirs and running with `env`. It ignores Ctrl-C, which is
+    its trainer's to handle."""
 
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str], from_here: Callable[[socket.socket], None] | None = None
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # SPT_NOENV: `setproctitle` writes its titles over the arguments alone, never over the
+        # environment after them, so /proc/PID/environ still shows each worker's settings
+        env = {**env, "SPT_NOENV": "1"}
+        self.process: subprocess.Popen[bytes] | _Fork
         try:
-            self.process = subprocess.Popen(
-                [*command, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                # SPT_NOENV: `setproctitle` writes its titles over the arguments alone, never over
-                # the environment after them, so /proc/PID/environ still shows each worker's settings
-                env={**env, "SPT_NOENV": "1"},
-                start_new_session=True,
-            )
+            if from_here is not None and _one_thread():
+                self.process = _Fork.serving(ours, theirs, from_here, env, " ".join(command))
+            else:
+                self.process = subprocess.Popen(
+                    [*command, str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+                lower(self.process.pid)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        lower(self.process.pid)
         self._sock = ours
         self._lock = threading.Lock()
         self._forks = 0
@@ -170,12 +188,95 @@ class ForkServer:
             self.process.wait()
 
 
-def serve(control: socket.socket, work: Callable[[socket.socket], None]) -> None:
+class _Fork:
+    """A server forked from this process, read as `subprocess.Popen` reads a spawned one
+    (`pid`, `poll`, `wait`, `kill`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # one reaper at a time
+
+    @classmethod
+    def serving(
+        cls, ours: socket.socket, theirs: socket.socket, work: Callable[[socket.socket], None], env: dict[str, str], title: str
+    ) -> _Fork:
+        """Fork this process into a server on `theirs` whose workers run `work` with `env`
+        and show `title`. The fork holds none of this process's end (`ours`): it sees the
+        connection close when this process dies, and it never returns into this process's code."""
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        code = 1
+        try:
+            os.setsid()
+            lower(os.getpid())  # here, once in its own session (the parent's could still be its session)
+            ours.close()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # this process's handler is its own, not the server's
+            # `setproctitle` sets itself up where it first runs, and finds no room for a title
+            # once the environment has changed: first SPT_NOENV alone, then the rest
+            os.environ["SPT_NOENV"] = env["SPT_NOENV"]
+            setproctitle.getproctitle()
+            os.environ.update(env)
+            serve(theirs, work, title)
+            code = 0
+        except BaseException:  # noqa: BLE001 - a fork's error must not run this process's code after it
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        """Its exit code, None while it runs."""
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by another waiter of this process's: it is gone
+                    pid, status = self.pid, signal.SIGKILL
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code, once it has exited; `subprocess.TimeoutExpired` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(_TITLE, timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL it, unless it has exited."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _one_thread() -> bool:
+    """Whether this process runs one thread, beside at most the background thread of Arrow's
+    jemalloc: only then is a fork of it safe to run on (no lock is held by a thread the fork
+    lacks; jemalloc's own fork handlers take its locks across a fork, as every worker forked
+    from a server that has imported pyarrow relies on)."""
+    try:
+        threads = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc, or a thread that ended meanwhile: unknown
+        return False
+    return threading.active_count() == 1 and len([name for name in threads if name != _JEMALLOC]) == 1
+
+
+def serve(control: socket.socket, work: Callable[[socket.socket], None], title: str | None = None) -> None:
     """The server: fork a worker that runs `work(conn)` for each socket that comes over
     `control`, report each one's pid and exit code, until told to stop or the control
-    connection closes (its pool's process died); then stop the workers and return."""
+    connection closes (its pool's process died); then stop the workers and return. Its
+    workers show `title` as their command line (default: the server's own)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle: it stops the pool
-    title = setproctitle.getproctitle()  # what its workers show: they are the workers
+    title = title or setproctitle.getproctitle()  # what its workers show: they are the workers
     setproctitle.setproctitle(_TITLE)
     me = os.getpid()
     workers: dict[int, int] = {}  # worker number by pid

@@ -15,10 +15,11 @@ from colo_data.workers.settings import WorkerChoice
 
 
 def start_pool(
-    choice: WorkerChoice, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = ()
+    choice: WorkerChoice, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = (), from_here: bool = False
 ) -> ChunkPool | None:
     """The pool of `choice` (None for no workers), owned by `owner`: `WorkerPool` processes
-    on `budget` (shared with the processes `also`), or `cd.RayWorkers`' actors."""
+    on `budget` (shared with the processes `also`; with `from_here`, forked from a fork of
+    this process), or `cd.RayWorkers`' actors."""
     if not choice.count:
         return None
     ray = RayWorkers.of(choice.ray)
@@ -26,4 +27,4 @@ def start_pool(
         from colo_data.workers.ray_pool import RayPool  # imports Ray: only for Ray workers
 
         return RayPool(ray, owner)
-    return WorkerPool(choice.count, owner, budget, also)
+    return WorkerPool(choice.count, owner, budget, also, from_here)

@@ -43,17 +43,26 @@ from colo_data.workers import forks, frames
 from colo_data.workers.cpu_use import IdleCpus
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
 
-__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
+__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool", "in_worker"]
 
 READY = "ready"  # a worker's reply to a job it has set up
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
+_in_worker = False  # this process is a pool's worker (set by `_serve`)
+
+
+def in_worker() -> bool:
+    """Whether this process is a worker process of a pool (forked from a fresh server, whose
+    `__main__` is this module, or from a fork of a sidecar, whose `__main__` is the sidecar's)."""
+    return _in_worker
 
 
 def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled pipeline, the host and the stream position it starts
     near), set it up and warm it, say it is ready, then compute the share of each chunk
     asked of it, until the socket closes."""
+    global _in_worker
+    _in_worker = True
     jobs: dict[int, ChunkWork] = {}
     while True:
         try:
@@ -148,11 +157,15 @@ class WorkerPool:
         budget: the CPU budget they share with the host (default: this process's).
         also: pids of other processes that spend the same budget (a trainer beside its own
             sidecar), for `idle_cpus`.
+        from_here: the fork server is a fork of this process where it runs one thread (a
+            sidecar: see colo_data/workers/forks.py), not a fresh interpreter.
     """
 
     remote = False  # its processes share the host's CPUs
 
-    def __init__(self, count: int, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = ()) -> None:
+    def __init__(
+        self, count: int, owner: Lifecycle, budget: CpuBudget | None = None, also: Sequence[int] = (), from_here: bool = False
+    ) -> None:
         self.count = count
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
@@ -160,7 +173,7 @@ class WorkerPool:
         self._idle = IdleCpus(self._budget, also)
         self._closed = False
         threads = max(1, math.ceil(self._budget.cpus) // count)  # each worker's share, for its native thread pools
-        self._server = ForkServer(child_command("colo_data.workers.processes"), child_env(threads))
+        self._server = ForkServer(child_command("colo_data.workers.processes"), child_env(threads), _serve if from_here else None)
         self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `idle_cpus`
         self._key = owner.add(f"{count} worker processes", self.close)
 
@@ -306,4 +319,7 @@ class ProcessStream:
 
 
 if __name__ == "__main__":  # the pool's fork server; its workers, forked from it, have this module as `__main__`
-    forks.serve(socket.socket(fileno=int(sys.argv[1])), _serve)
+    # ...and run the importable module's `_serve`, whose `in_worker` their pipelines' code reads
+    from colo_data.workers import processes
+
+    forks.serve(socket.socket(fileno=int(sys.argv[1])), processes._serve)

@@ -226,9 +226,10 @@ class SidecarServer:
         self._active: _Active | None = None  # the trainer admitted last, until its session has ended
         self._owner = Lifecycle("sidecar server")
         # One pool for every session (its processes start with the first session that hands
-        # them work); the producer thread works beside them.
+        # them work); the producer thread works beside them. Its fork server is a fork of this
+        # process, which has imported what a worker needs, where it runs one thread yet.
         also = () if exit_with is None else (exit_with,)  # a trainer's own sidecar shares the trainer's CPUs
-        self._pool = start_pool(self.choice, self._owner, self.budget, also)
+        self._pool = start_pool(self.choice, self._owner, self.budget, also, from_here=True)
         if exit_with is not None:
             threading.Thread(target=self._watch, args=(exit_with,), name="colo-data-sidecar-watch", daemon=True).start()
 
