@@ -122,6 +122,8 @@ HEADLINES = (
     ("cpu, inprocess: none / 2 workers, time to batch 1200", "CPU-bound pipeline, in process, 2 workers: batch 1,200", "none"),
     ("light, inprocess: none / 2 workers, time to batch 400", "light pipeline, in process, 2 workers: batch 400", "no workers"),
     ("light, inprocess: none / 2 workers, time to batch 4000", "light pipeline, in process, 2 workers: batch 4,000", "none"),
+    ("light, sidecar: none / 2 workers, time to batch 400", "light pipeline, sidecar, 2 workers: batch 400", "no workers"),
+    ("light, sidecar: none / 2 workers, time to batch 4000", "light pipeline, sidecar, 2 workers: batch 4,000", "none"),
     ("cpu, sidecar, 2 workers: first batch", "CPU-bound pipeline, sidecar, 2 workers: first batch after `cd.Loader(...)`", ""),
 )
 
