@@ -14,8 +14,8 @@ its pool over a socket of the pool's (colo_data/workers/frames.py). This one tak
 over its control connection (`SCM_RIGHTS`), forks, and answers with the worker's pid, then
 with its exit code once it has reaped it.
 
-A sidecar is such an interpreter itself: at its start it has imported what a worker needs
-(and neither JAX nor a trainer's state) and runs one thread. Its pool's server is therefore
+A sidecar is such an interpreter itself: at its start it has imported what a worker needs,
+holds no trainer's state and runs one thread. Its pool's server is therefore
 a fork of it (`from_here`), ready at once, where a fresh one would take about 0.2 s of a CPU
 while the sidecar makes its first batches; a process running more than one thread (a
 trainer: JAX's) gets a fresh interpreter.
