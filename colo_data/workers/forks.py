@@ -91,7 +91,7 @@ class ForkServer:
     ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # SPT_NOENV: `setproctitle` writes its titles over the arguments alone, never over the
-        # environment after them, so /proc/PID/environ still shows each worker's settings
+        # environment after them, so /proc/PID/environ still shows the environment each began with
         env = {**env, "SPT_NOENV": "1"}
         self.process: subprocess.Popen[bytes] | _Fork
         try:

@@ -4,8 +4,9 @@ that runs this module: it imports only colo-data's chunk work (no JAX, no Grain:
 0.3 s, in the background while the first batches are made) and never the user's `__main__`
 (cloudpickle sends the script's functions by value), so scripts need no
 `if __name__ == "__main__":` guard for it, and a worker is ready in milliseconds once it is
-asked for. Grain's multiprocessing spawns new processes for every iterator, each importing
-Grain and JAX (seconds). A pool outlives streams: a loader or a sidecar starts it once and
+asked for; a sidecar's pool forks its server from the sidecar itself, which has imported
+all that already. Grain's multiprocessing spawns new processes for every iterator, each
+importing Grain and JAX (seconds). A pool outlives streams: a loader or a sidecar starts it once and
 every run or trainer session reuses it.
 
 Every worker computes its share of every chunk: the records whose row groups are its own
