@@ -205,6 +205,8 @@ def test_a_killed_sidecar_leaves_no_workers_and_no_ipc_files(
     """Started from a shell, a sidecar runs numpy's OpenBLAS threads and its workers' fork
     server is a fresh interpreter; with the process settings (as the image and a trainer's
     own sidecar start it) it runs one thread, and the server is a fork of it."""
+    if not settings and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("on one CPU numpy's OpenBLAS starts no thread: a sidecar from a shell forks its server too")
     socket = tmp_path / "host0.sock"
     ipc_before = posix_ipc_files()
     env = {**process_settings(), **os.environ} if settings else {**os.environ, "OPENBLAS_NUM_THREADS": "2"}

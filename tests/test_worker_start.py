@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 from pipelines import WORKERS_S, OnArrival, idle_host, make_pipeline, until_workers_made
 
 import colo_data as cd
+from colo_data.runtime.budget import cpu_budget
 from colo_data.runtime.child_env import child_env
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.workers.processes import WorkerPool
@@ -123,6 +125,7 @@ def test_a_sidecars_fork_server_is_a_fork_of_the_sidecar(
     token_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)  # the sidecar then gets 1: one thread, as the image's
     pipeline = make_pipeline(
         token_corpus, epochs=None, transforms=[idle_host, NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)]
     )
@@ -134,12 +137,14 @@ def test_a_sidecars_fork_server_is_a_fork_of_the_sidecar(
         assert environ(server.pid) == environ(sidecar.pid), "the server is a fresh interpreter, not a fork of the sidecar"
         assert MARK not in " ".join(server.cmdline()), "the server's command line says it is a worker"
         assert workers, "no worker was forked"
-        for worker in workers:
-            seen = json.loads((tmp_path / f"{worker.pid}.json").read_text())
+        notes = [tmp_path / f"{worker.pid}.json" for worker in workers]  # a worker forked just now may not have its job yet
+        assert settle(lambda: all(note.exists() for note in notes), WORKERS_S), "a worker never set its job up"
+        for worker, note in zip(workers, notes, strict=True):
+            seen = json.loads(note.read_text())
             assert seen["ppid"] == server.pid
             assert seen["preloaded"] == list(PRELOADED) and not seen["jax"]
             assert MARK in " ".join(worker.cmdline()), "a worker's command line names its module"
-            assert seen["rayon"] == "1", "a worker's environment lacks its share of the CPU budget (1.99 CPUs over 2)"
+            assert seen["rayon"] == str(max(1, math.ceil(cpu_budget().cpus) // 2)), "a worker lacks its share of the budget"
 
 
 FROM_HERE = """
