@@ -11,7 +11,7 @@ from pathlib import Path
 import cloudpickle
 
 import colo_data as cd
-from colo_data.workers.processes import in_worker
+from colo_data.workers.forks import in_worker
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes and sidecars get its functions by value
 

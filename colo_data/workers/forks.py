@@ -57,6 +57,13 @@ _REAP_S = 1.0  # beyond a stop's seconds, what the server gets to kill and reap 
 _PR_SET_PDEATHSIG = 1
 _TITLE = "colo-data worker fork server"  # its command line (`ps`), where its workers show the module they run
 _JEMALLOC = "jemalloc_bg_thd"  # the name of the background thread of Arrow's jemalloc
+_in_worker = False  # this process is a worker forked by a fork server (set in `_worker`)
+
+
+def in_worker() -> bool:
+    """Whether this process is a worker forked by a pool's fork server (a fresh server's,
+    whose `__main__` its workers share, or a sidecar's forked one, whose is the sidecar's)."""
+    return _in_worker
 
 
 def lower(pid: int) -> None:
@@ -328,6 +335,8 @@ def _worker(server: int, title: str, conn: socket.socket, work: Callable[[socket
     """A forked worker: in a session of its own at `WORKER_NICE` (see `lower`), killed
     with its server, with numpy's global random state of its own (as a fresh interpreter
     has), showing the server's own command line (`title`); runs `work(conn)`. Its exit code."""
+    global _in_worker
+    _in_worker = True
     try:
         os.setsid()
         lower(os.getpid())

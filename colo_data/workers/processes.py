@@ -44,26 +44,17 @@ from colo_data.workers import forks, frames
 from colo_data.workers.cpu_use import IdleCpus
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
 
-__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool", "in_worker"]
+__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
 
 READY = "ready"  # a worker's reply to a job it has set up
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
-_in_worker = False  # this process is a pool's worker (set by `_serve`)
-
-
-def in_worker() -> bool:
-    """Whether this process is a worker process of a pool (forked from a fresh server, whose
-    `__main__` is this module, or from a fork of a sidecar, whose `__main__` is the sidecar's)."""
-    return _in_worker
 
 
 def _serve(conn: socket.socket) -> None:
     """A worker: take a job (a pickled pipeline, the host and the stream position it starts
     near), set it up and warm it, say it is ready, then compute the share of each chunk
     asked of it, until the socket closes."""
-    global _in_worker
-    _in_worker = True
     jobs: dict[int, ChunkWork] = {}
     while True:
         try:
@@ -320,7 +311,4 @@ class ProcessStream:
 
 
 if __name__ == "__main__":  # the pool's fork server; its workers, forked from it, have this module as `__main__`
-    # ...and run the importable module's `_serve`, whose `in_worker` their pipelines' code reads
-    from colo_data.workers import processes
-
-    forks.serve(socket.socket(fileno=int(sys.argv[1])), processes._serve)
+    forks.serve(socket.socket(fileno=int(sys.argv[1])), _serve)
