@@ -41,8 +41,9 @@ class CorruptFileError(SourceError):
 
 
 class ResourceError(ColoDataError):
-    """The process ran out of a resource while reading (file descriptors, memory): the
-    data is fine; the message names the limit and what to change."""
+    """The process ran out of a resource while reading (file descriptors, memory), or of
+    disk room for a dataset index: the data is fine; the message names the limit and what
+    to change."""
 
 
 class SchemaError(SourceError):

@@ -188,3 +188,19 @@ def row_groups_decoded(pipeline: cd.Pipeline, hosts: int, batches: int | None = 
                 pass
         total += int(own.source.read_stats()[4])  # row groups decoded
     return total
+
+
+def assert_state_refused(pipeline: cd.Pipeline, state: dict, match: str, set_state: bool = True) -> None:
+    """A StateError matching `match` for `state` wherever a state goes in: `Loader(state=)`,
+    `set_state` (unless not `set_state`), `cd.skip` and `cd.lineage`."""
+    import pytest
+
+    with pytest.raises(cd.errors.StateError, match=match):
+        cd.Loader(pipeline, state=state)
+    if set_state:
+        with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.StateError, match=match):
+            loader.set_state(state)
+    with pytest.raises(cd.errors.StateError, match=match):
+        cd.skip(pipeline, state, batches=1)
+    with pytest.raises(cd.errors.StateError, match=match):
+        cd.lineage(pipeline, state, steps=range(int(state.get("step", 1) or 1), int(state.get("step", 1) or 1) + 1))

@@ -175,6 +175,29 @@ def test_items_that_are_not_this_pipelines_loader_state_are_refused(token_corpus
         mngr.restore(3, args=ocp.args.Composite(data=checkpoint.restore_args()))
 
 
+def test_a_damaged_state_in_an_item_is_a_state_error_that_names_the_item(token_corpus: Path, tmp_path: Path) -> None:
+    """A loader state item whose order names 0 partitions, or whose partition positions hold
+    a float count, restored with the pipeline: a StateError that names the checkpoint item
+    and the state's field, where a raw ZeroDivisionError or OverflowError came through."""
+    padded = make_pipeline(token_corpus, epochs=None)  # it chooses its partitions: 12
+    packed = make_pipeline(token_corpus, "none", transforms=[], pack=cd.Pack("tokens", 16), partitions=4, epochs=None)
+    with cd.Loader(padded) as loader:
+        next(loader)
+        zero = {**loader.get_state(), "order": "block:2/0x1 dealt"}
+    with cd.Loader(packed) as loader:
+        next(loader)
+        state = loader.get_state()
+        floating = {**state, "parts": {**state["parts"], "count": 1e30}}
+    for step, (pipeline, damaged, match) in enumerate(
+        [(padded, zero, r"order 'block:2/0x1 dealt' names 0 partitions"), (packed, floating, r"count=1e\+30: not an int")]
+    ):
+        with ocp.CheckpointManager(tmp_path) as mngr:
+            mngr.save(step, args=ocp.args.Composite(data=checkpoint.save_args(damaged)))
+        with ocp.CheckpointManager(tmp_path) as mngr, pytest.raises(cd.errors.StateError, match=match) as e:
+            mngr.restore(step, args=ocp.args.Composite(data=checkpoint.restore_args(pipeline)))
+        assert str(e.value).startswith(f"checkpoint item {tmp_path / str(step) / 'data'}: "), e.value
+
+
 def test_a_state_saved_as_plain_json_restores(token_corpus: Path, tmp_path: Path) -> None:
     pipeline = make_pipeline(token_corpus)
     with ocp.CheckpointManager(tmp_path) as mngr, cd.Loader(pipeline, hosts=4) as loader:

@@ -4,6 +4,7 @@ the file and the key."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +36,17 @@ def test_shipped_demo_config_builds_the_demo_pipeline() -> None:
 
 
 def test_pipeline_line_alone_takes_every_default(tmp_path: Path, token_corpus: Path, monkeypatch) -> None:
+    """A file of the `pipeline` line alone: no [args] (the function's own defaults), the
+    sidecar's workers "auto" (slots and shm_dir left to each command's defaults), no [deploy]."""
     (tmp_path / "my_data.py").write_text(
         "import colo_data as cd\n"
-        f"def pipeline():\n    return cd.Pipeline(source=cd.ArrowSource({str(token_corpus)!r}), global_batch_size=8)\n"
+        f"def pipeline(batch=8):\n    return cd.Pipeline(source=cd.ArrowSource({str(token_corpus)!r}), global_batch_size=batch)\n"
     )
     monkeypatch.chdir(tmp_path)  # imported from the working directory
-    pipeline = load_config(write(tmp_path, 'pipeline = "my_data:pipeline"\n')).build()
-    assert len(pipeline.source) == 120
+    config = load_config(write(tmp_path, 'pipeline = "my_data:pipeline"\n'))
+    assert (config.args, config.sidecar, config.deploy) == ({}, {"workers": "auto"}, {})
+    pipeline = config.build()
+    assert len(pipeline.source) == 120 and pipeline.global_batch_size == 8
 
 
 @pytest.mark.parametrize(
@@ -101,6 +106,77 @@ def test_a_module_left_in_the_working_directory_never_shadows_an_installed_one(t
         assert not (tmp_path / "PLANTED_RAN").exists(), command
 
 
+def planted(directory: Path, *modules: str, mode: int = 0o1777) -> Path:
+    """`directory` made with `mode` (default: shared as /tmp is), holding a module of each
+    name that, once imported, leaves a file `RAN-<name>-<pid>` beside itself."""
+    directory.mkdir()
+    directory.chmod(mode)
+    for name in modules:
+        (directory / f"{name}.py").write_text(
+            "import os\nopen(os.path.join(os.path.dirname(__file__), f'RAN-{__name__}-{os.getpid()}'), 'w').close()\n"
+        )
+    return directory
+
+
+def test_a_module_left_in_a_shared_working_directory_never_runs(tmp_path: Path, token_corpus: Path) -> None:
+    """Run from a shared directory, a command imported a `pandas.py` that another user left
+    there (pyarrow tries `pandas` as an optional import): importing the config's module put
+    the working directory on the import path for the rest of the command. The config's
+    own module still comes from there, and so do the functions that its worker processes
+    and sidecar run."""
+    shared = planted(tmp_path / "shared", "pandas", "libtpu", "sitecustomize")
+    (shared / "shared_pipelines.py").write_text(
+        "import colo_data as cd\n"
+        "def padded(corpus):\n"
+        "    return cd.Pipeline(source=cd.ArrowSource(corpus, columns=['id', 'tokens']), global_batch_size=8,\n"
+        "                       transforms=[same, cd.pad_or_truncate('tokens', 8)], index_column='_index')\n"
+        "def same(batch):  # made in the sidecar and its worker process\n"
+        "    return batch\n"
+    )
+    (shared / "shared.toml").write_text(f'pipeline = "shared_pipelines:padded"\n[args]\ncorpus = "{token_corpus}"\n')
+    commands = [
+        ["doctor", str(CONFIGS / "demo.toml")],
+        ["lineage", str(CONFIGS / "lm.toml"), "--steps", "1"],
+        ["doctor", "shared.toml"],
+        ["bench", "shared.toml", "--backend", "sidecar", "--workers", "1", "--steps", "3"],
+    ]
+    for command in commands:
+        done = subprocess.run([str(COLO), *command], capture_output=True, text=True, cwd=shared, timeout=300)
+        assert done.returncode == 0, (command, done.stderr)
+        assert not list(shared.glob("RAN-*")), (command, done.stderr)
+
+
+@pytest.mark.parametrize("backend", [["sidecar"], ["inprocess", "--workers", "1"]], ids=" ".join)
+def test_a_sitecustomize_in_a_shared_directory_never_runs_in_a_child(tmp_path: Path, backend: list[str]) -> None:
+    """A child process (the local sidecar, the worker processes' fork server) got this
+    process's import path as its PYTHONPATH, and `site` imports a `sitecustomize.py` from
+    it at start: a trainer started in a shared directory (`python -m` and a script put
+    theirs first on the path) ran another user's in the child."""
+    shared = planted(tmp_path / "shared", "sitecustomize")
+    command = [sys.executable, "-m", "colo_data.cli", "bench", str(CONFIGS / "demo.toml"), "--steps", "3", "--backend"]
+    done = subprocess.run([*command, *backend], capture_output=True, text=True, cwd=shared, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not list(shared.glob("RAN-*")), done.stderr
+
+
+@pytest.mark.parametrize("group, stays", [(0, True), (12345, False)], ids=["its owner's own group", "another group"])
+def test_a_directory_its_group_may_write_stays_on_a_childs_path_only_where_the_group_is_its_owners(
+    tmp_path: Path, group: int, stays: bool
+) -> None:
+    """A umask of 002 leaves a user's own checkout group-writable, its group the user's own
+    (named after it, with no other member): it stays on a child's path, which imports the
+    user's modules from it (here: the sidecar runs its `sitecustomize.py`). Where a group
+    of other users may write it, it is left off."""
+    if os.geteuid() != 0:
+        pytest.skip(f"giving a directory to root's group or to a group of no one needs root (this is uid {os.geteuid()})")
+    directory = planted(tmp_path / "project", "sitecustomize", mode=0o775)
+    os.chown(directory, 0, group)
+    command = [sys.executable, "-m", "colo_data.cli", "bench", str(CONFIGS / "demo.toml"), "--steps", "3", "--backend", "sidecar"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=directory, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert bool(list(directory.glob("RAN-sitecustomize-*"))) == stays, done.stderr
+
+
 @pytest.mark.parametrize(
     "target, match",
     [
@@ -123,6 +199,30 @@ def test_a_target_that_is_not_a_pipeline_factory_is_refused_before_it_is_called(
     for command in (["bench"], ["doctor"], ["lineage"], ["verify"], ["sidecar", "serve"]):
         shown = CliRunner().invoke(main, [*command, "--help"], terminal_width=400)
         assert "A config is code" in shown.output and "give only configs you trust" in shown.output, command
+        assert "is a check against mistakes, not a security boundary" in " ".join(shown.output.split()), command
+
+
+@pytest.mark.parametrize(
+    "target, args",
+    [
+        ("pycparser:check_output", 'args = "touch {victim}/touched"\nshell = true'),  # subprocess.check_output
+        ("fsspec.implementations.cached:rmtree", 'path = "{victim}"'),  # shutil.rmtree
+    ],
+)
+def test_a_function_imported_from_another_module_is_refused_before_it_is_called(tmp_path: Path, target: str, args: str) -> None:
+    """The refusal of standard-library functions looked at the module's name only: a
+    library's module that imported one (`pycparser:check_output`) ran a shell command, and
+    `fsspec...cached:rmtree` removed a directory. A function is called only from the
+    module that defines it, and `--help` says that this is no security boundary."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "kept").write_text("not the config's to remove")
+    config = write(tmp_path, f'pipeline = "{target}"\n[args]\n' + args.format(victim=victim) + "\n")
+    module, _, name = target.partition(":")
+    refused = rf"module '{module}' \(.*\) imported '{name}' from module '(subprocess|shutil)'"
+    with pytest.raises(cd.errors.ConfigError, match=refused):
+        load_config(config).build()
+    assert sorted(p.name for p in victim.iterdir()) == ["kept"]
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

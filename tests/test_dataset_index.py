@@ -8,6 +8,7 @@ the GCS emulator, through pyarrow's clients and gcsfs) behind a proxy that count
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,12 +110,18 @@ def test_an_index_the_files_no_longer_match_is_refused(corpus: Path, change) -> 
 
 def test_a_glob_that_leaves_a_changed_file_out_reads_the_index(corpus: Path) -> None:
     """The index is checked against the files the path names: a file outside the glob
-    changing does not stop a source of the glob."""
+    changing does not stop a source of the glob, and a file the glob names changing is a
+    StaleIndexError that names it (the glob reads the index, not each file's metadata)."""
     cd.write_index(corpus)
     _add(corpus)
     os.remove(corpus / "more" / "extra.parquet")
-    source = cd.ArrowSource(str(corpus / "part-*.parquet"))
-    assert all(Path(f).name.startswith("part-") for f in source.files)
+    glob = str(corpus / "part-*.parquet")
+    source = cd.ArrowSource(glob)
+    assert [Path(f).name for f in source.files] == sorted(p.name for p in corpus.glob("part-*.parquet"))
+    named = _rewrite(corpus)
+    assert named.startswith("part-")
+    with pytest.raises(cd.errors.StaleIndexError, match=re.escape(f"changed (1): {named}")):
+        cd.ArrowSource(glob)
 
 
 def test_a_damaged_index_is_named(corpus: Path) -> None:
@@ -262,6 +269,47 @@ def test_the_index_command(corpus: Path) -> None:
     assert f"{len(source):,} records in {len(source.row_group_sizes):,} row groups" in done.stdout, done.stdout
     failed = subprocess.run([*command[:-1], str(source.files[0])], capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and "Error: write_index(" in failed.stderr and "not a directory" in failed.stderr, failed
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of 1 MiB (tmpfs), unmounted after the test."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root, or CAP_SYS_ADMIN (mount said: {mounted.stderr.strip()})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_the_index_command_on_a_full_or_read_only_disk(small_disk: Path, token_corpus: Path) -> None:
+    """On a full disk `colo-data index DIR` exited 1 with a 27-line ENOSPC traceback: it is
+    one line that names the directory, the index's bytes and the bytes free, and leaves no
+    partial file; a read-only one is one line too."""
+    data = small_disk / "data"
+    shutil.copytree(token_corpus, data)
+    with open(small_disk / "filler", "wb") as filler:  # the rest of the disk
+        with pytest.raises(OSError, match="No space left on device"):
+            while True:
+                filler.write(bytes(2**16))
+                filler.flush()
+    command = [sys.executable, "-m", "colo_data.cli", "index", str(data)]
+    full = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert full.returncode == 1 and full.stderr.count("\n") == 1, full.stderr
+    assert re.match(
+        rf"Error: write_index\('{data}'\): cannot write the index \([\d,]+ bytes\) into {data}: No space left on device "
+        r"\([\d,]+ bytes free on its filesystem\)\. Free at least [\d,]+ bytes there",
+        full.stderr,
+    ), full.stderr
+    assert sorted(p.name for p in data.iterdir()) == sorted(p.name for p in token_corpus.iterdir()), "a partial file was left"
+    (small_disk / "filler").unlink()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    read_only = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert read_only.returncode == 1 and read_only.stderr.count("\n") == 1, read_only.stderr
+    assert f"into {data}: Read-only file system. Make the directory writable" in read_only.stderr, read_only.stderr
 
 
 # --- object storage -------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
@@ -122,3 +124,111 @@ def test_a_state_saved_with_one_partition_continues_with_it(token_corpus: Path) 
     later = np.concatenate([np.asarray(b["_index"]).ravel() for b in read_all(cd.Loader(resumed, state=state), 3)])
     seen = first[first >= 0]
     assert not set(seen.tolist()) & set(later[later >= 0].tolist()), "a record came again after the resume"
+
+
+DOMAINS = {"one domain": (5,), "two domains": (2, 5)}  # the domains (files) a filter keeps, of 8
+
+
+@pytest.fixture(scope="module")
+def domain_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 Parquet files of 64 records, a domain each (`domain`: the file's number; `id`: the
+    record's index), in row groups of 16: 32 row groups, 4 windows of the block order."""
+    root = tmp_path_factory.mktemp("domains")
+    for domain in range(8):
+        ids = np.arange(domain * 64, (domain + 1) * 64)
+        table = pa.table({"id": ids, "domain": np.full(64, domain, np.int32)})
+        pq.write_table(table, root / f"domain-{domain}.parquet", row_group_size=16)
+    return root
+
+
+class InDomains:
+    """A filter that follows the files: it keeps the records of some domains."""
+
+    def __init__(self, domains: tuple[int, ...]) -> None:
+        self.domains = domains
+
+    def __call__(self, columns: dict) -> np.ndarray:
+        return np.isin(np.asarray(columns["domain"]), self.domains)
+
+
+def on(pipeline: cd.Pipeline, hosts: int = 1, **options) -> cd.Loader:
+    """A loader of `pipeline` on `hosts` hosts, in process, without worker processes (the
+    order is what these tests check, and a pool's start would cost most of their time)."""
+    return cd.Loader(pipeline, backend=cd.InProcess(workers=0), hosts=hosts, **options)
+
+
+def by_domain(corpus: Path, kept: str, shuffle: str, seed: int, **overrides) -> cd.Pipeline:
+    """Batches of 64 of the domain corpus under `shuffle`, keeping the `kept` domains, endless."""
+    return cd.Pipeline(
+        source=cd.ArrowSource(str(corpus)),
+        order=cd.Order(shuffle, seed=seed),
+        global_batch_size=64,
+        keep=InDomains(DOMAINS[kept]),
+        epochs=None,
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+@pytest.mark.parametrize("kept", list(DOMAINS))
+def test_a_filter_that_follows_the_files_runs_with_the_chosen_partitions(domain_corpus: Path, kept: str, shuffle: str) -> None:
+    """A filter that keeps 1 or 2 of 8 files, one domain a file, on batches of 64 (16
+    partitions chosen). Partitions of a slice of their own starved here: most slices hold
+    no kept record, and the loader stopped at its first batch with a TransformError
+    ("accepted none of the last 1,024 records of partition ..."). A filtered pipeline's
+    partitions take turns of the one order (`Partitioning.shared`), so each accepts as the
+    whole stream does: 3 epochs' batches hold only the kept domains, each kept record about
+    once an epoch (3 times, give or take the partitions' paces), the same on 1, 2 and 4
+    hosts, with `partitions=16` named too, and a state resumes exactly on other host counts."""
+    domains = DOMAINS[kept]
+    epochs = 3
+    for seed in range(3):
+        pipeline = by_domain(domain_corpus, kept, shuffle, seed)
+        assert pipeline.partitions is None and pipeline.partitioning.partitions == 16
+        expected = read_all(on(pipeline), epochs * len(domains))  # an epoch holds 64 kept records a domain
+        ids = np.concatenate([b["id"] for b in expected])
+        assert set((ids // 64).tolist()) == set(domains), f"seed {seed}: the kept domains only, each"
+        counts = np.bincount(ids, minlength=512)[np.isin(np.arange(512) // 64, domains)]
+        assert epochs - 2 <= counts.min() and counts.max() <= epochs + 2, (seed, counts.min(), counts.max())
+        for hosts in (2, 4):
+            assert_batches_equal(expected, read_all(on(pipeline, hosts), len(expected)), f"{hosts} hosts")
+        named = by_domain(domain_corpus, kept, shuffle, seed, partitions=16)
+        assert_batches_equal(expected, read_all(on(named, 2), len(expected)), "partitions=16 named")
+    assert_resumes_identically(
+        lambda: on(pipeline),
+        lambda k, state: on(pipeline, (2, 4)[k % 2], state=state),
+        steps=4,
+    )
+
+
+def test_a_filtered_state_names_its_shared_partitions(domain_corpus: Path) -> None:
+    """A filtered pipeline's state names its partitions `shared` (part of the order, with
+    their rows); a state of one stream position (one partition's) continues with them, each
+    partition taking its next kept records of the one order after that position. Restored
+    into a pipeline whose partitions read slices of their own, or saved with them (by an
+    earlier colo-data), a state is a StateError that says which to give."""
+    pipeline = by_domain(domain_corpus, "two domains", "global", 1)
+    with on(pipeline) as loader:
+        next(loader)
+        state = loader.get_state()
+    assert state["order"] == "global/16x4 shared" and state["parts"]["count"] == 16
+    with on(by_domain(domain_corpus, "two domains", "global", 1, partitions=1)) as loader:
+        next(loader)
+        one = loader.get_state()
+    assert one["order"] == "global" and one["epoch"] == 0 and "parts" not in one
+    with on(pipeline, state=one) as loader:
+        assert loader.pipeline.partitioning.partitions == 16
+        later = np.asarray(next(loader)["id"])
+    # partition k's rows: its first 4 kept records at its positions of the one order from the saved one on
+    positions = np.arange(one["position"], one["position"] + 2048)
+    records = pipeline.stream.bind(pipeline.order).stream_indices(positions)  # ids are record indices
+    kept = np.isin(records // 64, DOMAINS["two domains"])
+    partition = pipeline.partitioning.of(positions)
+    expected = np.concatenate([records[kept & (partition == k)][:4] for k in range(16)])
+    np.testing.assert_array_equal(later, expected)
+    padded = cd.Pipeline(source=pipeline.source, order=pipeline.order, global_batch_size=64, epochs=None, partitions=16)
+    with pytest.raises(cd.errors.StateError, match=r"took turns of the one order.*give it the keep= it was saved with"):
+        on(padded, state=state)
+    older = {**state, "order": "global/16x4 own"}
+    with pytest.raises(cd.errors.StateError, match=r"each read a slice of their own.*with the colo-data that saved it"):
+        on(pipeline, state=older)

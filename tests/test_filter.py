@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import cloudpickle
 import jax
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jax.sharding import Mesh
@@ -114,3 +116,45 @@ def test_bad_filters_are_named_errors(token_corpus: Path) -> None:
     assert read_all(cd.Loader(nothing)) == [], "a finite stream that keeps nothing ends"
     with pytest.raises(cd.errors.TransformError, match=r"keep=\S*<lambda>\) accepted none of the last [\d,]+ records of the stream"):
         next(cd.Loader(dataclasses.replace(nothing, epochs=None, partitions=1)))  # an endless one is told, not read forever
+
+
+def marked(true: object, false: object) -> Callable[[dict], np.ndarray]:
+    """A filter that marks the odd ids with `true` and the others with `false`."""
+
+    def verdicts(columns: dict) -> np.ndarray:
+        return np.where(np.asarray(columns["id"]) % 2 == 1, true, false)
+
+    return verdicts
+
+
+@pytest.mark.parametrize(("true", "false", "dtype"), [("True", "False", "<U5"), (1.0, np.nan, "float64"), (1, 0, "int64")])
+def test_a_keep_that_returns_other_than_bools_is_named(token_corpus: Path, true: object, false: object, dtype: str) -> None:
+    """Read by truthiness, the string "False" and NaN would keep every record: a verdict
+    that is not a bool is a TransformError that names the filter and the dtype, for the
+    pipeline's keep and the pack's, one partition or several."""
+    for overrides in (
+        dict(keep=marked(true, false)),
+        dict(keep=marked(true, false), partitions=4, epochs=None),
+        dict(keep=None, pack=cd.Pack("tokens", 16, keep=marked(true, false))),
+    ):
+        where = "cd.Pack" if overrides["keep"] is None else "cd.Pipeline"
+        with pytest.raises(
+            cd.errors.TransformError,
+            match=rf"{where} keep=.*verdicts.* returned {dtype} values for \d+ records .*give one bool a record",
+        ):
+            read_all(cd.Loader(filtered(token_corpus, **overrides)), 1)
+
+
+def test_a_list_of_bools_and_a_pyarrow_boolean_array_are_verdicts(token_corpus: Path) -> None:
+    """A keep may return a list of Python bools or a pyarrow BooleanArray (no nulls): the
+    batches of the numpy bool array."""
+
+    def as_list(columns: dict) -> list[bool]:
+        return [bool(i % 2) for i in np.asarray(columns["id"]).tolist()]
+
+    def as_arrow(columns: dict) -> pa.Array:
+        return pa.array(as_list(columns), pa.bool_())
+
+    expected = read_all(cd.Loader(filtered(token_corpus)))
+    for keep in (as_list, as_arrow):
+        assert_batches_equal(expected, read_all(cd.Loader(filtered(token_corpus, keep=keep))), keep.__name__)

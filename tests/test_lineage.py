@@ -96,6 +96,34 @@ def test_a_padded_step_a_million_steps_on_is_the_loaders(token_corpus: Path, mix
     assert cd.lineage(pipeline, skipped, steps=range(far, far + 1)) == [step]
 
 
+@pytest.mark.parametrize("shuffle", ["none", "block"])
+def test_steps_past_what_a_stream_position_reaches_are_refused_as_skip_refuses_them(token_corpus: Path, shuffle: str) -> None:
+    """Batches of 16: a step whose records start past 2**62 is a ConfigError that names the
+    steps, as `cd.skip` of that many batches is, where lineage named other records (int64
+    wrapped: step 2**60 named step 0's) or raised a raw ValueError; the last step that
+    `cd.skip` reaches (starting at record 2**62) is what a loader from its state reads."""
+    pipeline = cd.Pipeline(
+        source=cd.ArrowSource(str(token_corpus), columns=["id", "tokens"]),
+        order=cd.Order(shuffle=shuffle, seed=5, window=2),
+        transforms=[cd.pad_or_truncate("tokens", 8)],
+        global_batch_size=16,
+        epochs=None,
+        index_column="_index",
+    )
+    last = 2**62 // 16
+    for step in (last + 1, 2**59, 2**60, 2**62):
+        past = rf"{step}: {step:,} global batches of 16 records from stream position 0 take the stream to .* past the 2\*\*62"
+        with pytest.raises(cd.errors.ConfigError, match=rf"steps {step}\.\.{past} .*ask for earlier steps"):
+            cd.lineage(pipeline, None, steps=range(step, step + 1))
+        with pytest.raises(cd.errors.ConfigError, match=rf"batches={past} .*skip fewer"):
+            cd.skip(pipeline, None, batches=step)
+    with pytest.raises(cd.errors.ConfigError, match=r"steps 0\.\.2305843009213693952: "):
+        cd.lineage(pipeline, None, steps=range(0, 2**62, 2**61))  # refused before any step is named
+    [batch], _ = read(pipeline, 1, state=cd.skip(pipeline, None, batches=last))
+    [step] = cd.lineage(pipeline, None, steps=range(last, last + 1))
+    assert traced_rows(step) == loader_rows(pipeline, batch)
+
+
 def test_lineage_lists_what_a_packed_skip_left_out(token_corpus: Path, mix_corpora: dict[str, Path]) -> None:
     """The loss-spike recipe on a packed pipeline of 4 partitions: lineage from the
     checkpoint lists the skipped steps; lineage from the skipped state goes on where it

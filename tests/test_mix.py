@@ -200,6 +200,17 @@ def test_the_state_stays_small_for_16_components(tmp_path: Path) -> None:
         (lambda c: cd.Mix(c, {"web": 1, "code": 1}), "one weight for each component"),
         (lambda c: cd.Mix(c, {"web": -1, "code": 1, "math": 1}), "'web' is -1"),
         (lambda c: cd.Mix(c, {"web": 0, "code": 0, "math": 0}), "every weight is 0"),
+        # near the float maximum: the sum overflowed (shares of 4 slots, not 65,536: a raw IndexError), and an int
+        # past it raised a raw TypeError
+        (
+            lambda c: cd.Mix(c, {"web": 1e308, "code": 1e308, "math": 1}),
+            r"add up past the largest float.*'web' is 1e\+308.*divide them all",
+        ),
+        (
+            lambda c: cd.Mix(c, {"web": 2**1100, "code": 1, "math": 1}),
+            r"'web' is an int of 1101 bits; give a number from 0 to the largest float",
+        ),
+        (lambda c: cd.Mix(c, {"web": float("nan"), "code": 1, "math": 1}), r"'web' is nan; give a number from 0"),
         (  # more weighted components than the schedule's slots: refused, none left out silently
             lambda c: cd.Mix(dict.fromkeys(map(str, range(DENOMINATOR + 1)), c["web"]), dict.fromkeys(map(str, range(DENOMINATOR + 1)), 1)),
             r"65,537 components have a weight above 0; a mixture's schedule has 65,536 slots",

@@ -19,7 +19,7 @@ from colo_data.host.host_pipeline import HostPipeline
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import make_pipeline
+from pipelines import assert_state_refused, make_pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -131,3 +131,58 @@ def test_set_state_from_another_batch_size_says_to_make_a_new_loader(token_corpu
         with pytest.raises(cd.errors.StateError, match=message):
             loader.set_state(state)
         loader.set_state(loader.get_state())  # its own state continues in place
+
+
+def test_a_state_whose_order_names_no_partitions_is_a_state_error(token_corpus: Path) -> None:
+    """A state whose order names 0 partitions, made up or damaged, is a StateError that
+    names its order and says what to pass, in `Loader(state=)`, `set_state`, `cd.skip` and
+    `cd.lineage`: where the pipeline chooses its partitions it divided by them (a raw
+    ZeroDivisionError), and where it names them the message said to give it partitions=0.
+    A pipeline that chooses its partitions refuses 0 rows a batch too (one that names them
+    continues a padded state at any rows a batch, so it does not read them)."""
+    with cd.Loader(endless(token_corpus)) as loader:
+        next(loader)
+        state = loader.get_state()
+    assert state["order"] == "block:2/12x1 dealt"
+    choosing, naming = endless(token_corpus), endless(token_corpus, partitions=12)
+    cases = [
+        (pipeline, order, f"{count} partitions of 1 rows")
+        for pipeline in (choosing, naming)
+        for order, count in (("block:2/0x1 dealt", "0"), ("block:2/00x1 dealt", "00"))
+    ]
+    for pipeline, order, named in [*cases, (choosing, "block:2/12x0 dealt", "12 partitions of 0 rows")]:
+        match = rf"the loader state's order '{order}' names {named} a batch.*damaged or made up.*Loader.get_state\(\)"
+        assert_state_refused(pipeline, {**state, "order": order}, match)
+
+
+def test_a_partition_origin_given_by_hand_is_refused_where_the_stream_before_it_is_read(token_corpus: Path) -> None:
+    """`partition_origin` is a restore's, and the stream before it is not the pipeline's.
+    Given by hand (16 or 48, batches of 64 in 16 partitions), a loader's first batch and
+    `cd.lineage` from the stream's start are a ConfigError that names it, where numpy's
+    seeding raised a raw ValueError (a packed pipeline's loader refuses it when made); one
+    at the batch size or past it is refused when the pipeline is made. A pipeline restored
+    at another batch size reads on from its state, and refuses the stream's start alike."""
+    for origin in (16, 48):
+        pipeline = endless(token_corpus, global_batch_size=64, partitions=16, partition_origin=origin)
+        match = rf"partition_origin={origin}: stream position 0 comes before it.*give partition_origin=0"
+        with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.ConfigError, match=match):
+            next(loader)
+        with pytest.raises(cd.errors.ConfigError, match=match):
+            cd.lineage(pipeline, None, steps=range(0, 1))
+        packed = endless(
+            token_corpus, global_batch_size=64, partitions=16, partition_origin=origin, transforms=[], pack=cd.Pack("tokens", 16)
+        )
+        with pytest.raises(cd.errors.ConfigError, match=match):
+            cd.Loader(packed)
+    for origin in (64, 128):
+        with pytest.raises(cd.errors.ConfigError, match=rf"partition_origin={origin}: a restore sets it.*leave it 0"):
+            endless(token_corpus, global_batch_size=64, partitions=16, partition_origin=origin)
+    with cd.Loader(endless(token_corpus)) as loader:
+        next(loader)
+        state = loader.get_state()
+    with cd.Loader(endless(token_corpus, global_batch_size=24), state=state) as loader:
+        restored = loader.pipeline
+        assert restored.partition_origin == 12
+        next(loader)
+    with pytest.raises(cd.errors.ConfigError, match=r"partition_origin=12: stream position 0 comes before it"):
+        cd.lineage(restored, None, steps=range(0, 1))

@@ -154,3 +154,34 @@ def test_verify_passes_on_a_partitioned_mixture(mix_corpora: dict[str, Path]) ->
         ("identical batches", "shares", "exactly once", "seed order", "resume"), "PASS"
     ), checks
     assert "each of the 4 partitions" in checks["shares"].detail
+
+
+def test_a_padded_mixture_of_partitions_resumes_at_its_batch_size_only(mix_corpora: dict[str, Path]) -> None:
+    """Partition k's schedule starts k times its rows a batch slots on, so a padded mixture of
+    partitions (unlike a padded pipeline over one source) resumes at the batch size it was
+    saved at only: at another it is a StateError that says so and names the one, and there
+    it continues exactly on other host counts. A padded mixture that names no partitions
+    keeps one, and resumes at another batch size: the stream after the saved position."""
+    pipeline = mixture(mix_corpora)
+    expected = first(cd.Loader(pipeline), 4)
+    with cd.Loader(pipeline) as loader:
+        next(loader), next(loader)
+        state = json.loads(json.dumps(loader.get_state()))
+    for batch in (24, 8):
+        with pytest.raises(
+            cd.errors.StateError,
+            match=r"under the weights and at the global batch size it was saved at.*continues neither under other weights "
+            r"nor at another batch size.*global_batch_size=12\.",
+        ):
+            cd.Loader(mixture(mix_corpora, global_batch_size=batch), state=state)
+    assert_batches_equal(expected[2:], first(cd.Loader(pipeline, hosts=4, state=state), 2), "resumed at 12, 4 hosts")
+
+    one = mixture(mix_corpora, partitions=None)
+    assert one.partitioning.partitions == 1
+    plain = first(cd.Loader(one), 4)
+    with cd.Loader(one) as loader:
+        next(loader), next(loader)
+        state = json.loads(json.dumps(loader.get_state()))
+    (resumed,) = first(cd.Loader(mixture(mix_corpora, partitions=None, global_batch_size=24), hosts=2, state=state), 1)
+    for name in resumed:
+        np.testing.assert_array_equal(resumed[name], np.concatenate([plain[2][name], plain[3][name]]), err_msg=name)

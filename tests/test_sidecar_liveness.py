@@ -2,14 +2,19 @@
 is a named `SidecarError` within the sidecar timeout (20 s by default; `TIMEOUT_S` here, so
 that the suite does not wait out the default), while a pipeline with a batch of twice that
 is no error (the sidecar's heartbeat goes on while it works); a second trainer is
-told at once that the sidecar serves another; a peer that connects and says nothing does
-not hold the door. Real `colo-data sidecar serve` processes, real trainer processes."""
+told at once that the sidecar serves another, and so is each of several that come together
+(trust round 6, item 3), or told it is busy when the socket's queue is full; a peer that
+connects and says nothing, or answers the key challenge a byte at a time (item 4), does
+not hold the door. Real `colo-data sidecar serve` processes, real trainer processes, raw
+sockets for the peers."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket as sockets
+import struct
 import subprocess
 import sys
 import textwrap
@@ -22,6 +27,7 @@ import cloudpickle
 import pytest
 
 import colo_data as cd
+from colo_data.backends.sidecar.client import SidecarClient
 
 from pipelines import make_pipeline
 from test_sidecar_service import serve
@@ -66,7 +72,9 @@ class SlowSecondChunk:
 
 def run_trainer(tmp_path: Path, corpus: Path, socket: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(TRAINER).format(tests=str(TESTS), corpus=str(corpus), socket=str(socket), timeout=TIMEOUT_S))
+    script.write_text(
+        textwrap.dedent(TRAINER).format(tests=str(TESTS), corpus=str(corpus), socket=str(socket), timeout=TIMEOUT_S)
+    )
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
 
 
@@ -114,7 +122,7 @@ def test_a_frozen_sidecar_is_an_error_within_its_timeout_and_a_batch_twice_as_lo
     frozen = make_pipeline(token_corpus, epochs=None)
     with cd.Loader(frozen, backend=cd.Sidecar(shm_dir=str(frozen_shm), workers=0, timeout=TIMEOUT_S)) as loader:
         next(loader)
-        (_, pid), = loader._runner.backend._targets
+        ((_, pid),) = loader._runner.backend._targets
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         with pytest.raises(cd.errors.SidecarError) as raised:
@@ -178,3 +186,121 @@ def test_a_peer_that_connects_and_says_nothing_does_not_hold_the_door(
 def test_a_sidecar_timeout_below_two_heartbeats_is_a_config_error(value: object) -> None:
     with pytest.raises(cd.errors.ConfigError, match=r"Sidecar\(timeout=.*twice the sidecar's heartbeat"):
         cd.Sidecar(timeout=value)  # type: ignore[arg-type]
+
+
+HANG_S = 60.0  # the hang detector of the tests below: far beyond any wait they expect
+
+
+def test_trainers_that_arrive_together_are_each_told_the_sidecar_is_busy(
+    token_corpus: Path, standalone: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    """Trust round 6, item 3: six trainers connecting at once to a sidecar that serves one.
+    With a backlog of one, three were refused by the socket (EAGAIN) and told at once that
+    the sidecar had sent nothing for the timeout; each must be told it is busy."""
+    socket, server = standalone
+    first = cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}", timeout=HANG_S))
+    next(first)  # a session is open
+    together = threading.Barrier(6)
+    outcomes: list[BaseException | None] = [None] * 6
+
+    def arrive(i: int) -> None:
+        together.wait()
+        try:
+            SidecarClient(f"unix://{socket}", timeout=HANG_S).close()
+        except BaseException as e:  # handed to the test's thread
+            outcomes[i] = e
+
+    arrivals = [threading.Thread(target=arrive, args=(i,)) for i in range(6)]
+    for thread in arrivals:
+        thread.start()
+    for thread in arrivals:
+        thread.join(HANG_S + 120)
+    assert not any(thread.is_alive() for thread in arrivals), "a trainer still waits to be let in"
+    for i, outcome in enumerate(outcomes):
+        assert isinstance(outcome, cd.errors.SidecarError), f"trainer {i}: {outcome!r}"
+        assert f"busy serving the trainer with pid {os.getpid()}" in str(outcome), f"trainer {i}: {outcome}"
+    assert len(list(first)) == 9, "the first trainer's session goes on"
+    first.close()
+    assert server.poll() is None
+
+
+def test_a_trainer_that_finds_the_sidecars_queue_full_is_told_so_not_that_it_hung(
+    token_corpus: Path, standalone: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    """A sidecar whose queue of connections waiting to be let in is full (filled by raw
+    connections while it is stopped, so that it lets none in) refuses a connection with
+    EAGAIN: the trainer waits for room up to its connect timeout, then is told the sidecar is
+    busy, not that it sent nothing."""
+    socket, server = standalone
+    server.send_signal(signal.SIGSTOP)
+    queued: list[sockets.socket] = []
+    try:
+        for _ in range(10_000):
+            peer = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+            peer.setblocking(False)
+            if peer.connect_ex(str(socket)) != 0:  # EAGAIN: the queue is full
+                peer.close()
+                break
+            queued.append(peer)
+        else:
+            pytest.fail("the sidecar's queue took 10,000 connections")
+        with pytest.raises(cd.errors.SidecarError) as raised:
+            SidecarClient(f"unix://{socket}", connect_timeout=2, timeout=HANG_S)
+        message = str(raised.value)
+        assert f"the sidecar at unix://{socket} is busy" in message and "queue" in message, message
+        assert "sent nothing" not in message, message
+    finally:
+        for peer in queued:
+            peer.close()
+        server.send_signal(signal.SIGCONT)
+    with cd.Loader(make_pipeline(token_corpus), backend=cd.Sidecar(address=f"unix://{socket}", timeout=HANG_S)) as loader:
+        assert len(list(loader)) == 10, "served once the queue has room"
+    assert server.poll() is None
+
+
+def test_a_peer_that_answers_the_challenge_a_byte_at_a_time_does_not_hold_the_door(
+    token_corpus: Path, standalone: tuple[Path, subprocess.Popen[bytes]]
+) -> None:
+    """Trust round 6, item 4: a peer without the key that answers the key challenge one
+    byte a second (inside the limit on each read) held the sidecar's one door; a trainer that
+    came next waited until it was told that the sidecar had hung. The trainer is served while
+    that peer is still connected, and the peer is dropped before it has sent its answer."""
+    socket, server = standalone
+    answer = struct.pack("!i", 64) + b"x" * 64  # a well-framed answer, a byte a second: over a minute
+    challenged, dropped = threading.Event(), threading.Event()
+    sent = [0]
+
+    def trickle() -> None:
+        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as peer:
+            peer.connect(str(socket))
+            (size,) = struct.unpack("!i", peer.recv(4, sockets.MSG_WAITALL))
+            peer.recv(size, sockets.MSG_WAITALL)  # the sidecar's challenge: the door is busy with this peer
+            challenged.set()
+            try:
+                for byte in answer:
+                    peer.send(bytes([byte]))
+                    sent[0] += 1
+                    if select.select([peer], [], [], 1.0)[0] and not peer.recv(1):  # the sidecar hung up
+                        dropped.set()
+                        return
+            except OSError:  # the sidecar hung up mid-send
+                dropped.set()
+
+    peer = threading.Thread(target=trickle)
+    peer.start()
+    try:
+        assert challenged.wait(HANG_S), "the sidecar never challenged the peer"
+        trainer = SidecarClient(f"unix://{socket}", timeout=HANG_S)  # let in
+        assert not dropped.is_set(), "the trainer was let in only once the slow peer was gone"
+        stream = trainer.batches(make_pipeline(token_corpus), 0, 1, 0, copy=True)
+        try:
+            assert next(stream).columns, "the trainer is served"
+        finally:
+            stream.close()  # ends the session and the connection
+    finally:
+        peer.join(len(answer) * 2 + HANG_S)
+    assert dropped.is_set() and sent[0] < len(answer), f"the peer sent {sent[0]} of {len(answer)} bytes and was not dropped"
+    assert server.poll() is None
+    server.terminate()
+    _, err = server.communicate(timeout=30)
+    assert b"Traceback" not in err and b"refused a connection" not in err, err.decode()  # dropped quietly, as a silent peer

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -142,17 +143,27 @@ def test_a_tokenizer_object_or_callable_travels_to_worker_processes(text_data: t
     assert rows == {i: (ids + [0] * 16)[:16] for i, ids in enumerate(want)}
 
 
-def test_a_path_is_loaded_once_per_process_and_not_pickled(text_data: tuple[Path, Path]) -> None:
-    corpus, path = text_data
+def test_a_path_is_loaded_once_per_process_and_not_pickled(text_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """A tokenizer given by its path is loaded when the transform is made, and once more by
+    the first batch of a copy unpickled elsewhere, never per batch: with the file moved
+    away, every later batch still comes (a load would be a ConfigError)."""
+    path, away = tmp_path / "tokenizer.json", tmp_path / "moved.json"
+    shutil.copy(text_data[1], path)
     transform = cd.tokenize("text", str(path), output="ids")
     texts = pa.array(["a b", None, "c"])
+    path.rename(away)
     first = transform({"text": texts})
-    assert transform._encode is not None and transform({"text": texts})["ids"].equals(first["ids"])
+    assert transform({"text": texts})["ids"].equals(first["ids"])
     payload = cloudpickle.dumps(transform)
     assert len(payload) < 1_000  # the path, not the tokenizer
     copy = cloudpickle.loads(payload)
-    assert copy._encode is None and copy.tokenizer == str(path)
+    assert copy.tokenizer == str(path)
+    with pytest.raises(cd.errors.ConfigError, match="no tokenizer file"):
+        copy({"text": texts})  # the copy loads the file itself
+    away.rename(path)
     again = copy({"text": texts})
+    path.rename(away)
+    assert copy({"text": texts})["ids"].equals(again["ids"])
     assert again["ids"].equals(first["ids"]) and again["text"] is texts  # output= keeps the text column
     assert first["ids"].to_pylist()[1] == []
 

@@ -29,14 +29,22 @@ REJECTED_RECORDS = 1_000_000
 
 def kept(work: ChunkWork, columns: Columns, rows: int) -> np.ndarray | None:
     """`keep`'s verdict on `rows` records (the pipeline's and, packed, the pack's: a record
-    must pass both); None when there is no filter."""
+    must pass both); None when there is no filter. A verdict is a bool: anything else (the
+    string "False", NaN, a null) is a TransformError, where truthiness would keep it."""
     pipeline, verdict = work.pipeline, None
     for where, keep in (("cd.Pipeline", pipeline.keep), ("cd.Pack", getattr(pipeline.pack, "keep", None))):
         if keep is None:
             continue
-        got = np.asarray(keep(columns), dtype=bool)
+        got = np.asarray(keep(columns))
         if got.shape != (rows,):
             raise TransformError(f"{where} keep={keep!r} returned shape {got.shape} for {rows} records; give one bool a record")
+        if got.dtype != np.bool_ and rows:
+            raise TransformError(
+                f"{where} keep={keep!r} returned {got.dtype} values for {rows} records (the first: {got[:3].tolist()!r}); "
+                "give one bool a record: a numpy bool array (`column > 0`, say), a list of bools or a pyarrow boolean "
+                "array without nulls. Other values are not read as verdicts: the string 'False' and NaN would be true"
+            )
+        got = got.astype(bool, copy=False)  # no records: `np.array([])` of none is float64
         verdict = got if verdict is None else verdict & got
     return verdict
 
@@ -167,4 +175,3 @@ def verdict_of(work: ChunkWork, table: pa.Table) -> np.ndarray:
     verdict = kept(work, table_to_columns(table), table.num_rows)
     assert verdict is not None  # filtered batches are made only for a pipeline with a keep
     return verdict
-

@@ -1,7 +1,8 @@
 """Partitioned packed and filtered pipelines: each partition reads, filters and packs its
 own records, at its own pace, into its own rows of every global batch. Partition k's own
 stream is the stream positions `Partitioning.stream(k, [0, 1, ...])` (its own row groups
-under the block and global orders); its i-th batch is its next `rows` packed rows, or its
+under the block and global orders; a filtered pipeline's partitions take turns of the one
+order instead, `Partitioning.shared`); its i-th batch is its next `rows` packed rows, or its
 next `rows` records that `keep` accepts. A host computes only the partitions it owns, with
 one read for all of them at a time, so its work is its share of the batch; the batch does
 not depend on the host count, and the position is one per partition (its own records

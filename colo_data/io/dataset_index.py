@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from colo_data import defaults
-from colo_data.errors import ConfigError, SourceError, StaleIndexError
+from colo_data.errors import ConfigError, ResourceError, SourceError, StaleIndexError
 from colo_data.io.files import MACHINE, DataFile, object_uri
 from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.listing import INDEX_NAME, Found, default_retries, inspect_all, listed, relative, select, split_uri
@@ -243,6 +244,20 @@ def _replace_locally(target: str, data: bytes) -> None:
         raise
 
 
+def _unwritten(directory: str, size: int, error: OSError) -> SourceError | ResourceError:
+    """The error for a local index that could not be written into `directory`: the
+    directory, the index's bytes and, where the disk is full, the bytes free there."""
+    what = f"write_index({directory!r}): cannot write the index ({size:,} bytes) into {directory}: {error.strerror}"
+    optional = "the index is optional: a source of the directory reads every file's metadata without one"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        room = os.statvfs(directory)
+        return ResourceError(
+            f"{what} ({room.f_bavail * room.f_frsize:,} bytes free on its filesystem). Free at least {size:,} bytes "
+            f"there (or raise the quota) and index it again; {optional}"
+        )
+    return SourceError(f"{what}. Make the directory writable by this user and index it again; {optional}")
+
+
 def write_index(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], filesystem: pafs.FileSystem | Any | None = None
 ) -> list[str]:
@@ -263,8 +278,9 @@ def write_index(
 
     Raises:
         ConfigError: a path is not a directory.
-        SourceError, CorruptFileError: a directory holds no data file, or a file's
-            metadata cannot be read.
+        SourceError, CorruptFileError: a directory holds no data file, a file's metadata
+            cannot be read, or a local directory cannot take the index (read-only).
+        ResourceError: a local directory's disk (or quota) has no room for the index.
     """
     patterns = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     retries = default_retries(filesystem)
@@ -287,7 +303,10 @@ def write_index(
         data = _encode(directory, inspected, {f.path: f.mtime_ns for f in found.files})
         target = posixpath.join(directory, INDEX_NAME)
         if isinstance(fs, pafs.LocalFileSystem):  # a reader never sees half an index (object stores: a PUT is whole)
-            _replace_locally(target, data)
+            try:
+                _replace_locally(target, data)
+            except OSError as e:  # a full disk, a read-only mount: nothing of the index is left behind
+                raise _unwritten(directory, len(data), e) from e
         else:
             with fs.open_output_stream(target) as out:
                 out.write(data)

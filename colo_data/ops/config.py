@@ -6,13 +6,17 @@ the `pipeline` line is valid and takes every default."""
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import os
 import sys
 import tomllib
 import traceback
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
@@ -26,8 +30,10 @@ if TYPE_CHECKING:
 _TOP_KEYS = {"pipeline", "args", "sidecar", "deploy"}
 CONFIG_IS_CODE = (
     "A config is code: its `pipeline` names a Python function that colo-data imports and calls, as the user "
-    "running the command; give only configs you trust (their modules are found on PYTHONPATH, then in the "
-    "working directory)."
+    "running the command; give only configs you trust (their modules are found on PYTHONPATH and among the "
+    "installed packages, then in the working directory). What colo-data refuses to call (a standard-library "
+    "module's function, one imported from another module, a builtin, a class) is a check against mistakes, "
+    "not a security boundary."
 )
 _SIDECAR_KEYS = {"workers", "slots", "shm_dir"}
 
@@ -51,16 +57,25 @@ class Config:
             if f.filename not in machinery and not f.filename.startswith("<frozen")
         ]
         where = "".join(traceback.format_list(frames[-2:]) + traceback.format_exception_only(error)).rstrip()
+        fix = "Fix the pipeline's code"
+        if isinstance(error, ModuleNotFoundError) and error.name and _in_working_directory(error.name.partition(".")[0]):
+            fix = (
+                f"Module {error.name!r} is in the working directory, which is not on the import path (a module left "
+                "in a shared directory would be found there): make the two modules one package, or add the "
+                "directory to PYTHONPATH"
+            )
         return ConfigError(
             f"{self.path}: pipeline = {self.pipeline!r}: {doing} raised {type(error).__name__}: {error}. "
-            f"Fix the pipeline's code; the end of its traceback:\n{where}"
+            f"{fix}; the end of its traceback:\n{where}"
         )
 
     def build(self) -> AnyPipeline:
         """Import `module:function` (from PYTHONPATH and the installed packages, then the
-        working directory) and call it: a `cd.Pipeline` or a `cd.GrainPipeline`. A
-        standard-library module, or a target that is not a Python function (a builtin such as
-        `os:system`, a class), is refused before anything is called."""
+        working directory: `_import`) and call it: a `cd.Pipeline` or a `cd.GrainPipeline`.
+        A standard-library module, a target that is not a Python function (a builtin such as
+        `os:system`, a class) or a function that the module imported from another one (such
+        as `shutil.rmtree` in a library) is refused before anything is called: a check
+        against mistakes, not a boundary (any function a config names runs)."""
         # the pipeline machinery, imported only when a pipeline is built
         from colo_data.pipeline.kinds import AnyPipeline
 
@@ -70,10 +85,8 @@ class Config:
                 f"{self.path}: pipeline = {self.pipeline!r}: a standard-library function, not a pipeline factory. "
                 f"{CONFIG_IS_CODE}"
             )
-        if os.getcwd() not in sys.path:  # last: a module left in the directory never shadows an installed one
-            sys.path.append(os.getcwd())
         try:
-            module = importlib.import_module(module_name)
+            module = _import(module_name)
         except ModuleNotFoundError as e:
             if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
                 # the module is there; a module that it imports is not
@@ -85,11 +98,18 @@ class Config:
         except Exception as e:  # the module raised while it was imported
             raise self._failed(f"importing module {module_name!r}", e) from e
         function = getattr(module, function_name, None)
+        where = f"module {module_name!r} ({getattr(module, '__file__', None)})"
         if not inspect.isfunction(function):
             found = "no function" if function is None else f"a {type(function).__name__}, not a Python function,"
             raise ConfigError(
-                f"{self.path}: pipeline = {self.pipeline!r}: module {module_name!r} ({getattr(module, '__file__', None)}) "
-                f"has {found} {function_name!r}: give the function that returns the pipeline. {CONFIG_IS_CODE}"
+                f"{self.path}: pipeline = {self.pipeline!r}: {where} has {found} {function_name!r}: give the "
+                f"function that returns the pipeline. {CONFIG_IS_CODE}"
+            )
+        if function.__module__ != module_name:  # `pycparser:check_output` is subprocess.check_output
+            raise ConfigError(
+                f"{self.path}: pipeline = {self.pipeline!r}: {where} imported {function_name!r} from module "
+                f"{function.__module__!r}, which defines it: name the function in the module that defines it, and "
+                f"only a function that returns the pipeline. {CONFIG_IS_CODE}"
             )
         try:
             pipeline = function(**self.args)
@@ -105,6 +125,37 @@ class Config:
                 "colo_data.GrainPipeline"
             )
         return pipeline
+
+
+def _in_working_directory(name: str) -> ModuleSpec | None:
+    """Where the top-level module `name` lies in the working directory, if it does."""
+    return importlib.machinery.PathFinder.find_spec(name, [os.getcwd()])
+
+
+def _import(module_name: str) -> ModuleType:
+    """Import a config's module: from the import path (PYTHONPATH, the installed packages),
+    else the top-level module or package it belongs to from the working directory, without
+    putting the directory on the path. On the path, it stayed there for the rest of the
+    command, where any import of a module that is not installed (pyarrow's optional
+    `pandas`, JAX's `libtpu` and plugins) found a file that another user of a shared
+    directory left there; and children inherit the path. A module from the directory is
+    sent to the processes that make batches by value (cloudpickle), so they never need to
+    find it: its own imports of modules beside it fail (`_failed` says why)."""
+    top = module_name.partition(".")[0]
+    spec = None if importlib.util.find_spec(top) else _in_working_directory(top)
+    if spec is not None:
+        module = importlib.util.module_from_spec(spec)  # a directory without __init__.py: its loader is made here
+        sys.modules[top] = module  # as an import does: a package's submodules find it there
+        try:
+            if spec.loader is not None:
+                spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[top]
+            raise
+        import cloudpickle  # noqa: PLC0415 - only for such a module: `colo-data --help` imports this one
+
+        cloudpickle.register_pickle_by_value(module)
+    return importlib.import_module(module_name)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

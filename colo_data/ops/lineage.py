@@ -16,6 +16,7 @@ import numpy as np
 from colo_data.errors import ConfigError, StateError
 from colo_data.host.chunk import HostChunk
 from colo_data.host.host_pipeline import HostPipeline
+from colo_data.ops.skip import reachable
 from colo_data.pipeline.grain_pipeline import GrainPipeline
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
@@ -58,7 +59,8 @@ def lineage_steps(
 
     Raises:
         ConfigError: `steps` is not a range of steps >= 0, it reaches past a finite
-            stream's end, or the pipeline is a `cd.GrainPipeline` (its records carry no
+            stream's end or past the 2**62 records a stream position may reach (as
+            `cd.skip`), or the pipeline is a `cd.GrainPipeline` (its records carry no
             index that colo-data can follow).
         StateError: `state` is not one of `pipeline`'s, it records no step (a packed or
             filtered pipeline's state saved before colo-data counted steps), or a step is
@@ -103,6 +105,7 @@ def lineage_steps(
     left = pipeline.batches_from(int(position))
     if left is not None and steps[-1] - first >= left:
         raise _past_the_end(steps, first + left)
+    reachable(pipeline, int(position), steps[-1] - first, f"steps {steps.start}..{steps[-1]}", "ask for earlier steps")
     return _counted(pipeline, int(position), first, steps)
 
 

@@ -56,11 +56,19 @@ def _after(pipeline: Pipeline, position: Position, batches: int) -> int:
     left = pipeline.batches_from(int(position))
     if left is not None and batches > left:
         raise _past_the_end(batches, left)
-    after = int(position) + batches * pipeline.global_batch_size
+    return reachable(pipeline, int(position), batches, f"batches={batches}", "skip fewer")
+
+
+def reachable(pipeline: Pipeline, position: int, batches: int, asked: str, instead: str) -> int:
+    """The stream position `batches` padded global batches after stream `position`, which
+    `cd.skip` gives a state at and `cd.lineage` names a step from: a ConfigError that names
+    what was `asked` and says what to do `instead` where it passes `MAX_POSITION` (the
+    int64 arithmetic of the records' positions past it wraps round to other records)."""
+    after = position + batches * pipeline.global_batch_size
     if after > MAX_POSITION:
         raise ConfigError(
-            f"batches={batches}: that many global batches of {pipeline.global_batch_size} records take the stream "
-            f"to record {after:,}, past the 2**62 that a stream position may reach; skip fewer"
+            f"{asked}: {batches:,} global batches of {pipeline.global_batch_size} records from stream position "
+            f"{position:,} take the stream to record {after:,}, past the 2**62 that a stream position may reach; {instead}"
         )
     return after
 

@@ -8,12 +8,16 @@ the current weights took effect, so that a state restores under new weights with
 component continuing where it stopped. With partitions (`Pipeline(partitions=P)`), each
 partition runs the schedule over its own positions, partition k from `k * rows` slots on
 (so a global batch's rows are B slots in a row of it), and reads its own partition of each
-component (its slice of every window): a host reads its own row groups of every component."""
+component (its slice of every window): a host reads its own row groups of every component.
+A filtered pipeline's partitions (`Partitioning.shared`) take turns of each component's one
+order instead."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +32,19 @@ from colo_data.pipeline.order import GlobalOrder, Order, Partitioning, Position
 from colo_data.pipeline.parts import encode_parts
 from colo_data.pipeline.schedule import DENOMINATOR, component_seed, integer_shares, schedule
 from colo_data.pipeline.state_format import FORMAT, MAX_POSITION
-from colo_data.pipeline.stream import PipelineView, Stream, check_older_order, order_name, partitions_hint, parts_position
+from colo_data.pipeline.stream import (
+    PipelineView,
+    Stream,
+    check_older_order,
+    order_name,
+    partitions_hint,
+    parts_position,
+    saved_partitions,
+)
 
 __all__ = ["DENOMINATOR", "Mix", "MixOrder", "integer_shares", "schedule"]
 _VERIFY_RECORDS = 1 << 20  # the longest default verify run (a component of tiny weight takes long)
+_LARGEST = sys.float_info.max  # the largest weight: a float holds it
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,7 +55,8 @@ class Mix:
     Args:
         components: name -> source (anything a `Pipeline` takes as a source); every
             component must have the same columns and types.
-        weights: name -> a non-negative number, normalised (0 leaves a component out).
+        weights: name -> a non-negative number, normalised (0 leaves a component out);
+            their sum must be a finite float (about 1.8e308 at most).
         component_column: a column holding each row's component (its place in
             `components`, int32).
         start: where these weights took effect: the stream position and each component's
@@ -71,10 +85,26 @@ class Mix:
         weights = []
         for name in names:
             w = self.weights[name]
-            if isinstance(w, bool) or not isinstance(w, int | float | np.integer | np.floating) or not np.isfinite(w) or w < 0:
-                raise ConfigError(f"Mix(weights=...): the weight of {name!r} is {w!r}; weights are finite numbers >= 0")
+            number = not isinstance(w, bool) and isinstance(w, int | float | np.integer | np.floating)
+            # an int compared as one (float() of one past the largest float raises), the rest as a float (a
+            # float32 would round the largest float to infinity): NaN, infinity and too large fail alike
+            value = (int(w) if isinstance(w, int | np.integer) else float(w)) if number else math.nan
+            if not 0 <= value <= _LARGEST:
+                shown = f"an int of {w.bit_length()} bits" if isinstance(w, int) and w.bit_length() > 64 else repr(w)
+                raise ConfigError(
+                    f"Mix(weights=...): the weight of {name!r} is {shown}; give a number from 0 to the largest float "
+                    "(weights are normalised: only their ratios count)"
+                )
             weights.append(float(w))
-        if sum(weights) <= 0:
+        with np.errstate(over="ignore"):
+            total = float(np.sum(weights))  # what `integer_shares` normalises by
+        if total == math.inf:  # normalised by it, every share would round to 0 slots
+            largest = max(zip(weights, names, strict=True))
+            raise ConfigError(
+                f"Mix(weights=...): the weights add up past the largest float (the weight of {largest[1]!r} is "
+                f"{largest[0]!r}); they are normalised, so divide them all by the same number (by the largest, say)"
+            )
+        if total <= 0:
             raise ConfigError("Mix(weights=...): every weight is 0; give at least one component a weight above 0")
         weighted = sum(1 for w in weights if w > 0)
         if weighted > DENOMINATOR:  # each needs a slot of the schedule's period, or it would be left out
@@ -296,9 +326,17 @@ class Mix:
             if n in saved and saved[n][1] != fingerprints[n]
         ]
         if differences:
+            where = (
+                "the pipeline that saved it (weights may change), or start without a state."
+                if saved_partitions(str(state.get("order"))) == 1
+                else "the pipeline that saved it, under the weights and at the global batch size it was saved at, or "
+                "start without a state: a mixture of partitions starts partition k's schedule k times its rows a batch "
+                "slots on, so, padded or not, it continues neither under other weights nor at another batch size (one "
+                "partition continues under both)."
+            )
+            listed = "; ".join(differences)
             raise StateError(
-                "the loader state does not fit this mixture (" + "; ".join(differences) + "). Restore it into the "
-                "pipeline that saved it (weights may change), or start without a state."
+                f"the loader state does not fit this mixture ({listed}). Restore it into {where}"
                 + partitions_hint(state.get("order"), name)
             )
         if pipeline.partitioning.partitions > 1:
@@ -367,12 +405,14 @@ class Mix:
 class MixOrder:
     """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices.
     With partitions, a component's own position is a stream position of its partitioned
-    order (`Partitioning(P, 1)`: partition k's i-th record of the component is `i * P + k`)."""
+    order (`Partitioning(P, 1)`: partition k's i-th record of the component is `i * P + k`;
+    of its one order where the partitions are `shared`)."""
 
     def __init__(self, mix: Mix, order: Order, partitioning: Partitioning | None = None) -> None:
         self.mix = mix
         self._parts = partitioning if partitioning is not None and partitioning.partitions > 1 else None
-        each = None if self._parts is None else Partitioning(self._parts.partitions, 1)
+        # each partition's slice of every component; shared partitions take turns of its one order
+        each = None if self._parts is None or self._parts.shared else Partitioning(self._parts.partitions, 1)
         self.orders: list[GlobalOrder] = [
             GlobalOrder(
                 Order(order.shuffle, component_seed(order.seed, name), order.window),

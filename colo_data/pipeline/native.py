@@ -20,7 +20,7 @@ from colo_data.io.record_source import Source, as_source
 from colo_data.pipeline import parts
 from colo_data.pipeline.order import Order, Partitioning, Position
 from colo_data.pipeline.pack import Pack
-from colo_data.pipeline.stream import Stream, order_name, saved_partitions, stream_of
+from colo_data.pipeline.stream import Stream, order_name, same_order, saved_partitions, stream_of
 from colo_data.pipeline.transforms import BatchTransform
 
 
@@ -40,7 +40,9 @@ class Pipeline:
         pack: a `cd.Pack`: a global batch is then `global_batch_size` rows of packed
             records (and the transforms run on the packed batch).
         keep: a filter: a function of a chunk of the records' columns (as read, with the
-            index column; with `pack`, as its `keep` sees them) returning one bool per record.
+            index column; with `pack`, as its `keep` sees them) returning one bool per record
+            (a numpy bool array, a list of bools or a pyarrow boolean array without nulls;
+            anything else is a TransformError, where truthiness would keep "False" and NaN).
             A global batch is then the next `global_batch_size` records it accepts, every
             column kept; the ones it rejects are consumed, never placed. With one
             partition every host evaluates it on the whole global batch's records; with
@@ -58,12 +60,18 @@ class Pipeline:
             (docs/scaling.md). With `pack` or `keep`, each partition reads, filters and
             packs its own records at its own pace (a host only those its rows fall in), the
             state holds a position per partition, and a finite stream ends at the first
-            batch that one partition cannot fill. A pipeline restored from a state takes
-            the state's partitions where it names none.
+            batch that one partition cannot fill. With `keep` the partitions take turns of
+            the one order instead of slices of their own (`Partitioning.shared`), so that a
+            filter that follows the files accepts in each as in the whole stream; a host
+            then reads the row groups its records fall in, as with one partition. A
+            pipeline restored from a state takes the state's partitions where it names
+            none.
         partition_origin: set by a restore, not by hand: the stream position from which a
             padded pipeline's partitions take rows of this batch size
-            (`Partitioning.origin`), where a state saved at another batch size continues;
-            0 otherwise.
+            (`Partitioning.origin`, a multiple of `partitions` below
+            `global_batch_size`), where a state saved at another batch size continues; 0
+            otherwise. The stream before it is not the pipeline's: reading there (a
+            loader or `cd.lineage` from the stream's start) is a ConfigError.
     """
 
     source: Source | Any
@@ -96,7 +104,7 @@ class Pipeline:
                 )
             object.__setattr__(self, "partitions", partitions)
         origin = as_int(self.partition_origin)
-        if origin is None or origin < 0 or origin and (self.partitions is None or origin % self.partitions):
+        if origin is None or origin < 0 or origin and (self.partitions is None or origin % self.partitions or origin >= size):
             raise ConfigError(
                 f"partition_origin={self.partition_origin!r}: a restore sets it, with the partitions of the state it "
                 "continues; leave it 0"
@@ -139,9 +147,13 @@ class Pipeline:
     @functools.cached_property
     def partitioning(self) -> Partitioning:
         """The stream's partitions: `partitions` (or `default_partitions`) of
-        `global_batch_size / partitions` rows."""
+        `global_batch_size / partitions` rows; a filtered pipeline's `shared` under the
+        `block` and `global` orders: a partition of its own slice of the records would
+        starve wherever `keep` rejects that slice (a filter that follows the files), while
+        each partition's turns of the one order accept as the whole stream does."""
         count = self.partitions if self.partitions is not None else default_partitions(self)
-        return Partitioning(count, self.global_batch_size // count, self.partition_origin)
+        shared = count > 1 and self.filtered and self.order.shuffle != "none"
+        return Partitioning(count, self.global_batch_size // count, self.partition_origin, shared)
 
     @property
     def position_partitioning(self) -> Partitioning | None:
@@ -173,9 +185,10 @@ class Pipeline:
     @property
     def own_epochs(self) -> bool:
         """Whether each partition runs through epochs of its own, its slice of each shuffle
-        window (`colo_data.pipeline.order.GlobalOrder`): several partitions under a `block` or
-        `global` order."""
-        return self.partitioning.partitions > 1 and self.order.shuffle != "none"
+        window (`colo_data.pipeline.order.GlobalOrder`): several partitions, not `shared`,
+        under a `block` or `global` order."""
+        parts = self.partitioning
+        return parts.partitions > 1 and not parts.shared and self.order.shuffle != "none"
 
     def own_totals(self, partitions: np.ndarray) -> np.ndarray | None:
         """Own positions in each of these partitions' streams (None: endless): their
@@ -185,6 +198,11 @@ class Pipeline:
         if self.own_epochs:
             return self.epochs * self.partitioning.epoch_records(len(self.source), partitions)
         return self.partitioning.before(self.epochs * len(self.source), partitions)
+
+    @property
+    def filtered(self) -> bool:
+        """Whether a `keep` (the pipeline's or its pack's) judges the records."""
+        return self.keep is not None or self.pack is not None and self.pack.keep is not None
 
     @property
     def variable_batches(self) -> bool:
@@ -253,12 +271,15 @@ class Pipeline:
     def with_partitions_of(self, state: dict[str, Any]) -> Pipeline:
         """This pipeline with the partitions `state` was saved with, where it names none and
         they change the order: a pipeline that chooses its partitions continues the stream
-        it saved (a state saved before it chose them continues with one partition)."""
+        it saved (a state saved before it chose them continues with one partition, but
+        under `none` and with `shared` partitions over one source, which keep one
+        partition's order of records)."""
         if self.partitions is not None or not isinstance(state.get("order"), str):
             return self
         saved = saved_partitions(state["order"])
-        if saved == self.partitioning.partitions or saved == 1 and order_name(self) == self.order.describe():
-            return self  # the same partitions, or one where they would not change the order
+        plain = order_name(self) == self.order.describe() or same_order(self, state["order"], order_name(self))
+        if saved == self.partitioning.partitions or saved == 1 and plain:
+            return self  # the same partitions, or one where they would not change the order of records
         if self.global_batch_size % saved:
             raise StateError(
                 f"the loader state was saved with {saved} partitions (part of its order, {state['order']!r}), "
@@ -306,10 +327,12 @@ def default_partitions(pipeline: Pipeline) -> int:
     defaults.PARTITION_ROWS)` (16 up to batches of 256, then a partition per 16 rows), and
     no more than its smallest weighted component's records: each host then reads (and
     filters and packs) about its share of every batch for up to that many hosts, and
-    shares its edge partitions beyond. A finite one keeps one partition (a finite
-    partitioned stream ends where one partition runs out, which a multi-controller run
-    cannot agree on, and leaves records of each epoch out), and so does a padded
-    `cd.Mix` (it resumes under other weights, which partitions would refuse). The count
+    shares its edge partitions beyond (a filtered one reads the row groups its share falls
+    in: its partitions are `shared`, so that they accept as the whole stream does). A
+    finite one keeps one partition (a finite partitioned stream ends where one partition
+    runs out, which a multi-controller run cannot agree on, and leaves records of each
+    epoch out), and so does a padded `cd.Mix` (it resumes under other weights and at other
+    batch sizes, which partitions would refuse). The count
     depends on the pipeline alone, never on the host or worker count, so the batches do
     not either (docs/scaling.md)."""
     if pipeline.epochs is not None or not pipeline.variable_batches and pipeline.stream.shares is not None:

@@ -71,11 +71,16 @@ class Partitioning:
     groups. `origin` (a multiple of `partitions` below `rows * partitions`) is where the
     turns start: a padded stream resumed at another batch size, whose partitions have
     each taken `position / partitions` records at the state's position, turns from there
-    in rows of the new size; the mapping holds for positions from `origin` on."""
+    in rows of the new size; the mapping holds for positions from `origin` on, and one
+    before it is a ConfigError (`before`). `shared` partitions (a filtered pipeline's,
+    `Pipeline.partitioning`) have no epochs of their own: they take their turns of the one
+    order of the stream, as under `none`, so that each partition's records are a sample of
+    every part of the stream."""
 
     partitions: int = 1
     rows: int = 1
     origin: int = 0
+    shared: bool = False
 
     def of(self, stream: np.ndarray) -> np.ndarray:
         """The partition of each stream position."""
@@ -83,7 +88,16 @@ class Partitioning:
 
     def before(self, stream: np.ndarray | int, partition: np.ndarray) -> np.ndarray:
         """How many positions of `partition` come before stream position `stream` (element
-        by element)."""
+        by element). ConfigError for a position before `origin`: the turns before it were
+        of another batch size, which a restored pipeline does not know, and read here they
+        would fall on other records (negative positions of the partitions)."""
+        if self.origin and np.any(np.asarray(stream) < self.origin):
+            raise ConfigError(
+                f"partition_origin={self.origin}: stream position {int(np.min(stream)):,} comes before it. A restore sets "
+                "it where the partitions of a padded pipeline resumed at another batch size than its state's take rows "
+                "of the new one from, and the stream before it is not that pipeline's to read: give partition_origin=0 "
+                "(the pipeline as made) to read from the stream's start, or restore the state"
+            )
         span, shifted = self.rows * self.partitions, stream - self.origin
         taken = (shifted // span) * self.rows + np.clip(shifted % span - partition * self.rows, 0, self.rows)
         return taken + self.origin // self.partitions
@@ -145,8 +159,9 @@ class GlobalOrder:
     Args:
         order: the order to apply.
         row_group_sizes: records in each of the source's row groups, in global order.
-        partitioning: the stream's partitions, if it has more than one. Under `block` and
-            `global` each partition then runs through epochs of its own (`_own_indices`):
+        partitioning: the stream's partitions, if it has more than one (and they are not
+            `shared`, which take turns of the one order). Under `block` and `global` each
+            partition then runs through epochs of its own (`_own_indices`):
             its own positions take, window after window, its slice of each window's records
             (`global`: of the epoch's) in row-group order, the P slices cut as evenly as
             integers allow, each shuffled apart. A host's partitions are neighbours, so it
@@ -161,7 +176,8 @@ class GlobalOrder:
 
     def __init__(self, order: Order, row_group_sizes: np.ndarray, partitioning: Partitioning | None = None) -> None:
         self.order = order
-        many = partitioning is not None and partitioning.partitions > 1 and order.shuffle != "none"
+        many = partitioning is not None and partitioning.partitions > 1 and not partitioning.shared
+        many = many and order.shuffle != "none"
         self._own = partitioning if many else None
         self._sizes = row_group_sizes
         self._rg_start = np.concatenate([[0], np.cumsum(row_group_sizes)]).astype(np.int64)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import StateError
+from colo_data.io.integers import as_int
 from colo_data.pipeline.state_format import MAX_POSITION
 
 _WIDTHS = (1, 2, 4, 8)
@@ -82,10 +83,15 @@ def saved_count(parts: Any) -> int | None:
 
 
 def decode_parts(parts: Any) -> np.ndarray:
-    """The position a state's `parts` entry holds; StateError when it is not one. At most
-    `count` positions' bytes are inflated, and every number must fit an int64."""
+    """The position a state's `parts` entry holds; StateError when it is not one. Its numbers
+    must be ints (not floats, which `int()` would take), at most `count` positions' bytes
+    are inflated, and every number must fit an int64."""
     try:
-        count, phase, base, width = (int(parts[k]) for k in ("count", "phase", "base", "width"))
+        fields = {k: parts[k] for k in ("count", "phase", "base", "width")}
+        wrong = [f"{k}={v!r:.40}" for k, v in fields.items() if as_int(v) is None]
+        if wrong:  # a float (1e30, inf) or a string is no count of partitions or records
+            raise ValueError(f"{', '.join(wrong)}: not an int")
+        count, phase, base, width = (int(v) for v in fields.values())
         if width not in _WIDTHS or count < 1 or not 0 <= base <= MAX_POSITION or not 0 <= phase <= MAX_POSITION:
             raise ValueError(f"count={count}, phase={phase}, base={base}, width={width}")
         inflate = zlib.decompressobj()

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # but not matched: the position counts records, so a loader with another batch size
 # continues the same stream (each record still once).
 _MATCHED = ("seed", "order", "records", "source")
-_ROWS = re.compile(r"/(\d+)x\d+ (\w+)$")  # an order name's partitions and their rows a batch
+_PARTS = re.compile(r"/(\d+)x(\d+) (\w+)$")  # an order name's partitions, their rows a batch and their kind
 
 
 class PipelineView(Protocol):
@@ -289,46 +289,84 @@ def order_name(pipeline: PipelineView) -> str:
     """The pipeline's order as a state names it: with partitions that change it (the block
     and global orders, where each partition has epochs of its own; a mixture's schedule),
     `/P x rows own` after it, and `dealt` for the block order, whose windows keep each
-    partition on the same row groups every epoch (`GlobalOrder`)."""
+    partition on the same row groups every epoch (`GlobalOrder`); `shared` for a filtered
+    pipeline's partitions, which take turns of the one order (`Partitioning.shared`): the
+    records' order is one partition's, but a partition's own position names other records
+    at other rows a batch."""
     parts = pipeline.partitioning
     named = parts.partitions > 1 and (pipeline.order.shuffle != "none" or pipeline.stream.shares is not None)
     if not named:
         return pipeline.order.describe()
-    kind = "dealt" if pipeline.order.shuffle == "block" else "own"
+    kind = "shared" if parts.shared else "dealt" if pipeline.order.shuffle == "block" else "own"
     return f"{pipeline.order.describe()}/{parts.partitions}x{parts.rows} {kind}"
 
 
 def saved_partitions(order: str) -> int:
     """The partitions a state's order name records (`/P x rows` after the order; 1 where
     it names none)."""
-    named = _ROWS.search(order)
-    return 1 if named is None else int(named.group(1))
+    named = _named_parts(order)
+    return 1 if named is None else named[0]
+
+
+def _named_parts(order: object) -> tuple[int, int] | None:
+    """The partitions and their rows a batch that an order name records (`/P x rows` after
+    the order), or None where it names none. StateError where it names 0 of either, or more
+    digits than any batch has: no pipeline saves that (a damaged or made-up state, whose
+    partitions would be divided by)."""
+    named = _PARTS.search(str(order))
+    if named is None:
+        return None
+    digits = named.group(1, 2)
+    if any(len(d) > 18 or not int(d) for d in digits):  # 18: int() reads them all, and no batch is larger
+        raise StateError(
+            f"the loader state's order {str(order)[:80]!r} names {digits[0][:20]} partitions of {digits[1][:20]} rows "
+            "a batch, which no pipeline has (each is from 1 to the global batch size): the state is damaged or made up; pass "
+            "the dict that Loader.get_state() returned, unchanged, or start without a state"
+        )
+    return int(digits[0]), int(digits[1])
 
 
 def same_order(pipeline: PipelineView, saved: object, ours: str) -> bool:
     """Whether a state's order name (`saved`) is the pipeline's (`ours`). A padded
     pipeline's partitions take their own records in turn whatever their rows a batch, so
     its rows (`x rows` in `/P x rows`) may differ: it resumes at any batch size its
-    partitions divide (`Partitioning.origin`)."""
+    partitions divide (`Partitioning.origin`). Shared partitions over one source
+    (`Partitioning.shared`) keep one partition's order of records, so a state of one stream
+    position (its order without partitions) is theirs too: each partition continues after
+    its records before that position."""
     if saved == ours:
+        return True
+    if pipeline.partitioning.shared and pipeline.stream.shares is None and saved == pipeline.order.describe():
         return True
     if pipeline.variable_batches or not isinstance(saved, str):
         return False
-    return bool(_ROWS.sub(r"/\1 \2", saved) == _ROWS.sub(r"/\1 \2", ours))
+    return bool(_PARTS.sub(r"/\1 \3", saved) == _PARTS.sub(r"/\1 \3", ours))
 
 
 def partitions_hint(saved: object, ours: str) -> str:
     """Where a state's order name (`saved`) and the pipeline's (`ours`) differ in their
     partitions (`/P x rows`, part of the order), the settings that give the saved ones: the
     partitions and, since each partition's rows are part of it too, the global batch size
-    (P x rows) it was saved at; "" where neither names partitions."""
-    was, now = (re.search(r"/(\d+)x(\d+) \w+$", str(name)) for name in (saved, ours))
+    (P x rows) it was saved at; where only their kind differs (`shared` or a slice of
+    their own), what has the saved kind; "" where neither names partitions."""
+    was, now = _named_parts(saved), _named_parts(ours)
     if was is None and now is None:
         return ""
     if was is None:
         return " The state was saved without partitions: give the pipeline partitions=1."
-    count, rows = int(was.group(1)), int(was.group(2))
-    if now is not None and int(now.group(1)) == count:
+    count, rows = was
+    shared = str(saved).endswith(" shared")  # the partitions' kind (`order_name`)
+    if now == was and shared != ours.endswith(" shared"):
+        return (
+            " The state's partitions took turns of the one order, as a filtered pipeline's do (keep=), and this "
+            "pipeline's would each read a slice of their own: give it the keep= it was saved with."
+            if shared
+            else " The state's partitions each read a slice of their own, as a padded or packed pipeline's do (and a "
+            "filtered one's did before filtered partitions took turns of the one order), and this pipeline's take turns "
+            "of the one order, as a filtered pipeline's do: restore the state into the pipeline that saved it, with the "
+            "colo-data that saved it."
+        )
+    if now is not None and now[0] == count:
         return (
             f" The state was saved with the same {count} partitions, of {rows} rows a batch each: partitions and their rows "
             f"are part of the order, so it resumes only at the global batch size it was saved at, "

@@ -1,11 +1,15 @@
 """The environment for a child process of ours (a worker, a local sidecar): this process's,
-with `PYTHONPATH` set to its `sys.path`, so that the child imports the same modules the
-pipeline's functions come from (cloudpickle sends importable functions by name), and with
+with `PYTHONPATH` set to its `sys.path` less the directories that another user may write,
+so that the child imports the same modules the pipeline's functions come from (cloudpickle
+sends importable functions by name) and nothing another user left, and with
 `PROCESS_DEFAULTS` (and jemalloc for Arrow) where the user has not set them."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import stat
 import sys
 
 import pyarrow as pa
@@ -43,15 +47,53 @@ def child_command(module: str) -> list[str]:
     return [sys.executable, "-P", "-m", module]
 
 
+def _others_may_write(path: str) -> bool:
+    """Whether a user other than this process's and root may write `path`: its owner is
+    another user, others may write it (a sticky bit, /tmp's kind, stops them from
+    replacing a file, not from adding one), or a group that is not its owner's own may."""
+    info = os.stat(path)
+    if info.st_uid not in (os.geteuid(), 0) or info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _private_group(info.st_uid, info.st_gid)
+
+
+def _private_group(uid: int, gid: int) -> bool:
+    """Whether `gid` is the private group of user `uid`: the user's primary group, named
+    after it, with no other member. A umask of 002 (Debian's and Ubuntu's, for such groups)
+    leaves a user's checkout group-writable, and nobody else is in that group."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:  # a user or group this machine does not name: nothing says who is in it
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def _import_path() -> list[str]:
+    """`sys.path` as a child's `PYTHONPATH`: the entries that exist, less those that another
+    user may write. `-P` keeps the working directory off a child's path, but `site` still
+    imports a `sitecustomize.py` from any `PYTHONPATH` directory at start, and a module not
+    installed (pyarrow's optional `pandas`) is looked for along it: a trainer script's
+    directory in a shared one (/tmp's kind) would run what another user left there. The
+    interpreter's own directories and site-packages come back without `PYTHONPATH`."""
+    paths = []
+    for entry in sys.path:
+        path = os.path.abspath(entry or os.curdir)
+        try:
+            if not _others_may_write(path):
+                paths.append(path)
+        except OSError:  # gone, or not a path (an editable install's import hook): nothing to import from
+            continue
+    return list(dict.fromkeys(paths))
+
+
 def child_env(threads: int | None = None) -> dict[str, str]:
-    """`os.environ` with `PYTHONPATH` = this process's import path, and `process_settings()`
+    """`os.environ` with `PYTHONPATH` = `_import_path()`, and `process_settings()`
     under the names the user has not set. `threads` (a worker's share of the CPU budget)
     sizes the Rayon pool of Rust libraries such as `tokenizers` (`RAYON_NUM_THREADS`, also
     only where unset): each process's pool would otherwise take every CPU, so N workers
     ran N times as many tokenizer threads as CPUs (2 workers on 2 CPUs: 0.58x the
     records/s of one thread each, benchmarks/lm.py's pipeline)."""
-    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
     settings = process_settings()
     if threads is not None:
         settings["RAYON_NUM_THREADS"] = str(threads)
-    return {**settings, **os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    return {**settings, **os.environ, "PYTHONPATH": os.pathsep.join(_import_path())}

@@ -56,9 +56,21 @@ def assert_resumes_identically(
         make_loader: makes a fresh loader of the reference stream.
         make_resumed: makes the loader to restore into, given k and the state (with another
             host or worker count, say).
-        steps: steps of the reference stream to check; None checks the whole stream.
+        steps: steps of the reference stream to check, at least 1; None checks the whole
+            stream.
+
+    Raises:
+        AssertionError: the reference stream gives fewer than `steps` batches, or none when
+            `steps` is None (there would be nothing to compare), or a resumed loader's
+            batches differ from the reference's.
     """
     reference = read_all(make_loader(), steps)
+    # a stream that ends early, or never starts, would pass every comparison below with nothing compared
+    if steps is None:
+        assert reference, "the reference stream gave no batch: nothing to check"
+    else:
+        assert steps >= 1, f"steps={steps}: give at least 1 step to check"
+        assert len(reference) == steps, f"the reference stream ended after {len(reference)} of the {steps} steps asked for"
     for k in range(len(reference) + 1):
         loader = make_loader()
         with loader:

@@ -1,10 +1,11 @@
 """The sidecar's connection key and handshake. Every message on the socket is unpickled, so
 a connection proves that it knows the key (the standard library's `multiprocessing.connection`
 challenge, which reads raw bytes, never a pickle) before anything is read from it, within a
-time limit on both sides (a silent peer cannot hold the sidecar's door, a frozen sidecar
-cannot hold the trainer). The key comes from `COLO_DATA_SIDECAR_KEY` (hex, the same on both
-sides), else from a file beside the socket that the sidecar writes at start, readable by its
-owner (and its group, with a group-readable `--socket-mode`).
+time limit on both sides (on the sidecar's, for the whole challenge: a silent peer, or one
+that answers a byte at a time, cannot hold its door; a frozen sidecar cannot hold the
+trainer). The key comes from `COLO_DATA_SIDECAR_KEY` (hex, the same on both sides), else
+from a file beside the socket that the sidecar writes at start, readable by its owner (and
+its group, with a group-readable `--socket-mode`).
 
 Who may serve: the trainer unpickles what the sidecar sends, so before it connects it checks
 that nobody but itself and root could have put the socket and the key there
@@ -12,11 +13,13 @@ that nobody but itself and root could have put the socket and the key there
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import stat
 import struct
+import threading
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from colo_data.errors import ConfigError, SidecarError
@@ -155,16 +158,40 @@ def peer_pid(conn: Connection) -> int:
 
 def admit(conn: Connection, key: bytes, timeout: float) -> None:
     """The sidecar's side of the handshake: the peer must answer the challenge, and pass
-    one of its own, within `timeout` seconds.
+    one of its own, within `timeout` seconds in all: a timer shuts the socket at the deadline,
+    and a read or write blocked on it returns at once. (A limit on each read let a peer that
+    sends a byte at a time hold the handshake as long as it liked.) Past the handshake, reads
+    and writes wait as long as a session lasts.
 
     Raises:
         multiprocessing.AuthenticationError: the peer does not know the key.
-        OSError, EOFError: it was silent for `timeout` seconds, or left.
+        OSError, EOFError: it was silent, or slow, for `timeout` seconds, or left.
     """
-    set_timeout(conn, timeout)
-    deliver_challenge(conn, key)
-    answer_challenge(conn, key)
-    set_timeout(conn, 0)  # a session waits as long as its trainer trains
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as duplicate:  # same socket, own fd
+            with contextlib.suppress(OSError):  # the peer has gone meanwhile: the handshake fails on its own
+                duplicate.shutdown(socket.SHUT_RDWR)
+
+    deadline = threading.Timer(timeout, expire)
+    deadline.daemon = True
+    deadline.start()
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+    finally:
+        deadline.cancel()
+        deadline.join()  # a shut that has begun ends before the caller uses or closes `conn`
+    if expired.is_set():  # it passed just as the time ran out: the socket is shut all the same
+        raise TimeoutError(f"the key challenge took longer than {timeout:g} s")
+
+
+class QueueFull(ConnectionError):
+    """The socket refused a connection with EAGAIN: the queue of connections waiting for the
+    sidecar to let them in is full. The sidecar is there (busy with many connections, or
+    stopped); it has not been silent."""
 
 
 def connect(path: str, key: bytes, timeout: float) -> Connection:
@@ -173,13 +200,17 @@ def connect(path: str, key: bytes, timeout: float) -> Connection:
     hang).
 
     Raises:
+        QueueFull: the sidecar's queue of waiting connections is full; try again.
         multiprocessing.AuthenticationError: the sidecar has another key.
         OSError, EOFError: nobody listens, or the sidecar did not answer in time.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
-        sock.connect(path)
+        try:
+            sock.connect(path)
+        except BlockingIOError as e:  # with a timeout the socket is non-blocking: a full queue is EAGAIN at once
+            raise QueueFull(e.errno, f"the queue of connections waiting for the sidecar on {path} is full") from e
         sock.settimeout(None)
     except BaseException:
         sock.close()
