@@ -1,7 +1,9 @@
 """One run of benchmarks/workers.py in a fresh process: a pipeline through `cd.Loader` with
-some worker count, every batch's arrival time printed as JSON (time.monotonic, the clock
-the parent reads too), so that the parent can rate any window of batches, and when the
-first worker process began its first chunk (workers_pipeline.note_start; None if none did)."""
+some worker count (or, for the `wait` pipeline, Grain's default iterator over the same
+records with the same per-record function), every batch's arrival time printed as JSON
+(time.monotonic, the clock the parent reads too), so that the parent can rate any window
+of batches, the workers at work at the end and why, and when the first worker process
+began its first chunk (workers_pipeline.note_start; None if none did)."""
 
 from __future__ import annotations
 
@@ -16,28 +18,45 @@ from typing import Any
 
 import jax
 from absl import flags
-from workers_pipeline import NOTES, corpus, pipeline
+from workers_pipeline import NOTES, corpus, grain_default, pipeline
 
 import colo_data as cd
 
 
+def enough(spec: dict[str, Any], arrived: list[float], made: float) -> bool:
+    """Whether the run has its `batches`, or has lasted its `seconds` from `made`."""
+    return len(arrived) == spec["batches"] if "batches" in spec else arrived[-1] - made >= spec["seconds"]
+
+
 def main(spec: dict[str, Any]) -> None:
-    """Run `spec` (pipeline, backend, workers, batches, corpus) and print the readings."""
+    """Run `spec` (pipeline, backend, workers, corpus, and `batches` or `seconds`) and print
+    the readings."""
     flags.FLAGS.mark_as_parsed()
-    p = pipeline(spec["pipeline"], corpus(Path(spec["corpus"])))
-    workers = spec["workers"]
-    backend = cd.Sidecar(workers=workers) if spec["backend"] == "sidecar" else cd.InProcess(workers=workers)
+    directory = corpus(Path(spec["corpus"]))
     notes = Path(tempfile.mkdtemp(prefix="colo-data-bench-"))
     os.environ[NOTES] = str(notes)  # before the loader: its sidecar, fork server and workers inherit it
-    made = time.monotonic()
-    arrived = []
-    with cd.Loader(p, backend=backend) as loader:
-        for batch in loader:
-            jax.block_until_ready(batch)
+    arrived: list[float] = []
+    if spec["backend"] == "grain":
+        dataset = grain_default(directory)  # (its records read into memory before the clock starts)
+        made = time.monotonic()
+        for batch in dataset:
+            jax.block_until_ready(jax.device_put(batch))
             arrived.append(time.monotonic())
-            if len(arrived) == spec["batches"]:
+            if enough(spec, arrived, made):
                 break
-        chosen = [(h.workers if h.worker_processes else 0, h.workers_chosen) for h in loader.telemetry().hosts]
+        chosen = [(0, "Grain's default iterator: 16 read threads")]
+    else:
+        p = pipeline(spec["pipeline"], directory)
+        workers = spec["workers"]
+        backend = {"sidecar": cd.Sidecar, "inprocess": cd.InProcess}[spec["backend"]]
+        made = time.monotonic()
+        with cd.Loader(p, backend=backend() if workers == "default" else backend(workers=workers)) as loader:
+            for batch in loader:
+                jax.block_until_ready(batch)
+                arrived.append(time.monotonic())
+                if enough(spec, arrived, made):
+                    break
+            chosen = [(h.workers if h.worker_processes else 0, h.workers_why) for h in loader.telemetry().hosts]
     began = [f.read_text().split() for f in notes.iterdir()]
     first_chunk = min((float(times[1]) for times in began if len(times) == 2), default=None)
     shutil.rmtree(notes)

@@ -38,6 +38,15 @@ def note_start(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+WAIT_S = 0.002  # the `wait` pipeline's wait a record, as a per-record fetch or a remote call would take
+
+
+def wait_a_while(record: dict[str, Any]) -> dict[str, Any]:
+    """The `wait` pipeline's per-record work: `WAIT_S` of waiting and little CPU."""
+    time.sleep(WAIT_S)
+    return record
+
+
 def token_passes(record: dict[str, Any]) -> dict[str, Any]:
     """CPU-bound per-record work, as a pure-Python tokenizer's is: `PASSES` passes of one
     Python step per token (a rolling hash into the vocabulary)."""
@@ -72,6 +81,27 @@ def corpus(directory: Path) -> Path:
     return directory
 
 
+def wait_and_pad(record: dict[str, Any]) -> dict[str, Any]:
+    """Grain's per-record function of the `wait` pipeline's work: `wait_a_while`, then the
+    64-token pad that colo-data's pipeline makes with `cd.pad_or_truncate`."""
+    tokens = np.asarray(wait_a_while(record)["tokens"], np.int32)[:64]
+    return {"tokens": np.pad(tokens, (0, 64 - len(tokens)))}
+
+
+def grain_default(directory: Path) -> Any:
+    """Grain's default iterator over the `wait` pipeline's records, with the same work a
+    record: `MapDataset.source(...).map(f).batch(32).to_iter_dataset()`, whose read threads
+    (16 by default) overlap the records' waits. Its source is the records read into memory
+    first (Grain's best case: a random access into the Parquet files costs each thread about
+    0.3 ms of the interpreter, which held it to a quarter of the rate)."""
+    import grain  # noqa: PLC0415 - the Grain comparison only
+
+    source = cd.ArrowSource(str(directory), columns=["tokens"])
+    columns = source.take(np.arange(len(source))).column("tokens").to_pylist()
+    records = [{"tokens": np.asarray(tokens, np.int32)} for tokens in columns]
+    return grain.MapDataset.source(records).repeat().map(wait_and_pad).batch(32).to_iter_dataset()
+
+
 def long_enough(columns: dict[str, Any]) -> np.ndarray:
     """The filter of `cpu filtered`: records of 40 tokens or more (about three in four)."""
     return np.asarray(pc.list_value_length(columns["tokens"])) >= 40
@@ -79,13 +109,15 @@ def long_enough(columns: dict[str, Any]) -> np.ndarray:
 
 def pipeline(kind: str, directory: Path) -> cd.Pipeline:
     """`light`: block shuffle, a 64-token pad, batch 32; `cpu`: `token_passes` before it
-    (both after `note_start`); `cpu filtered`: the same keeping `long_enough` records, and
+    (both after `note_start`), `wait`: `wait_a_while` there instead; `cpu filtered`: the same keeping `long_enough` records, and
     `cpu packed`: the records packed into rows of 256 tokens, then `token_passes` on each
     row. Both as a user writes them, with default settings: no partitions named (they are
     chosen: 16 of 2 rows) and the CPU work in `transforms=`."""
     transforms: list[Any] = [note_start, cd.pad_or_truncate("tokens", 64)]
     if kind in ("cpu", "cpu filtered"):
         transforms.insert(1, cd.per_record(token_passes))
+    if kind == "wait":
+        transforms.insert(1, cd.per_record(wait_a_while))
     settings: dict[str, Any] = {}
     if kind == "cpu filtered":
         settings = {"keep": long_enough}

@@ -14,11 +14,7 @@ PACK_PLAN_ROWS = 256
 # hold 16 batches' rows (PARTITIONS * min(B, PACK_PLAN_ROWS) rows up to B = 256).
 PARTITIONS = 16
 PARTITION_ROWS = 16
-CHUNK_RECORDS = 512  # records of one host computed per call, so that per-call costs are shared
-# Chunks of CHUNK_RECORDS in one chunk that worker processes share out: every chunk costs
-# each worker a request, a reply and a wake-up, so theirs are larger (benchmarks/startup.py:
-# on the demo pipeline, 2 workers spent a third less CPU per record than with 1).
-WORKER_CHUNKS = 4
+CHUNK_RECORDS = 512  # records of one host computed per call, at most, so that per-call costs are shared
 LOCAL_SIDECAR_DIR_PREFIX = "colo-data-sidecar-"  # a trainer's own sidecar's socket directory, in the temp dir
 # A sidecar that works (opens a stream, computes a batch) sends a heartbeat this often when
 # it has nothing else to send; a trainer that hears nothing for `cd.Sidecar(timeout=...)`

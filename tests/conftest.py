@@ -77,15 +77,6 @@ def own_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLO_DATA_CPUS", f"{len(os.sched_getaffinity(0)) - 0.01:g}")
 
 
-@pytest.fixture
-def long_pool_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker pool that is given up is asked again after an hour, not 10 s
-    (colo_data/host/pool_policy.py): a test can then watch it stay given up however long a
-    busy machine takes to deliver the chunks it had in hand. tests/test_pool_policy.py
-    tests the retry time itself, on a fake clock."""
-    monkeypatch.setattr("colo_data.host.pool_policy._RETRY_S", 3600.0)
-
-
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With `-m unit` (`make test-fast`) a module outside the unit tier is not even
     imported: collecting the whole suite imports Ray, Orbax and the rest, and would start

@@ -76,7 +76,7 @@ def test_names_stand_for_the_default_settings(token_corpus: Path) -> None:
         assert resolve(name) == default and default.name == name
     assert resolve(cd.Sidecar(slots=3)) == cd.Sidecar(slots=3)
     with cd.Loader(pipeline, backend="inprocess") as loader:
-        assert loader.backend == cd.InProcess(workers=0)
+        assert loader.backend == cd.InProcess(workers="auto")  # as many as the worker policy counts
     with pytest.raises(cd.errors.ConfigError, match=r"backend='tpu': give cd.InProcess\(...\), cd.Sidecar\(...\) or cd.Colocated"):
         cd.Loader(pipeline, backend="tpu")
     with pytest.raises(cd.errors.ConfigError, match="backend=<class"):

@@ -123,10 +123,12 @@ def test_bench_with_no_step_reports_capacity_not_a_verdict(
     assert records > 0 and batches > 0 and every == pytest.approx(1000 / batches, abs=0.006)  # both printed rounded
     assert re.search(r"what limits it: the (order|read|transform|batch|hand-off) stage; the host's own thread", out), out
     assert "add --step-time MS" in out
-    # no worker processes in process (its default): the header, the host and why say so alike
-    assert "workers none (the host's own thread), 30 steps, warm-up 3 steps" in out.splitlines()[0], out  # 3 epochs of 10
-    assert re.search(r"^host 0: trainer process; the host's own thread", out, re.MULTILINE), out
-    assert "workers: none configured (workers=0): the host's own thread computes every batch" in out, out
+    # workers="auto" in process (its default): the header says so, the host says who computes its batches now
+    # (for a light pipeline, its own thread), and the worker policy's sentence why, and the bound
+    assert "workers auto, 30 steps, warm-up 3 steps" in out.splitlines()[0], out  # 3 epochs of 10
+    assert re.search(r"^host 0: trainer process; (the host's own thread|\d+ worker process)", out, re.MULTILINE), out
+    assert re.search(r"^  (no workers|\d+ workers?)\b.*$", out, re.MULTILINE), out
+    assert re.search(r"^  at most: auto: up to \d+ \(16 a CPU of the budget", out, re.MULTILINE), out
     steps = [line for line in out.splitlines() if line.startswith("next: ")]
     assert len(steps) <= 1 and all("Ray" not in s for s in steps if len(os.sched_getaffinity(0)) >= 2), steps
 

@@ -163,19 +163,20 @@ class _SmallChunks(HostPipeline):
 def test_workers_run_in_the_colocated_object_and_close_stops_them(
     token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One host with two worker processes; chunks of one batch, cut to the calls' size. With
-    CPU unused the host hands them work (they start then): the batches are the same."""
+    """One host with two worker processes allowed; chunks of one batch, cut to the calls' size.
+    Where the host's own thread is slow the worker policy counts workers (their fork server
+    and they start then): the batches are the same."""
     monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     before = _children()
     hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()[:1]), workers=2)
     stream = hosts.batches(0)
     got, deadline = [], time.monotonic() + 60
-    while not _children() - before or len(got) < 12:  # the workers start once CPU goes unused
+    while len(_children() - before) < 2 or len(got) < 12:  # a fork server and a worker at least
         assert time.monotonic() < deadline, "the host's workers never started"
         got.append(to_numpy(next(stream)))
     got += [to_numpy(next(stream)) for _ in range(24)]  # and make some of these
-    assert 1 <= len(_children() - before) <= 2  # the host's workers, still running: the stream is endless
+    assert 2 <= len(_children() - before) <= 3  # the fork server and its workers, still running: the stream is endless
     stream.close()
     hosts.close()
     deadline = time.monotonic() + 10
@@ -440,6 +441,7 @@ def test_eight_cpu_devices_are_eight_hosts_with_in_process_batches(
 @pytest.mark.parametrize("shuffle", SHUFFLES)
 def test_eight_hosts_resume_from_every_state(eight_hosts: dict[str, np.ndarray], token_corpus: Path, shuffle: str) -> None:
     expected = _batches(eight_hosts, f"{shuffle}/full")
+    assert len(expected) == 7, f"{shuffle}: {len(expected)} batches saved, expected 7 (120 records, batches of 16)"
     for k in range(len(expected) + 1):
         resumed = _batches(eight_hosts, f"{shuffle}/resumed{k}")
         assert_batches_equal(expected[k:], resumed, f"{shuffle}, resumed after step {k}")

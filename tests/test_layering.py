@@ -189,13 +189,13 @@ def private_uses(tree: ast.Module, module: str, known: set[str]) -> Iterator[str
 
 
 def test_the_private_name_check_finds_each_way_of_reaching_one() -> None:
-    known = {"colo_data.host.pool_policy", "colo_data.pipeline.parts", "colo_data.io.integers"}
+    known = {"colo_data.host.worker_policy", "colo_data.pipeline.parts", "colo_data.io.integers"}
     source = (
-        "from colo_data.host.pool_policy import _DECIDE_S, PoolPolicy\nfrom colo_data.pipeline import parts\n"
+        "from colo_data.host.worker_policy import _Means, WorkerPolicy\nfrom colo_data.pipeline import parts\n"
         "import colo_data.io.integers as integers\nparts._cap(1)\nintegers.as_int(2)\nintegers._digits\nparts.__doc__\n"
     )
-    found = sorted(private_uses(ast.parse(source), "colo_data.host.slice_balance", known))
-    assert found == ["1: colo_data.host.pool_policy._DECIDE_S", "4: colo_data.pipeline.parts._cap", "6: colo_data.io.integers._digits"]
+    found = sorted(private_uses(ast.parse(source), "colo_data.host.pool_schedule", known))
+    assert found == ["1: colo_data.host.worker_policy._Means", "4: colo_data.pipeline.parts._cap", "6: colo_data.io.integers._digits"]
     assert not list(private_uses(ast.parse("from colo_data.pipeline import parts\nparts._cap\n"), "colo_data.pipeline.parts", known))
 
 

@@ -38,7 +38,10 @@ def test_a_transform_capturing_a_lock_with_worker_processes(token_corpus: Path) 
         cd.Loader(pipeline, backend=cd.InProcess(workers=2))
     assert not isinstance(raised.value, TypeError)
     assert _children() == before, "a process was started"
-    assert read_all(cd.Loader(pipeline)), "in the trainer's own process nothing is pickled: it runs"
+    with pytest.warns(UserWarning, match=rf"{named}.*cannot be pickled.*workers='auto' runs it on the host's own thread"):
+        loader = cd.Loader(pipeline)  # workers="auto", the default: none, which need nothing pickled
+    assert loader.backend == cd.InProcess(workers=0)
+    assert read_all(loader), "in the trainer's own process nothing is pickled: it runs"
 
 
 def test_a_keep_capturing_an_open_file_with_worker_processes(token_corpus: Path, tmp_path: Path) -> None:

@@ -535,10 +535,10 @@ def test_explicit_shm_size_skips_the_measurement(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("sidecar", "deploy", "cpu", "workers"),
     [
-        ('workers = "auto"', {}, "4", 3),
-        ('workers = "auto"', {"sidecar_cpus": 2.5}, "2500m", 2),
-        ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 0),
-        ('workers = "auto"', {"sidecar_cpus": 2}, "2", 1),
+        ('workers = "auto"', {}, "4", 64),
+        ('workers = "auto"', {"sidecar_cpus": 2.5}, "2500m", 48),
+        ('workers = "auto"', {"sidecar_cpus": 0.5}, "500m", 16),
+        ('workers = "auto"', {"sidecar_cpus": 2}, "2", 32),
         ("workers = 6", {}, "7", 6),
         ("workers = 6", {"sidecar_cpus": 6.2}, "6200m", 6),
     ],
@@ -555,8 +555,9 @@ def test_sidecar_cpu_limit_gives_the_expected_workers(
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setenv("COLO_DATA_CPUS", str(parse_quantity(cpu)))
     budget = cpu_budget(proc=str(tmp_path), root=str(tmp_path))
+    monkeypatch.setattr("colo_data.workers.settings.memory_limit", lambda: 2**40)  # "auto": 16 a CPU, within the memory
     configured = config.sidecar["workers"]
-    assert choose_workers(configured, budget, "the sidecar's own thread").count == workers
+    assert choose_workers(configured, budget).count == workers
     if configured != "auto":  # room for every worker beside the sidecar's own thread
         assert math.ceil(budget.cpus) >= workers + 1, budget
 

@@ -20,7 +20,7 @@ from colo_data.errors import ConfigError
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
 from colo_data.runtime.budget import auto_workers, shm_capacity
-from colo_data.workers.settings import WorkerChoice, choose_workers
+from colo_data.workers.settings import WorkerChoice, auto_most, choose_workers
 
 from real_cgroup import cpu_cgroup
 from start_gate import tmpfs
@@ -390,18 +390,16 @@ def test_auto_workers_are_the_cpus_less_the_hosts_own_thread(cpus: float, worker
 
 
 def test_the_worker_choice_says_why() -> None:
+    """"auto" allows 16 workers a CPU of the budget (records that wait make more pay than
+    there are CPUs), at most 256 and a share of the memory; the policy counts how many work."""
     budget = CpuBudget(cpus=2.0, workers=1, source="affinity mask: 2 CPUs", affinity=2, quota=None)
-    used = "each started only while CPU goes unused beside {}, and kept only while it adds batches"
-    chosen = choose_workers("auto", budget, "the sidecar's own thread and the trainer")
-    expected = "auto: up to 1, the CPU budget 2 (affinity mask: 2 CPUs) less 1 for the host's own thread; " + used.format(
-        "the sidecar's own thread and the trainer"
-    )
-    assert chosen == WorkerChoice(1, expected)
-    half = choose_workers("auto", CpuBudget(0.5, 0, "COLO_DATA_CPUS=0.5", 2, None), "the sidecar's own thread")
-    assert half.count == 0 and half.reason.endswith("(COLO_DATA_CPUS=0.5): the host's own thread only")
-    roomy = choose_workers("auto", CpuBudget(8.0, 7, "cgroup v2 cpu.max 800000 100000", 64, 8.0), "the trainer")
-    assert roomy.count == 7 and "up to 7, the CPU budget 8 (cgroup v2 cpu.max 800000 100000) less 1" in roomy.reason
-    assert choose_workers(3, budget, "the trainer") == WorkerChoice(3, "up to 3, as configured; " + used.format("the trainer"))
-    assert choose_workers(0, budget, "the trainer") == WorkerChoice(
-        0, "none configured (workers=0): the host's own thread computes every batch"
-    )
+    chosen = choose_workers("auto", budget)
+    assert chosen.count == min(32, auto_most(budget)) and chosen.ray is None
+    assert chosen.reason.startswith(f"auto: up to {chosen.count} (16 a CPU of the budget of 2 (affinity mask: 2 CPUs)")
+    assert "as many at work as the worker policy counts" in chosen.reason
+    big = CpuBudget(224.0, 223, "affinity mask: 224 CPUs", 224, None)
+    assert auto_most(big, memory=2**40) == 256  # at most 256 processes
+    assert auto_most(big, memory=8 * 2**30) == 32  # half of 8 GiB at 128 MiB a worker
+    assert auto_most(CpuBudget(0.5, 0, "COLO_DATA_CPUS=0.5", 2, None), memory=2**40) == 16  # a part of a CPU counts as one
+    assert choose_workers(3, budget) == WorkerChoice(3, "up to 3, as configured; as many at work as the worker policy counts")
+    assert choose_workers(0, budget) == WorkerChoice(0, "none configured (workers=0): the host's own thread computes every batch")

@@ -69,8 +69,12 @@ class SlowSource:
 @pytest.fixture
 def one_batch_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Host pipelines (in this process) work one batch at a time, so a per-call delay is a
-    per-batch delay."""
+    per-batch delay. The tests that use it read the host's own thread (`InProcess(workers=0)`):
+    by default, records that wait get worker processes."""
     monkeypatch.setattr(defaults, "CHUNK_RECORDS", BATCH)
+
+
+ALONE = cd.InProcess(workers=0)  # the host's own thread: what these tests read the telemetry of
 
 
 def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.telemetry.Telemetry, float]:
@@ -97,7 +101,7 @@ def timed_run(loader: cd.Loader, steps: int, step_s: float) -> tuple[cd.telemetr
 def test_a_slow_transform_is_named_and_the_wait_share_is_right(token_corpus: Path, one_batch_chunks: None) -> None:
     # the transform sleeps 20 ms per batch, the step 5 ms: the trainer waits about 15 of every 20 ms
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.020 / BATCH)])
-    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3), steps=40, step_s=0.005)
+    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3, backend=ALONE), steps=40, step_s=0.005)
     assert telemetry.input_bound and telemetry.bottleneck == "transform", telemetry.verdict
     assert telemetry.verdict.startswith("input-bound: transform stage; the host's own thread at "), telemetry.verdict
     assert "CPU budget" in telemetry.verdict
@@ -110,7 +114,7 @@ def test_a_slow_transform_is_named_and_the_wait_share_is_right(token_corpus: Pat
 
 def test_a_slow_read_is_named(token_corpus: Path, one_batch_chunks: None) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None, source=SlowSource(token_corpus, 0.015))
-    telemetry, _ = timed_run(cd.Loader(pipeline, warmup=2), steps=30, step_s=0.002)
+    telemetry, _ = timed_run(cd.Loader(pipeline, warmup=2, backend=ALONE), steps=30, step_s=0.002)
     assert telemetry.bottleneck == "read", telemetry.verdict
     assert telemetry.steady.input_wait_share > 0.5
 
@@ -118,7 +122,7 @@ def test_a_slow_read_is_named(token_corpus: Path, one_batch_chunks: None) -> Non
 def test_a_slow_step_is_not_input_bound(token_corpus: Path, one_batch_chunks: None) -> None:
     # the transform takes 2 ms a batch, the step 20 ms: nothing to wait for after the warm-up
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[cd.pad_or_truncate("tokens", 8), SleepPerRecord(0.002 / BATCH)])
-    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3), steps=40, step_s=0.020)
+    telemetry, measured = timed_run(cd.Loader(pipeline, warmup=3, backend=ALONE), steps=40, step_s=0.020)
     assert not telemetry.input_bound and telemetry.bottleneck is None
     assert telemetry.verdict.startswith("not input-bound: wait "), telemetry.verdict
     # the truth is about 0; the test's own clock also sees the GIL handed back and forth
@@ -346,13 +350,13 @@ def test_bench_names_the_next_step_workers_where_cpu_is_spare_else_ray(token_cor
         pytest.skip(f"this machine gives the tests {len(cpus)} CPU: the case with a CPU to spare needs 2")
     os.sched_setaffinity(0, {min(cpus)})  # this thread (the test's, which reads the budget) on one CPU
     try:
-        held, _ = timed_run(cd.Loader(pipeline, warmup=3), steps=20, step_s=0.002)
+        held, _ = timed_run(cd.Loader(pipeline, warmup=3, backend=ALONE), steps=20, step_s=0.002)
     finally:
         os.sched_setaffinity(0, cpus)
     assert held.limit_stage == "transform" and held.hosts[0].cpu_budget == 1, held.limit
     advice = next_step(held)
     assert advice and "transform stage is CPU work" in advice and "budget of 1.0 is taken by the host's own thread" in advice and "--workers 'ray:" in advice, advice
-    spare, _ = timed_run(cd.Loader(pipeline, warmup=3), steps=20, step_s=0.002)
+    spare, _ = timed_run(cd.Loader(pipeline, warmup=3, backend=ALONE), steps=20, step_s=0.002)
     assert spare.limit_stage == "transform" and spare.hosts[0].cpu_budget == len(cpus), spare.limit
     advice = next_step(spare)
     assert advice and "transform stage is CPU work on the host's own thread" in advice and "--workers auto" in advice, advice

@@ -48,15 +48,17 @@ def tokens(corpus, batch=12, transforms=(), index=True):
 
 
 class CopyOver:
-    """The bug: in a host piece of `rows` rows that holds `record`, the next row (all its
-    columns) is copied over it; `rows` picks the host count, `record` the host."""
+    """The bug: in a host piece that holds `record` and its `mates` but not `other`, the next
+    row (all its columns) is copied over it; the records a piece holds pick the host count
+    and the host (a piece holds whole host batches, as many as the host computes at a time)."""
 
-    def __init__(self, record, rows, swap=False):
-        self.record, self.rows, self.swap = record, rows, swap
+    def __init__(self, record, mates, other, swap=False):
+        self.record, self.mates, self.other, self.swap = record, mates, other, swap
 
     def __call__(self, batch):
-        at = np.flatnonzero(batch["_index"] == self.record)
-        if len(batch["_index"]) != self.rows or not len(at):
+        index = batch["_index"]
+        at = np.flatnonzero(index == self.record)
+        if not len(at) or not np.isin(self.mates, index).all() or self.other in index:
             return batch
         rows = [at[0] + 1, at[0]] if self.swap else [at[0] + 1]
         out = {}
@@ -67,8 +69,8 @@ class CopyOver:
         return out
 
 
-def broken(corpus, record, rows, swap=False):
-    return tokens(corpus, transforms=[CopyOver(record, rows, swap)])
+def broken(corpus, record, mates, other, swap=False):
+    return tokens(corpus, transforms=[CopyOver(record, mates, other, swap)])
 
 
 class Calls:
@@ -164,13 +166,13 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
-def host_1_of_2_rows(pipeline: cd.Pipeline, batch: int) -> tuple[int, int, int]:
+def host_1_of_2_rows(pipeline: cd.Pipeline, batch: int) -> tuple[int, int, dict[str, object]]:
     """The first two records that host 1 of 2 serves in `batch` (global rows 6 and 7), and
-    how many rows that host transforms at a time (its chunk of batches; the whole epoch
-    here), which tells its pieces from other host counts' to the broken transform."""
-    host = HostPipeline(pipeline, 1, 2)
-    first, second = (int(i) for i in host.stream_indices(np.arange(2) + batch * BATCH + host.rows.start))
-    return first, second, min(host.chunk, RECORDS // BATCH) * BATCH // 2
+    the records that tell its pieces from other host counts' to the broken transform: rows 6
+    and 11, which host 1 of 2 holds both of (hosts 2 and 3 of 4, one each), and row 5, which
+    it does not (one host holds it with row 6)."""
+    rows = [int(i) for i in HostPipeline(pipeline).stream_indices(np.arange(BATCH) + batch * BATCH)]
+    return rows[6], rows[7], {"mates": [rows[6], rows[11]], "other": rows[5]}
 
 
 def test_cli_passes_on_a_sound_pipeline(workdir: Path, token_corpus: Path) -> None:
@@ -196,8 +198,8 @@ def test_cli_passes_on_a_sound_pipeline(workdir: Path, token_corpus: Path) -> No
 def test_cli_fails_naming_the_record_a_host_duplicates(
     workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lost, copied, rows = host_1_of_2_rows(build(workdir, monkeypatch, "tokens", corpus=str(token_corpus)), batch=3)
-    path = config(workdir, "broken", corpus=str(token_corpus), record=lost, rows=rows)
+    lost, copied, tells = host_1_of_2_rows(build(workdir, monkeypatch, "tokens", corpus=str(token_corpus)), batch=3)
+    path = config(workdir, "broken", corpus=str(token_corpus), record=lost, **tells)
     result = colo_data_verify(path, "--hosts", "1,2,4", "--resume-hosts", "2", cwd=workdir)
     assert result.returncode == 1, result.stdout + result.stderr
     found = lines(result)
@@ -245,8 +247,8 @@ def test_cli_passes_on_the_demo_config(tmp_path: Path) -> None:
 def test_a_swap_on_one_host_breaks_the_order_not_exactly_once(
     workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first, second, rows = host_1_of_2_rows(build(workdir, monkeypatch, "tokens", corpus=str(token_corpus)), batch=7)
-    pipeline = build(workdir, monkeypatch, "broken", corpus=str(token_corpus), record=first, rows=rows, swap=True)
+    first, second, tells = host_1_of_2_rows(build(workdir, monkeypatch, "tokens", corpus=str(token_corpus)), batch=7)
+    pipeline = build(workdir, monkeypatch, "broken", corpus=str(token_corpus), record=first, swap=True, **tells)
     checks = by_name(verify(pipeline, hosts=(2, 1, 4)))
     assert checks["identical batches"].detail == (
         f"batch 7 row 6 differs in 'id', 'tokens', '_index': record {second} with 2 hosts, record {first} with 1 host"

@@ -96,7 +96,8 @@ def test_a_relabelled_component_fails_naming_it(mix_corpora: dict[str, Path]) ->
 
 class CopyOver:
     """The bug: in a host piece of `rows` rows that holds `component`'s `record`, the next
-    row (all its columns) is copied over it; `rows` picks the host count."""
+    row (all its columns) is copied over it; `rows` picks the host count (its pieces grow
+    from one batch, doubling: their sizes are the stream's alone)."""
 
     def __init__(self, component: int, record: int, rows: int) -> None:
         self.component, self.record, self.rows = component, record, rows
@@ -116,7 +117,7 @@ class CopyOver:
 def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora: dict[str, Path]) -> None:
     """Host 1 of 2 copies its next row over a 'web' record of batch 3 (rows 6-10: the next
     row is in the same host piece); the run completes web's epoch 0, so the record is
-    missing from it. Hosts 1 and 3 transform pieces of other sizes and are sound."""
+    missing from it. Hosts 1 and 3 transform batch 3 in pieces of other sizes and are sound."""
     pipeline = mix_pipeline(mix_corpora)
     mix = pipeline.source
     assert isinstance(mix, cd.Mix)
@@ -124,7 +125,11 @@ def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora:
     components, own = order.positions(np.arange(3 * BATCH + 6, 3 * BATCH + 11))
     row = int(np.flatnonzero(components == 0)[0])
     record = int(order.orders[0].stream_indices(own[row : row + 1])[0])
-    rows = HostPipeline(pipeline, 1, 2).chunk * BATCH // 2
+    made, rows = 0, 0  # host 1 of 2's batches before the piece that holds batch 3, and that piece's rows
+    for piece in HostPipeline(pipeline, 1, 2).chunks(0):
+        made, rows = made + piece.rows // (BATCH // 2), piece.rows
+        if made > 3:
+            break
     checks = by_name(verify(mix_pipeline(mix_corpora, (CopyOver(0, record, rows),)), hosts=(1, 2, 3), resume_at=2))
     identical = checks["identical batches"].detail
     assert identical.startswith(f"batch 3 row {6 + row} differs in ") and identical.endswith(" with 2 hosts")

@@ -1,7 +1,8 @@
-"""Workers ready sooner (colo_data/workers/forks.py): a pool starts a fork server when it is
-made, which has imported numpy, pyarrow and colo-data's chunk work (and never JAX), and
-forks each worker from it; a sidecar's server is a fork of the sidecar, which has imported
-them already (a process running more threads than its one gets a fresh interpreter). The
+"""Workers ready sooner (colo_data/workers/forks.py): a pool starts a fork server when its
+first worker is asked for, which imports numpy, pyarrow and colo-data's chunk work (and
+never JAX), and forks each worker from it; a sidecar's server is a fork of the sidecar, made
+with the pool, which has imported them already (a process running more threads than its one
+gets a fresh interpreter). The
 server and its workers are gone after `close()`, after the loader is dropped unclosed, after
 a script that just ends, and when the process that owns the pool is killed; workers die
 with their server."""
@@ -87,22 +88,24 @@ def descendants() -> list[int]:
 def ready(pool: WorkerPool, payload: bytes, workers: int) -> None:
     """Start a stream of `payload` on `pool` and wait until its first `workers` have set it up."""
     stream = pool.stream(payload, 0, 1, 0)
-    assert settle(lambda: stream.ready(workers), WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
+    assert settle(lambda: stream.ready(workers) == workers, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
 
 
-def test_workers_are_forked_from_a_server_started_with_the_pool_that_preloaded_their_imports(
+def test_workers_are_forked_from_a_server_started_for_the_first_that_preloaded_their_imports(
     token_corpus: Path, tmp_path: Path
 ) -> None:
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(2, owner)
+        pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
+        stream = pool.stream(cloudpickle.dumps(pipeline), 0, 1, 0)
+        assert not psutil.Process().children() and not pool.pids, "no server and no worker before a stream asks for one"
+        stream.ready(2)
         (server,) = psutil.Process().children()
-        assert not pool.pids, "no worker before a stream asks for one"
         maps = Path(f"/proc/{server.pid}/maps")
         assert settle(lambda: "libarrow" in maps.read_text(), WORKERS_S), "the server did not import pyarrow"
         assert "jaxlib" not in maps.read_text() and "xla_extension" not in maps.read_text(), "the server loaded JAX"
-        pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
-        ready(pool, cloudpickle.dumps(pipeline), 2)
+        assert settle(lambda: stream.ready(2) == 2, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
         seen = [json.loads((tmp_path / f"{pid}.json").read_text()) for pid in pool.pids]
         assert MARK not in " ".join(server.cmdline()), "the server's command line says it is a worker"
         for worker in seen:
@@ -194,10 +197,12 @@ def test_close_stops_the_server_and_its_workers(token_corpus: Path) -> None:
     assert not alive(started), "close() returned before the server and its workers were gone"
 
 
+@pytest.mark.usefixtures("own_cpu_budget")
 def test_a_dropped_loader_stops_the_server_and_its_workers(token_corpus: Path) -> None:
     before = set(descendants())
-    loader = cd.Loader(make_pipeline(token_corpus, epochs=None), hosts=1, backend=cd.InProcess(workers=1))
-    next(loader)
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+    loader = cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=1))
+    until_workers_made(loader)
     started = [pid for pid in descendants() if pid not in before]
     assert started, "the loader started no fork server"
     del loader
@@ -256,7 +261,7 @@ def test_workers_die_with_their_server_and_the_pool_says_so(token_corpus: Path) 
         (server,) = psutil.Process().children()
         server.send_signal(signal.SIGKILL)
         assert settle(lambda: not alive(workers)), f"workers outlived their server: {alive(workers)}"
-        with pytest.raises(cd.ColoDataError, match=r"a worker process died \(exit codes \[-9, -9\]"):
+        with pytest.raises(cd.ColoDataError, match=r"a worker process died \(worker 0 was killed by SIGKILL; worker 1 was killed"):
             pool.stream(payload, 0, 1, 0)
     finally:
         owner.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any, Protocol
 
 import jax
@@ -17,6 +17,7 @@ from colo_data.backends.placement import Placement
 from colo_data.errors import GrainError, TransformError
 from colo_data.host.chunk import HostBatch, HostChunk, column_schema, schema_change
 from colo_data.host.dtypes import jax_ready
+from colo_data.host.pool_schedule import Downstream
 from colo_data.pipeline.order import Position
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import close_iterator
@@ -144,3 +145,22 @@ def ended_early(ended: Sequence[int], going: Sequence[int]) -> GrainError:
 def plus(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:
     """Two cumulative counter pairs added (a may be missing)."""
     return b if a is None else (a[0] + b[0], a[1] + b[1])
+
+
+def told(chunks: Iterator[HostChunk], downstream: Downstream, on_trainer_thread: bool) -> Iterator[HostChunk]:
+    """`chunks` as the trainer takes them, the records it took told to `downstream` (the
+    host's worker policy reads them), and, where they are computed on the trainer's thread
+    (or while the controller waits for a colocated call), the time each takes as its wait
+    for input (else the host's prefetch thread tells it)."""
+    try:
+        while True:
+            began = monotonic()
+            chunk = next(chunks, None)
+            if on_trainer_thread:
+                downstream.trainer_waited(monotonic() - began)
+            if chunk is None:
+                return
+            downstream.trainer_took(chunk.rows)
+            yield chunk
+    finally:
+        close_iterator(chunks)

@@ -31,7 +31,7 @@ from jax.experimental.colocated_python import (
 )
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from colo_data.backends.base import GlobalBatch, ended_early, same_columns
+from colo_data.backends.base import GlobalBatch, ended_early, same_columns, told
 from colo_data.backends.placement import Placement
 from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarError, Wire, from_wire, named_in, to_wire
 from colo_data.host.chunk import HostChunk
@@ -87,7 +87,7 @@ class _HostSide:
 
     def __init__(self, pipeline: AnyPipeline, workers: Workers, controller: str) -> None:
         self.pipeline = pipeline
-        self.choice = choose_workers(workers, cpu_budget(), "the sidecar's own thread")
+        self.choice = choose_workers(workers, cpu_budget())
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostShare] = {}
         self._streams: dict[int, tuple[Position, Iterator[HostChunk], Lifecycle]] = {}
@@ -113,7 +113,8 @@ class _HostSide:
                 pool = start_pool(self.choice, self._owner)
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
             run = self._owner.child(f"host {host} stream")
-            chunks = self._pipelines[host].chunks(position, run, batches=None if variable else count)
+            share = self._pipelines[host]  # the controller waits while its chunks are computed: its wait for input
+            chunks = told(share.chunks(position, run, batches=None if variable else count), share.downstream, True)
             current = (key, chunks, run)
         if not variable:
             self._streams[host] = (int(position) + count * self.pipeline.global_batch_size, current[1], current[2])

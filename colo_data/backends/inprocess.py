@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from colo_data.backends.base import GlobalBatch, assembled, plus
+from colo_data.backends.base import GlobalBatch, assembled, plus, told
 from colo_data.backends.placement import Placement
 from colo_data.host.shares import host_pipeline
 from colo_data.pipeline.kinds import AnyPipeline
@@ -37,7 +37,7 @@ class InProcessBackend:
         self.placement = placement
         self.local_hosts = placement.local_hosts
         self._budget = cpu_budget()
-        self.choice = choose_workers(workers, self._budget, "the trainer and the host's own thread")
+        self.choice = choose_workers(workers, self._budget)
         # worker processes start now, while the trainer compiles, and are kept across runs
         self._hosts = [
             host_pipeline(pipeline, h, placement.hosts, start_pool(self.choice, owner, self._budget), ahead)
@@ -49,7 +49,9 @@ class InProcessBackend:
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
 
     def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
-        streams = [host.chunks(position, run, batches=1) for host in self._hosts]
+        streams = [
+            told(host.chunks(position, run, batches=1), host.downstream, self.on_trainer_thread) for host in self._hosts
+        ]
         batches = assembled(streams, self.placement, self.handoff, wait_for_devices=False)
         if not self.choice.count:
             return batches
@@ -67,7 +69,7 @@ class InProcessBackend:
                 run = (seconds, used) if run is None else (max(seconds, run[0]), run[1] + used)
             cpu = self._base_cpu[i] if run is None else plus(self._base_cpu[i], run)
             workers = tuple(tuple(w.values) for w in host.worker_stages)
-            out.append(HostCounters(tuple(host.stages.values), cpu, None, workers, host.quality.snapshot()))
+            out.append(HostCounters(tuple(host.stages.values), cpu, None, workers, host.quality.snapshot(), host.workers_now()))
         return list(self.handoff.values), out
 
     def run_ended(self) -> None:

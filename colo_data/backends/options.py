@@ -63,15 +63,17 @@ def _process_hosts(requested: int | None) -> int:
 @dataclass(frozen=True)
 class InProcess:
     """Each local host's pipeline runs in the trainer process: on a thread of its own (a
-    chunk ahead) or in worker processes. For tests, notebooks, debugging, and single-host
-    training where the trainer has CPU to spare.
+    chunk ahead), and in worker processes where they pay. For tests, notebooks, debugging,
+    and single-host training where the trainer has CPU to spare.
 
     Args:
-        workers: worker processes per host; 0 computes on the host's own thread; "auto"
-            picks from the CPU budget.
+        workers: the most worker processes per host ("auto": from the CPU budget and the
+            memory); how many work at a time, the worker policy counts from what a record
+            costs and how fast the trainer takes them (docs/workers.md); 0: the host's own
+            thread computes every batch.
     """
 
-    workers: Workers = 0
+    workers: Workers = "auto"
     name: ClassVar[str] = "inprocess"
     ships_to: ClassVar[str | None] = None
 

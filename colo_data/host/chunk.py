@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -17,6 +17,21 @@ from colo_data.runtime.prefetch import close_iterator
 from colo_data.telemetry.quality import QualityCounts
 
 HostBatch = dict[str, np.ndarray]
+
+
+class WorkCost(NamedTuple):
+    """What computing a chunk, or a worker's share of one, cost where it was computed: its
+    records, its seconds of work (on a CPU or waiting, not waiting for a CPU) and its
+    seconds on a CPU (`colo_data.runtime.thread_time`). The worker-count policy's model
+    is made of these."""
+
+    records: int
+    work_s: float
+    cpu_s: float
+
+    def __add__(self, other: object) -> WorkCost:
+        assert isinstance(other, WorkCost)
+        return WorkCost(self.records + other.records, self.work_s + other.work_s, self.cpu_s + other.cpu_s)
 
 
 @dataclass
@@ -36,6 +51,8 @@ class HostChunk:
         states: a Grain pipeline's host state after each of the chunk's batches (JSON
             values, one a batch); None for a native pipeline.
         quality: data-quality counts (`QualityCounts.values`) a worker process made for it.
+        cost: what a worker process (or Ray actor) spent computing it; for a chunk put
+            together from shares, what they all spent.
     """
 
     columns: HostBatch
@@ -45,6 +62,7 @@ class HostChunk:
     places: np.ndarray | None = None
     states: list[Any] | None = None
     quality: dict[str, np.ndarray] | None = None
+    cost: WorkCost | None = None
 
     @property
     def rows(self) -> int:
@@ -72,7 +90,7 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
     """One chunk from the shares of it that worker processes computed: each share's rows go
     to their `places`, the stage counters add up (and are kept by worker), and slices of a
     partitioned pipeline's partitions say where they stand together; so do their
-    data-quality counts.
+    data-quality counts and their costs.
 
     Raises:
         TransformError: the shares disagree on a column's name, dtype or row shape (a
@@ -84,9 +102,13 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
     for share in shares:
         quality.merge(share.quality or {})
     end = _slices_end(shares)
+    costs = [s.cost for s in shares if s.cost is not None]
+    cost = sum(costs[1:], costs[0]) if costs else None
     filled = [s for s in shares if s.columns]
+    if not filled:  # no rows in any share (slices of partitions that ended)
+        return HostChunk({}, end, stages or None, by_worker, quality=quality.values, cost=cost)
     if len(filled) == 1:  # one share holds every row, in order (places are ascending)
-        return HostChunk(filled[0].columns, end, stages=stages or None, worker_stages=by_worker, quality=quality.values)
+        return HostChunk(filled[0].columns, end, stages or None, by_worker, quality=quality.values, cost=cost)
     # (slices of partitions that made fewer batches at the stream's end leave rows unfilled: cut off after)
     height = max(int(s.places.max()) + 1 for s in filled if s.places is not None)
     first = filled[0].columns
@@ -110,7 +132,7 @@ def merge_shares(shares: list[HostChunk]) -> HostChunk:
             f"columns {sorted(extra)} came out of the transforms for some records and not for others: "
             "transforms must give every record the same columns"
         )
-    return HostChunk(columns, end, stages=stages or None, worker_stages=by_worker, quality=quality.values)
+    return HostChunk(columns, end, stages or None, by_worker, quality=quality.values, cost=cost)
 
 
 def _slices_end(shares: list[HostChunk]) -> np.ndarray | None:

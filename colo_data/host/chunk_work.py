@@ -29,9 +29,11 @@ from colo_data.telemetry.quality import PADDED, QualityCounts
 
 
 class Share(NamedTuple):
-    """Worker `worker` of `workers`: the records whose row groups come at a rank `worker`
-    modulo `workers` in the epoch's reading order (`GlobalOrder.group_ranks`) are its to
-    compute, so that no two workers decode the same row group."""
+    """Worker `worker` of `workers`: the `worker`-th of `workers` equal runs of a chunk's
+    records taken in reading order (by their row groups' ranks in the epoch's reading
+    order, `GlobalOrder.group_ranks`), so that the shares are balanced to a record and a row
+    group is decoded by as few workers as that allows (one, but where a run starts or ends
+    inside it, or where there are more workers than row groups)."""
 
     worker: int
     workers: int
@@ -39,29 +41,23 @@ class Share(NamedTuple):
 
 class Resume(NamedTuple):
     """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
-    the pipeline's position `start` (`colo_data.pipeline.parts`), `skip` batches on, the host's
-    partitions shared among its own thread (the first `here`) and `parts` workers
-    (`slices.cut`; a worker computes the slice its `Share` numbers). A worker continues its
-    slice's stream while the requests follow on; any other is computed from `start` again,
-    the same batches."""
+    the pipeline's position `start` (`colo_data.pipeline.parts`), `skip` batches on, the
+    host's partitions cut into `parts` slices (`slices.cut`; a worker computes the slice its
+    `Share` numbers). A worker continues its slice's stream while the requests follow on;
+    any other is computed from `start` again, the same batches."""
 
     start: np.ndarray
     skip: int
     parts: int
-    here: int
 
 
 class PoolStream(Protocol):
     """One stream's chunks computed by a pool: asked for by position, handed back whole, in
     the order they were asked for."""
 
-    def ready(self, workers: int) -> bool:
-        """Whether `workers` of the pool's workers have set the stream up (their chunks
-        come without that wait)."""
-        ...
-
-    def has_next(self) -> bool:
-        """Whether the oldest chunk asked for has come (`take` would not wait)."""
+    def ready(self, workers: int) -> int:
+        """How many of the pool's first `workers` workers have set the stream up (their
+        chunks come without that wait), starting those not started yet."""
         ...
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
@@ -80,14 +76,18 @@ class ChunkPool(Protocol):
 
     @property
     def count(self) -> int:
-        """The workers a stream may use now (a shared pool's share changes as hosts come and go)."""
+        """The workers a stream may use now, at most (a shared pool's share changes as hosts
+        come and go)."""
         ...
 
-    remote: bool  # its workers use CPUs that are not the host's (a cluster's): it is asked for from the start
+    remote: bool  # its workers use CPUs that are not the host's (a cluster's): its stream opens at once
 
-    def idle_cpus(self) -> float | None:
-        """CPUs of the host's budget left unused since the last call (None at the first):
-        a pool pays only with CPU that nothing else uses."""
+    budget: float  # the host's CPU budget (CPUs)
+
+    def cpus_used(self) -> float | None:
+        """CPUs of the host's budget that everything on it (the trainer, the host's thread,
+        the workers) used since the last call; None at the first, and where the workers'
+        CPUs are not the host's."""
         ...
 
     def stream(self, payload: bytes, host: int, hosts: int, position: int) -> PoolStream:
@@ -192,9 +192,11 @@ class ChunkWork:
         return self.order.stream_indices(stream)
 
     def _share_rows(self, stream: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
-        """Places (in `stream`) of the records whose row groups are worker `share`'s."""
+        """Places (in `stream`, ascending) of the records that are worker `share`'s."""
         ranks = self.order.stream_group_ranks(stream, indices)
-        return np.flatnonzero(ranks % share.workers == share.worker)
+        in_order = np.argsort(ranks, kind="stable")
+        n, k, w = len(in_order), share.workers, share.worker
+        return np.sort(in_order[w * n // k : (w + 1) * n // k])
 
     def read_ahead(self, batch_position: int, count: int, share: Share | None) -> None:
         """Ask the source to start loading what the stream reads after this chunk, as far
@@ -371,34 +373,3 @@ class ChunkWork:
                     f"records (stream position {position}); a prepare transform keeps one row per record"
                 )
         return out
-
-
-class ChunkAt:
-    """Chunk i of the host's batches after stream position `start` (`total` batches in the
-    stream from there, None: endless), `batches` global batches a chunk. With `share` (in a
-    worker process), that worker's share of the chunk, carrying its stage and data-quality
-    counters back with it; `read_ahead=False`: no decoding ahead (worker processes do it
-    for the chunks after this one)."""
-
-    def __init__(
-        self,
-        work: ChunkWork,
-        start: int,
-        total: int | None,
-        batches: int,
-        share: Share | None = None,
-        read_ahead: bool = True,
-    ) -> None:
-        self.work, self.start, self.total, self.batches = work, start, total, batches
-        self.share, self.read_ahead = share, read_ahead
-
-    def __call__(self, i: int) -> HostChunk:
-        chunk, size = self.batches, self.work.pipeline.global_batch_size
-        count = chunk if self.total is None else min(chunk, self.total - i * chunk)
-        position = self.start + i * chunk * size
-        if self.share is None:
-            return self.work.compute(position, count, read_ahead=self.read_ahead)
-        stages, quality = StageTimes(), QualityCounts()
-        part = self.work.compute(position, count, stages, self.share, self.read_ahead, quality)
-        part.stages, part.quality = stages.values, quality.values
-        return part

@@ -18,6 +18,7 @@ from colo_data.errors import ColoDataError, GrainError, StateError
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.grain_stats import GrainStages
 from colo_data.host.host_pipeline import owning, same_schema
+from colo_data.host.pool_schedule import Downstream
 from colo_data.io.content import file_digest
 from colo_data.io.record_source import grain_stages
 from colo_data.pipeline.grain_pipeline import GrainPipeline
@@ -51,6 +52,11 @@ class GrainHost:
         self.pool = pool
         self.ahead = ahead
         self.cpu: CpuMeter | None = None
+        self.downstream = Downstream()  # what a consumer tells a native pipeline's host; a Grain dataset does not ask
+
+    def workers_now(self) -> tuple[int, str]:
+        """A Grain dataset's workers are its own (`mp_prefetch`): none of colo-data's."""
+        return 0, "no workers of colo-data's: a Grain dataset runs its own (mp_prefetch)"
 
     def chunks(self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on (0, or where the pipeline's

@@ -1,8 +1,9 @@
 """`HostPipeline`: one host's share of every global batch, as a stream of chunks from a
 stream position on. Its one door is `chunks` (and `kept`, for a tool that asks which records
 the filters take). The work of each chunk (`ChunkWork`) is computed here, a chunk ahead on
-a thread of its own, or shared out to a pool of worker processes, so only batches cross the
-process boundary; packed pipelines are planned here in stream order."""
+a thread of its own, or shared out to a pool of worker processes as many as
+`WorkerPolicy` counts, so only batches cross the process boundary; packed pipelines are
+planned here in stream order."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from collections.abc import Iterator
 import cloudpickle
 import numpy as np
 
-from colo_data import defaults
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
-from colo_data.host.chunk_work import ChunkAt, ChunkPool, ChunkWork
+from colo_data.host.chunk_work import ChunkPool, ChunkWork, PoolStream
 from colo_data.host.filtering import filtered_batches, kept, with_index
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
-from colo_data.host.pool_policy import PoolPolicy
-from colo_data.host.pool_schedule import PooledChunks, SlicedChunks
+from colo_data.host.pool_schedule import Downstream, PooledChunks, SlicedChunks
+from colo_data.host.worker_policy import WorkerLimits, WorkerPolicy
 from colo_data.io.columns import table_to_columns
 from colo_data.io.record_source import ReadAhead
 from colo_data.pipeline import parts
@@ -29,8 +29,6 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 from colo_data.telemetry.quality import QualityCounts
-
-_FOREVER = 2**62
 
 
 class HostPipeline:
@@ -50,7 +48,9 @@ class HostPipeline:
 
     `stages` adds up the time, records and bytes of each stage, per chunk, also of the
     chunks that worker processes made; `worker_stages` those of each worker's shares alone;
-    `quality` the data-quality counts of all of them.
+    `quality` the data-quality counts of all of them. `policy` is the last stream's worker
+    count and its reason; `downstream` takes what the consumer of the chunks spends on
+    them on the thread that computes them.
     """
 
     def __init__(
@@ -65,11 +65,19 @@ class HostPipeline:
         self.pool = pool
         self.ahead = ahead
         self.cpu: CpuMeter | None = None
+        self.downstream = Downstream()
+        self.policy: WorkerPolicy | None = None
 
     @property
     def chunk(self) -> int:
-        """Global batches computed per call (see `ChunkWork.chunk`)."""
+        """Global batches computed per call, at most (see `ChunkWork.chunk`)."""
         return self.work.chunk
+
+    def workers_now(self) -> tuple[int, str]:
+        """The workers the last stream's policy counts now, and why in one sentence."""
+        if self.pool is None or self.policy is None:
+            return 0, "no workers: none configured (workers=0)" if self.pool is None else "no workers yet: no stream"
+        return self.policy.count, self.policy.reason
 
     def stream_indices(self, stream: np.ndarray) -> np.ndarray:
         """Global record indices at stream positions `stream` (any epochs)."""
@@ -84,8 +92,9 @@ class HostPipeline:
 
     def chunks(self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
         """This host's batches from stream `start_position` on, stacked along the rows,
-        `batches` host batches a chunk (the last may hold fewer; None: as computed, `chunk`
-        batches or more). The threads and processes computing them belong to `owner`; with
+        `batches` host batches a chunk (the stream's last may hold fewer: a padded pipeline's
+        chunks are then computed in multiples of it; None: as computed, from 1 to `chunk`
+        batches, or more from a pool). The threads and processes computing them belong to `owner`; with
         none, to the iterator, which stops them when it is exhausted or closed.
 
         A column whose dtype or row shape changes from one chunk to a later one is a
@@ -94,20 +103,23 @@ class HostPipeline:
         """
         run = Lifecycle(f"host {self.host} of {self.hosts} chunks") if owner is None else owner
         size = self.pipeline.global_batch_size
-        stream = same_schema(self._computed(start_position, run), start_position, self.host, self.hosts, len(self.rows), size)
+        computed = self._computed(start_position, run, batches or 1)
+        stream = same_schema(computed, start_position, self.host, self.hosts, len(self.rows), size)
         if self.ahead:
             self.cpu = CpuMeter("thread")
-            stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-host{self.host}")
+            stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-host{self.host}", self.downstream.trainer_waited)
         if batches is not None:
             stream = split_rows(stream, len(self.rows) * batches)
         return stream if owner is not None else owning(stream, run)
 
-    def _computed(self, start: Position, owner: Lifecycle) -> Iterator[HostChunk]:
-        """The chunks as computed: here, `chunk` batches at a time, or with a pool as
-        `_pooled` shares them out. `owner` stops the source's read-ahead. Packed batches are
-        planned in stream order, one at a time, here (the pool is not used for them), and so
-        are filtered ones; a partitioned pipeline's partitions each at their own pace, from
-        their position `start` (`colo_data.pipeline.parts`; or theirs at a stream position)."""
+    def _computed(self, start: Position, owner: Lifecycle, granule: int) -> Iterator[HostChunk]:
+        """The chunks as computed: here (small at first, then up to `chunk` batches at a
+        time), or with a pool as `_pooled` shares them out, in multiples of `granule`
+        batches (but at the stream's end). `owner` stops the source's
+        read-ahead. Packed batches are planned in stream order, one at a time, here (the pool
+        is not used for them), and so are filtered ones; a partitioned pipeline's partitions
+        each at their own pace, from their position `start` (`colo_data.pipeline.parts`; or
+        theirs at a stream position)."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
@@ -122,28 +134,39 @@ class HostPipeline:
         if self.pipeline.keep is not None:
             return (HostChunk(columns, end) for columns, end in filtered_batches(self.work, start_position))
         total = self.pipeline.batches_from(start_position)
-        chunk = self.chunk
-        if self.pool is None or (total is not None and total <= chunk):
-            chunk_count = _FOREVER if total is None else -(-total // chunk)
-            return map(ChunkAt(self.work, start_position, total, chunk), range(chunk_count))
-        return self._pooled(self.pool, start_position, total)
+        return self._pooled(self.pool, start_position, total, granule)
 
-    def _pooled(self, pool: ChunkPool, start_position: int, total: int | None) -> Iterator[HostChunk]:
-        """Chunks made here, and by as many of the pool's workers as pay (`PooledChunks`)."""
-        size, chunk = self.pipeline.global_batch_size, self.chunk
+    def _new_policy(self, most: int) -> WorkerPolicy:
+        """The worker-count policy of a new stream, with `most` workers at most."""
+        pool = self.pool
+        limits = WorkerLimits(0.0, 0) if pool is None else WorkerLimits(pool.budget, most, pool.remote)
+        self.policy = WorkerPolicy(limits, len(self.rows))
+        return self.policy
+
+    def _pooled(self, pool: ChunkPool | None, start_position: int, total: int | None, granule: int) -> Iterator[HostChunk]:
+        """Chunks made here, and by as many of the pool's workers as the policy counts
+        (`PooledChunks`)."""
+        size = self.pipeline.global_batch_size
         yield from PooledChunks(  # made at the first chunk asked for, as the stream's policy measures from then
             pool,
-            PoolPolicy(pool, chunk * len(self.rows)),
-            lambda position: pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position),
+            self._new_policy(0 if pool is None else pool.count),
+            lambda position: self._open_pool(position),
             lambda position, count, read_ahead: self.work.compute(position, count, read_ahead=read_ahead),
             self._took,
             lambda seconds, rows: self.stages.add(POOL_WAIT, seconds, rows, 0),
+            self.downstream,
             start=start_position,
             end=None if total is None else start_position + total * size,
             size=size,
-            chunk=chunk,
             rows=len(self.rows),
+            granule=granule,
         )
+
+    def _open_pool(self, position: int) -> PoolStream:
+        """The pool's stream of this host's chunks, near stream `position` (the workers start
+        when they are asked for)."""
+        assert self.pool is not None
+        return self.pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
 
     def _took(self, part: HostChunk) -> None:
         """The stage and data-quality counters a chunk from the pool carries, added to this host's."""
@@ -161,23 +184,20 @@ class HostPipeline:
         part.worker_stages = None
 
     def _sliced(self, pool: ChunkPool, start: np.ndarray) -> Iterator[HostChunk]:
-        """A partitioned pipeline's batches with a pool: its partitions cut into slices, the
-        first computed here, the others by the pool's workers (`SlicedChunks`)."""
-        rows = len(self.rows)
-        chunk = max(1, defaults.CHUNK_RECORDS // rows)  # batches a request
-        partitioning = self.pipeline.partitioning
+        """A partitioned pipeline's batches with a pool: its partitions made here, or cut into
+        slices that the pool's workers compute (`SlicedChunks`), as the policy counts them."""
+        owned = self.pipeline.partitioning.owned(self.host, self.hosts)
         yield from SlicedChunks(  # made at the first chunk asked for, as the stream's policy measures from then
             pool,
-            PoolPolicy(pool, chunk * rows),
-            lambda: pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, 0),
-            lambda position, owned: partitioned_batches(self.work, position, owned),
-            lambda workers: len(partitioning.kept(self.host, self.hosts, workers)),
+            self._new_policy(min(pool.count, len(owned))),
+            lambda: self._open_pool(0),
+            lambda position: partitioned_batches(self.work, position),
             self._took,
             lambda seconds, rows: self.stages.add(POOL_WAIT, seconds, rows, 0),
+            self.downstream,
             start=start,
-            owned=partitioning.owned(self.host, self.hosts),
-            chunk=chunk,
-            rows=rows,
+            owned=owned,
+            rows=len(self.rows),
         )
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:

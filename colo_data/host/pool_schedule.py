@@ -1,142 +1,192 @@
-"""The schedule of a host's work between its own thread and a pool of workers, as
-`PoolPolicy` decides: `PooledChunks` (chunks by stream position: the chunks claimed, the
-first position not yet claimed, the requests in the pool's hands, the growing request
-size) and `SlicedChunks` (a partitioned pipeline's partitions cut into slices, joined
-batch by batch), each one object with its bookkeeping, tested with a fake pool and clock."""
+"""Who makes which of a host's chunks, in stream order: its own thread, or its worker pool,
+as `WorkerPolicy` counts the workers. This thread makes the chunks until the policy gives
+workers (small ones at first: a costly record's first batch comes soon); from then on the
+pool makes them, `AHEAD` requests in its hands, each shared out among the workers in use
+and ready, and this thread takes them in order, joins them and hands them on. It tells the
+policy what each chunk cost, how long it waited for the pool, and how long for room
+downstream (the time it was away handing a chunk on, less the consumer's own work there,
+`Downstream`)."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
-from colo_data import defaults
 from colo_data.host.chunk import HostBatch, HostChunk
 from colo_data.host.chunk_work import ChunkPool, PoolStream, Resume
-from colo_data.host.pool_policy import PoolPolicy
-from colo_data.host.slice_balance import SliceBalance
-from colo_data.host.slices import cut
+from colo_data.host.worker_policy import WorkerPolicy
 from colo_data.runtime.prefetch import close_iterator
+from colo_data.runtime.thread_time import ThreadTime
 
-POOL_AHEAD = 3  # chunks in a pool's hands at once (each shared out to the workers in use)
+AHEAD = 3  # requests in the pool's hands: each is shared out to every worker in use, so each has its next share
+
+
+class Downstream:
+    """The consumer of a host's chunks, as the chunk stream sees it: the seconds it spent
+    working on them on the stream's own thread (a sidecar writes them into shared memory and
+    announces them there), which are not time spent waiting for room; and, where the
+    consumer tells them (None where it does not), the seconds the trainer waited for input
+    and the records it took."""
+
+    def __init__(self) -> None:
+        self.work_s = 0.0
+        self.input_wait_s: float | None = None
+        self.taken: int | None = None
+
+    def worked(self, seconds: float) -> None:
+        self.work_s += seconds
+
+    def trainer_waited(self, seconds: float) -> None:
+        self.input_wait_s = (self.input_wait_s or 0.0) + seconds
+
+    def trainer_took(self, records: int) -> None:
+        self.taken = (self.taken or 0) + records
+
+    def told_since(self, seen: Told) -> tuple[Told, Told]:
+        """What the trainer's side told since a reading `seen` (None: not told), and the reading now."""
+        now = Told(self.input_wait_s, self.taken)
+        waited = None if now.waited is None else now.waited - (seen.waited or 0.0)
+        taken = None if now.taken is None else now.taken - (seen.taken or 0)
+        return Told(waited, taken), now
+
+
+class Told(NamedTuple):
+    """What the trainer's side told a host: seconds the trainer waited, records it took."""
+
+    waited: float | None = None
+    taken: int | None = None
+
+
+def _due(pool: ChunkPool | None, policy: WorkerPolicy) -> int:
+    """The policy's count now (0 without a pool), the CPUs in use told it first when it is
+    about to decide."""
+    if pool is None:
+        return 0
+    if policy.due():
+        policy.cpus_used(pool.cpus_used())
+    return policy.decide()
 
 
 class PooledChunks:
-    """Chunks from stream position `start` to `end` (None: forever), made here and by as
-    many of the pool's workers as pay; never slower than this thread alone. This thread
-    makes the chunks while the workers start (two workers behind a host that waited for
-    them ran at about 0.1x of none over the first 100 batches). When the pool is wanted and
-    how many of its workers a request is shared out to, `policy` decides; while it is in use,
-    `POOL_AHEAD` requests are in the pool's hands (the first ones smaller: 1, 2, 4 chunks),
-    and whenever the next of them has not come, this thread makes chunks after them (as
-    many batches as the pool has in hand), so it is never idle while there is work.
+    """Chunks from stream position `start` to `end` (None: forever), made here or by `pool`
+    as `policy` says.
 
     Args:
-        pool: the pool (`remote`: its stream is opened at once).
-        policy: when to use the pool and how many of its workers.
-        open_stream: the pool's stream from a position on (its workers start the first time).
+        pool: the pool (None: every chunk is made here, sized by `policy`; `remote`: its
+            stream opens at once, its actors setting up while this thread works).
+        policy: the count of workers and the chunks' sizes.
+        open_stream: the pool's stream from a position on (its workers start when asked).
         make: a chunk made here: (position, batches, read ahead?) -> chunk.
         took: what to do with a chunk the pool made before it is handed on (its counters).
         waited: the time (seconds) this thread waited for one of the pool's chunks, and its rows.
+        downstream: the consumer's own work on this thread.
         start, end: stream positions (records).
         size: records a global batch.
-        chunk: batches a chunk.
         rows: host rows a batch.
-        clock: seconds, monotonic (the wait for the pool).
+        granule: every chunk's batches are a multiple of this (but at the stream's end),
+            for a consumer that takes that many at a time (a colocated host's call).
+        clock: seconds, monotonic (the waits).
+        spent: this thread's time so far (what its own chunks cost).
     """
 
     def __init__(
         self,
-        pool: ChunkPool,
-        policy: PoolPolicy,
+        pool: ChunkPool | None,
+        policy: WorkerPolicy,
         open_stream: Callable[[int], PoolStream],
         make: Callable[[int, int, bool], HostChunk],
         took: Callable[[HostChunk], None],
         waited: Callable[[float, int], None],
+        downstream: Downstream,
         *,
         start: int,
         end: int | None,
         size: int,
-        chunk: int,
         rows: int,
+        granule: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        spent: Callable[[], ThreadTime] = ThreadTime.now,
     ) -> None:
-        self._policy, self._open, self._make, self._took, self._waited = policy, open_stream, make, took, waited
-        self._end, self._size, self._chunk, self._rows, self._clock = end, size, chunk, rows, clock
-        self.stream: PoolStream | None = open_stream(start) if pool.remote else None
+        self._pool, self._policy, self._open, self._make, self._took, self._waited = pool, policy, open_stream, make, took, waited
+        self._downstream, self._end, self._size, self._rows, self._clock = downstream, end, size, rows, clock
+        self._granule, self._spent = granule, spent
+        self.stream: PoolStream | None = open_stream(start) if pool is not None and pool.remote else None
+        if pool is not None:
+            pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.position = start  # of the next chunk handed on
-        self.frontier: int | None = None  # while the pool is in use: the first position not yet claimed
-        # chunks claimed, in stream order: (position, the chunk if made here, else None for the pool's)
-        self.claimed: deque[tuple[int, HostChunk | None]] = deque()
-        self.asked = 0  # requests in the pool's hands
-        self.in_pool = self.here = 0  # host batches claimed: in the pool's hands, and made here ahead
-        self.batches = chunk  # of the next request: 1, 2, 4 chunks, quick at first
+        self.frontier: int | None = None  # while the pool makes the chunks: the first position not asked of it
+        self.asked: deque[tuple[int, int]] = deque()  # (position, batches) of each request in the pool's hands
+        self.level = 0  # the workers each new request is shared out to
+        self._here = 1  # batches of the last chunk made here
 
     def __iter__(self) -> Iterator[HostChunk]:
-        while self._end is None or self.position < self._end:
-            self._decide()
-            got = self._next()
-            if got is None:  # one made here ahead of the pool's: the policy's turn again
-                continue
-            part, at = got
+        room, seen = 0.0, Told()
+        while self._left(self.position):
+            self._steer(_due(self._pool, self._policy))
+            part, pooled, pool_wait = self._next()
             self.position += part.rows // self._rows * self._size
-            self._policy.delivered(part.rows, at)
-            if self.frontier is not None and not self._policy.level and not self.claimed:  # given up, its chunks all taken
-                self.frontier = None
-                self._policy.released()
+            told, seen = self._downstream.told_since(seen)
+            self._policy.handed(part.rows, pooled, pool_wait, room, *told)
+            began, worked = self._clock(), self._downstream.work_s
             yield part
+            room = max(0.0, self._clock() - began - (self._downstream.work_s - worked))
 
-    def _decide(self) -> None:
-        """The policy's turn, once a chunk: open the pool's stream, take it on (asked from
-        the chunk after the one made here now), and keep `POOL_AHEAD` requests in its hands."""
-        ready = None if self.stream is None else self.stream.ready
-        if self.frontier is None and self._policy.wants_stream(ready):
+    def _steer(self, count: int) -> None:
+        """Follow the policy's count: open the pool's stream, share new requests out to the
+        workers asked for that are ready, keep `AHEAD` requests in the pool's hands."""
+        if count and self.stream is None:
+            assert self._pool is not None
             self.stream = self._open(self.position)
-            ready = self.stream.ready
-        if self._policy.adjust(self.frontier, ready):
-            self.frontier, self.batches = self.position + self._chunk * self._size, self._chunk
-        while self._policy.level and self.asked < POOL_AHEAD and self._left(self.frontier):
-            assert self.stream is not None and self.frontier is not None  # asked only once the stream is ready
-            count = self._count(self.frontier, self.batches)
-            self.stream.ask(self.frontier, count, self._policy.level)
-            self.claimed.append((self.frontier, None))
-            self.asked, self.in_pool, self.frontier = self.asked + 1, self.in_pool + count, self.frontier + count * self._size
-            self.batches = min(2 * self.batches, self._chunk * defaults.WORKER_CHUNKS)
+        self.level = self.stream.ready(min(count, self._pool.count)) if count and self.stream and self._pool else 0
+        if self.level and self.frontier is None:  # the pool takes over after one more chunk made here meanwhile
+            self.frontier = self.position + self._here * self._size
+        while self.level and len(self.asked) < AHEAD and self._left(self.frontier):
+            assert self.stream is not None and self.frontier is not None
+            count = self._count(self.frontier, self._whole(self._policy.request_batches(self.level)))
+            if count < 1:
+                break
+            self.stream.ask(self.frontier, count, self.level)
+            self.asked.append((self.frontier, count))
+            self.frontier += count * self._size
 
-    def _next(self) -> tuple[HostChunk, int | None] | None:
-        """The chunk at `position`, and its position if the pool made it: made here where it
-        is not claimed, the one made here ahead, or the pool's; None where the pool's has not
-        come and this thread made the chunk after the claimed ones instead."""
-        head = self.claimed[0][0] if self.claimed else self.frontier  # where the claimed chunks start
-        if head is None or head > self.position:  # not claimed: made here
-            stop = head if self._end is None else self._end if head is None else min(self._end, head)
-            count = self._chunk if stop is None else min(self._chunk, (stop - self.position) // self._size)
-            return self._make(self.position, count, self.frontier is None), None
-        position, made = self.claimed[0]
-        if made is not None:  # made here ahead, its turn now
-            self.claimed.popleft()
-            self.here -= made.rows // self._rows
-            return made, None
-        assert self.frontier is not None and self.stream is not None  # claimed only while the pool is in use
-        if self._policy.level and self.here < self.in_pool and not self.stream.has_next() and self._left(self.frontier):
-            # the pool's next chunk has not come: make the one after the last claimed, here
-            count = self._count(self.frontier, self._chunk)
-            self.claimed.append((self.frontier, self._make(self.frontier, count, False)))
-            self.here, self.frontier = self.here + count, self.frontier + count * self._size
-            return None
-        self.claimed.popleft()
-        began = self._clock()
-        part = self.stream.take()
-        self._waited(self._clock() - began, part.rows)
-        self.asked, self.in_pool = self.asked - 1, self.in_pool - part.rows // self._rows
-        self._took(part)
-        return part, position
+    def _next(self) -> tuple[HostChunk, bool, float]:
+        """The chunk at `position`: the pool's where it was asked for, else made here (up to
+        where the pool's start); whether the pool made it, and how long this thread waited."""
+        if not self.asked and not self.level:  # the pool is not in use: this thread makes the chunks
+            self.frontier = None
+        if self.asked and self.asked[0][0] == self.position:
+            assert self.stream is not None
+            self.asked.popleft()
+            began = self._clock()
+            part = self.stream.take()
+            waited = self._clock() - began
+            self._waited(waited, part.rows)
+            self._took(part)
+            if part.cost is not None:
+                self._policy.made(*part.cost, here=False, nbytes=_nbytes(part.columns))
+            return part, True, waited
+        count = self._whole(self._policy.host_batches())
+        pools = self.asked[0][0] if self.asked else self.frontier  # where the pool's chunks start
+        for stop in (self._end, pools):  # made here up to the stream's end, or to where the pool's start
+            if stop is not None:
+                count = min(count, (stop - self.position) // self._size)
+        self._here = count
+        before = self._spent()
+        part = self._make(self.position, count, self.frontier is None)
+        spent = self._spent().since(before)
+        self._policy.made(part.rows, spent.work, spent.cpu, here=True, nbytes=_nbytes(part.columns))
+        return part, False, 0.0
+
+    def _whole(self, batches: int) -> int:
+        """`batches` rounded up to a multiple of the granule."""
+        return -(-batches // self._granule) * self._granule
 
     def _left(self, position: int | None) -> bool:
-        """Whether there is stream left at `position` (None: the pool is not in use)."""
+        """Whether there is stream left at `position`."""
         return position is not None and (self._end is None or position < self._end)
 
     def _count(self, position: int, batches: int) -> int:
@@ -145,137 +195,129 @@ class PooledChunks:
 
 
 class SlicedChunks:
-    """A partitioned pipeline's host batches with a pool: the host's partitions `owned` cut
-    into `level + 1` slices (`slices.cut`), the first computed here, the others by as many
-    workers, each going on ahead on its own (`Resume`; `POOL_AHEAD` chunks asked of the pool),
-    put together batch by batch (`joined`). `policy` decides the level, counting batches for
-    positions, and a `SliceBalance` this thread's share. At a change of level the chunks
-    asked are taken and dropped; at a change of share, the pool is asked for no more and the
-    chunks asked are joined first. Either way the slices are cut again from where the stream
-    stands: the batches do not depend on it.
+    """A partitioned pipeline's host batches with a pool: made here, all of the host's
+    partitions `owned`, while `policy` gives no workers; else the partitions cut into as
+    many slices as workers (`slices.cut`, at most one a partition), each worker going on
+    ahead with its own (`Resume`; `AHEAD` requests in the pool's hands), the slices put
+    together batch by batch. The count changes once the workers asked for are all ready:
+    the requests in the pool's hands are taken and dropped, and the slices cut again from
+    where the stream stands (the batches do not depend on it).
 
     Args:
-        pool, policy, took, waited: as `PooledChunks`'.
-        open_stream: the pool's stream (its workers start the first time).
-        batches: a slice's batches computed here from a position on, each with the slice's
-            position after it (`partitioned_batches`; None: all of `owned`).
-        kept_rows: the host's rows a batch of a slice of its partitions.
+        pool, policy, took, waited, downstream: as `PooledChunks`'.
+        open_stream: the pool's stream (its workers start when asked).
+        batches: the host's batches computed here from a position on, each with the
+            position after it (`partitioned_batches`).
         start: the pipeline's position (`colo_data.pipeline.parts`).
         owned: the host's partitions.
-        chunk: batches a request.
         rows: host rows a batch.
-        clock: seconds, monotonic (the wait for the pool, the slice balance's measurements).
+        clock: seconds, monotonic (the waits).
+        spent: this thread's time so far (what its own batches cost).
     """
 
     def __init__(
         self,
         pool: ChunkPool,
-        policy: PoolPolicy,
+        policy: WorkerPolicy,
         open_stream: Callable[[], PoolStream],
-        batches: Callable[[np.ndarray, range | None], Iterator[tuple[HostBatch, np.ndarray]]],
-        kept_rows: Callable[[range], int],
+        batches: Callable[[np.ndarray], Iterator[tuple[HostBatch, np.ndarray]]],
         took: Callable[[HostChunk], None],
         waited: Callable[[float, int], None],
+        downstream: Downstream,
         *,
         start: np.ndarray,
         owned: range,
-        chunk: int,
         rows: int,
         clock: Callable[[], float] = time.monotonic,
+        spent: Callable[[], ThreadTime] = ThreadTime.now,
     ) -> None:
-        self._policy, self._open, self._batches, self._kept_rows = policy, open_stream, batches, kept_rows
-        self._took, self._waited, self._owned, self._chunk, self._rows, self._clock = took, waited, owned, chunk, rows, clock
+        self._pool, self._policy, self._open, self._batches, self._spent = pool, policy, open_stream, batches, spent
+        self._took, self._waited, self._downstream = took, waited, downstream
+        self._owned, self._rows, self._clock = owned, rows, clock
         self.stream: PoolStream | None = open_stream() if pool.remote else None
+        pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.current = np.array(start, np.int64)  # the pipeline's position where the stream stands
         self.level = self.delivered = 0  # the workers that compute slices; batches handed on
-        self.balance: SliceBalance | None = None  # this thread's share while the workers compute slices
-        self.share: int | None = None  # a share to cut the slices to, once the chunks asked are joined
-        self.mine_count = 0  # the partitions of this thread's slice as cut (the balance may have moved on)
         self.origin = self.frontier = 0  # the batch the slices were cut at; the next asked of the pool
         self.origin_position = self.current.copy()  # the position there
-        self.asked: deque[int] = deque()  # the first batch of each chunk in the pool's hands
-        self._here: Iterator[tuple[HostBatch, np.ndarray]] = batches(self.current, None)
+        self.asked: deque[int] = deque()  # the batches of each request in the pool's hands
+        self._here: Iterator[tuple[HostBatch, np.ndarray]] = batches(self.current)
 
     def __iter__(self) -> Iterator[HostChunk]:
-        owned, policy = self._owned, self._policy
+        owned, room, seen = self._owned, 0.0, Told()
         try:
             while True:
-                ready = None if self.stream is None else self.stream.ready
-                if not self.level and policy.wants_stream(ready):
+                wanted = min(_due(self._pool, self._policy), len(owned), self._pool.count)
+                if wanted and self.stream is None:
                     self.stream = self._open()
-                    ready = self.stream.ready
-                policy.adjust(self.frontier if self.level else None, ready)
-                wanted = min(policy.level, len(owned) - 1)
-                if wanted != self.level or (self.share is not None and not self.asked):
+                if wanted != self.level and (not wanted or self.stream is not None and self.stream.ready(wanted) == wanted):
                     self._cut_again(wanted)
-                if self.balance is None:
-                    batch = next(self._here, None)
-                    if batch is None:
-                        return
-                    made, at = [batch], None
-                else:
-                    made, at = self._joined_chunk(self.balance)
+                made, pooled, pool_wait = self._here_batch() if not self.level else self._joined_chunk()
                 for columns, end in made:
                     self.current[0], self.current[1 + owned.start : 1 + owned.stop] = end[0], end[1:]
                     self.delivered += 1
+                    told, seen = self._downstream.told_since(seen)
+                    self._policy.handed(self._rows, pooled, pool_wait, room, *told)
+                    pool_wait, began, worked = 0.0, self._clock(), self._downstream.work_s
                     yield HostChunk(columns, end)
-                policy.delivered(len(made) * self._rows, at)
-                if self.level and len(made) < self._chunk:  # the stream ended
+                    room = max(0.0, self._clock() - began - (self._downstream.work_s - worked))
+                if not made:  # the stream ended
                     return
         finally:
             close_iterator(self._here)
 
-    def _cut_again(self, wanted: int) -> None:
-        """The slices cut again from where the stream stands, for `wanted` workers (the
-        chunks in the pool's hands taken first: joined, or dropped at a change of level)."""
+    def _here_batch(self) -> tuple[list[tuple[HostBatch, np.ndarray]], bool, float]:
+        """The next batch computed here (none at the stream's end), and what it cost."""
+        before = self._spent()
+        batch = next(self._here, None)
+        spent = self._spent().since(before)
+        if batch is None:
+            return [], False, 0.0
+        self._policy.made(self._rows, spent.work, spent.cpu, here=True, nbytes=_nbytes(batch[0]))
+        return [batch], False, 0.0
+
+    def _cut_again(self, level: int) -> None:
+        """The slices cut again for `level` workers from where the stream stands, the
+        requests in the pool's hands taken (their counters kept) and dropped."""
         while self.asked:
             assert self.stream is not None
             self.asked.popleft()
             self._took(self.stream.take())
         close_iterator(self._here)
-        if self.level and not self._policy.level:
-            self._policy.released()
-        if wanted != self.level:
-            self.level, self.balance = wanted, SliceBalance(len(self._owned), wanted, self._clock) if wanted else None
-        elif self.balance is not None:
-            self.balance.restart()
-        self.share, self.origin, self.frontier = None, self.delivered, self.delivered
-        self.origin_position, self.mine_count = self.current.copy(), self.balance.here if self.balance else 0
-        mine = cut(self._owned, self.level, 0, self.mine_count) if self.balance else None
-        self._here = self._batches(self.current, mine)
+        self.level, self.origin = level, self.delivered
+        self.frontier, self.origin_position = self.delivered, self.current.copy()
+        self._here = iter(()) if level else self._batches(self.current)
 
-    def _joined_chunk(self, balance: SliceBalance) -> tuple[list[tuple[HostBatch, np.ndarray]], int]:
-        """A chunk's batches, this thread's slice joined with the workers' (asked ahead,
-        `POOL_AHEAD` requests, unless a new share waits for them to be joined), and the
-        first batch's place in the stream."""
+    def _joined_chunk(self) -> tuple[list[tuple[HostBatch, np.ndarray]], bool, float]:
+        """A request's batches, the workers' slices put together (fewer at the stream's
+        end), `AHEAD` requests kept in the pool's hands; and how long this thread waited."""
         assert self.stream is not None
-        while self.share is None and len(self.asked) < POOL_AHEAD:
-            resume = Resume(self.origin_position, self.frontier - self.origin, self.level, self.mine_count)
-            self.stream.ask(resume, self._chunk, self.level)
-            self.asked.append(self.frontier)
-            self.frontier += self._chunk
-        mine = list(itertools.islice(self._here, self._chunk))
+        while len(self.asked) < AHEAD:
+            count = self._policy.request_batches(self.level)
+            self.stream.ask(Resume(self.origin_position, self.frontier - self.origin, self.level), count, self.level)
+            self.asked.append(count)
+            self.frontier += count
+        self.asked.popleft()
         began = self._clock()
         part = self.stream.take()
         waited = self._clock() - began
-        self._waited(waited, part.rows)
+        self._waited(waited, part.rows if part.columns else 0)
         self._took(part)
-        at = self.asked.popleft()
-        workers = range(cut(self._owned, self.level, 0, self.mine_count).stop, self._owned.stop)
-        made = joined(mine, part, self._kept_rows(workers))
-        self.share = balance.record(len(made), waited) if self.share is None else self.share
-        return made, at
+        if part.cost is not None:
+            self._policy.made(*part.cost, here=False, nbytes=_nbytes(part.columns))
+        return batches_of(part, self._rows), True, waited
 
 
-def joined(mine: list[tuple[HostBatch, np.ndarray]], part: HostChunk, rows: int) -> list[tuple[HostBatch, np.ndarray]]:
-    """A chunk's batches put together from this thread's slice of the partitions (`mine`,
-    the first) and the workers' (`part`: `rows` rows and a row of `end` a batch): their rows
-    and positions in slice order. As many batches as both made (fewer at the stream's end)."""
+def batches_of(part: HostChunk, rows: int) -> list[tuple[HostBatch, np.ndarray]]:
+    """A chunk of slices put together (`rows` rows and a row of `end` a batch) as its
+    batches, each with the host's partitions' position after it."""
     assert isinstance(part.end, np.ndarray)
+    count = len(part.end) if not part.columns else min(len(part.end), part.rows // rows)
     out = []
-    for i in range(min(len(part.end), len(mine))):
-        columns, end = mine[i]
-        theirs = slice(i * rows, (i + 1) * rows)
-        batch = {name: np.concatenate([column, part.columns[name][theirs]]) for name, column in columns.items()}
-        out.append((batch, np.concatenate([end, part.end[i, 1:]])))
+    for i in range(count):
+        out.append(({name: column[i * rows : (i + 1) * rows] for name, column in part.columns.items()}, part.end[i]))
     return out
+
+
+def _nbytes(columns: HostBatch) -> int:
+    return sum(column.nbytes for column in columns.values())

@@ -11,6 +11,7 @@ from colo_data.host.chunk import HostChunk
 from colo_data.host.chunk_work import ChunkPool
 from colo_data.host.grain_host import GrainHost
 from colo_data.host.host_pipeline import HostPipeline
+from colo_data.host.pool_schedule import Downstream
 from colo_data.pipeline.grain_pipeline import GrainPipeline
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
@@ -30,9 +31,12 @@ class HostShare(Protocol):
     worker_stages: list[StageTimes]  # by worker: the stages of the shares it made (none without workers)
     quality: QualityCounts  # data-quality counts of the rows it made (none for a Grain pipeline)
     cpu: CpuMeter | None
+    downstream: Downstream  # where the consumer tells the seconds it worked on the chunks on their thread
 
     @property
     def chunk(self) -> int: ...
+
+    def workers_now(self) -> tuple[int, str]: ...
 
     def chunks(
         self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None

@@ -1,7 +1,6 @@
 """Slices of a host's partitions for its worker pool: a partitioned packed or filtered
-pipeline's work is shared out by partitions. The host's own thread computes the first
-slice (as many partitions as `SliceBalance` finds pay), each worker the next ones (`cut`),
-and a worker goes on ahead with its slice on its own (`SliceStream`), asked by `Resume`s;
+pipeline's work is shared out by partitions, a slice of them to each worker (`cut`), and
+a worker goes on ahead with its slice on its own (`SliceStream`), asked by `Resume`s;
 since each partition's rows depend on its own records only, the batches are the same for
 any slicing."""
 
@@ -13,23 +12,19 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from colo_data.host.chunk import HostBatch, HostChunk
+from colo_data.host.chunk import HostBatch, HostChunk, WorkCost
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.host.partitioned import partitioned_batches
+from colo_data.runtime.thread_time import ThreadTime
 from colo_data.telemetry.counters import StageTimes
 from colo_data.telemetry.quality import QualityCounts, difference
 
 
-def cut(owned: range, workers: int, part: int, here: int) -> range:
-    """Slice `part` of a host's partitions `owned` shared among its own thread (part 0, the
-    first `here` of them) and `workers` workers (parts 1 to `workers`, the rest evenly;
-    empty where there are fewer partitions than slices)."""
+def cut(owned: range, workers: int, part: int) -> range:
+    """Slice `part` of a host's partitions `owned` shared evenly among `workers` workers
+    (empty where there are fewer partitions than slices)."""
     count = len(owned)
-    here = min(count, here)
-    if part == 0:
-        return range(owned.start, owned.start + here)
-    rest, first = count - here, owned.start + here
-    return range(first + (part - 1) * rest // workers, first + part * rest // workers)
+    return range(owned.start + part * count // workers, owned.start + (part + 1) * count // workers)
 
 
 class SliceStream:
@@ -46,12 +41,11 @@ class SliceStream:
     def compute(self, resume: Resume, count: int, stages: StageTimes, part: int, quality: QualityCounts) -> HostChunk:
         """`count` batches of worker `part`'s slice (`cut`) of the host's partitions among
         `resume.parts` workers, `resume.skip` batches after `resume.start`, stacked; `places`
-        are their rows among the workers' (the rows after the host's own thread's slice), and
-        `end` the slice's position after each batch (a row a batch). Fewer batches at the
-        stream's end. Their stage counters go to `stages`, their data-quality counts to
-        `quality`."""
+        are their rows among the host's, and `end` the slice's position after each batch (a
+        row a batch). Fewer batches at the stream's end. Their stage counters go to `stages`,
+        their data-quality counts to `quality`."""
         owned = self.work.pipeline.partitioning.owned(self.work.host, self.work.hosts)
-        mine = cut(owned, resume.parts, part + 1, resume.here)
+        mine = cut(owned, resume.parts, part)
         at = self._at
         if at is None or at[1] != part or at[0][1:] != resume[1:] or not np.array_equal(at[0].start, resume.start):
             self._batches = partitioned_batches(self.work, resume.start, mine)
@@ -66,10 +60,9 @@ class SliceStream:
             quality.merge(difference(self.work.quality.values, counted))
         partitioning, host, hosts = self.work.pipeline.partitioning, self.work.host, self.work.hosts
         rows = len(partitioning.kept(host, hosts, mine))  # the host's rows among the slice's
-        here = cut(owned, resume.parts, 0, resume.here)
-        workers = len(partitioning.kept(host, hosts, range(here.stop, owned.stop)))  # the workers' rows a batch
-        first = len(partitioning.kept(host, hosts, range(here.stop, mine.start)))
-        places = (np.arange(len(made))[:, None] * workers + first + np.arange(rows)).ravel()
+        every = len(partitioning.kept(host, hosts, owned))  # the host's rows a batch
+        first = len(partitioning.kept(host, hosts, range(owned.start, mine.start)))
+        places = (np.arange(len(made))[:, None] * every + first + np.arange(rows)).ravel()
         end = np.array([e for _, e in made], np.int64).reshape(len(made), 1 + len(mine))
         if not made or not rows:
             return HostChunk({}, end, places=places[:0])
@@ -83,7 +76,9 @@ _STREAMS: weakref.WeakKeyDictionary[ChunkWork, SliceStream] = weakref.WeakKeyDic
 def compute(work: ChunkWork, position: int | Resume, count: int, share: Share, read_ahead: bool = True) -> HostChunk:
     """What a worker computes when asked: `work.compute` at a stream position, or for a
     partitioned pipeline's `Resume` the slice that `share` numbers (its `SliceStream`,
-    kept as long as `work`); the chunk carries its stage and data-quality counters."""
+    kept as long as `work`); the chunk carries its stage and data-quality counters, and
+    what it cost this thread."""
+    began = ThreadTime.now()
     stages, quality = StageTimes(), QualityCounts()
     if isinstance(position, Resume):
         stream = _STREAMS.get(work)
@@ -92,5 +87,7 @@ def compute(work: ChunkWork, position: int | Resume, count: int, share: Share, r
         chunk = stream.compute(position, count, stages, share.worker, quality)
     else:
         chunk = work.compute(position, count, stages, share, read_ahead, quality)
+    spent = ThreadTime.now().since(began)
     chunk.stages, chunk.quality = stages.values, quality.values
+    chunk.cost = WorkCost(chunk.rows if chunk.columns else 0, spent.work, spent.cpu)
     return chunk

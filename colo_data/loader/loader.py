@@ -327,7 +327,7 @@ class Loader:
         step = state_step(pipeline, state, position)
         self.pipeline = pipeline
         check_index_column(pipeline, x64=jax.enable_x64.value)
-        check_picklable(pipeline, self.backend)
+        self.backend = check_picklable(pipeline, self.backend)
         pipeline.check_run(self.hosts, jax.process_count())
         self.placement = Placement(
             self.mesh, self.partition_spec, pipeline.global_batch_size, self.hosts, pipeline.position_partitioning, host

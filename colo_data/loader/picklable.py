@@ -2,11 +2,13 @@
 colocated hosts, worker processes or Ray actors) with cloudpickle is checked when the
 `Loader` is made, so that a part that cannot be pickled is a `ConfigError` naming it before
 anything starts, not a failure at the first batch or when the workers start, maybe hundreds
-of batches in."""
+of batches in. In process, `workers="auto"` (the default) only may send it: such a pipeline
+runs there on the host's own thread, with a warning that says why."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import cloudpickle
 
@@ -53,19 +55,31 @@ def _named(value: object) -> str:
     return f"{'partial of ' if function is not value else ''}{name}{where}"
 
 
-def check_picklable(pipeline: AnyPipeline, backend: BackendOptions) -> None:
-    """A ConfigError, before anything starts, for a pipeline that the backend must pickle
-    and that cannot be pickled: otherwise it fails at the first batch (a sidecar) or when
-    the workers start, maybe hundreds of batches in."""
+def check_picklable(pipeline: AnyPipeline, backend: BackendOptions) -> BackendOptions:
+    """The backend to run `pipeline` with: `backend`, or where it would only send the
+    pipeline to worker processes as "auto" and the pipeline cannot be pickled, the same with
+    no workers (warned). A ConfigError, before anything starts, for a pipeline that the
+    backend must pickle and that cannot be pickled: otherwise it fails at the first batch (a
+    sidecar) or when the workers start, maybe hundreds of batches in."""
     where = _shipped_to(pipeline, backend)
     found = None if where is None else _unpicklable(pipeline, "")
     if found is None:
-        return
+        return backend
     path, value, error = found
+    fix = (
+        "Define the function at module level or import it from a module (a lambda or nested function is pickled by "
+        "value, with everything it captures), and capture no lock, open file, socket or thread in it (open or make "
+        "them inside the function)"
+    )
+    what = f"{path or 'the pipeline'} ({_named(value)}) cannot be pickled"
+    if backend.ships_to is None and backend.workers == "auto":
+        warnings.warn(
+            f"{what} ({type(error).__name__}: {error}), so worker processes cannot run it: workers='auto' runs it on the "
+            f"host's own thread. {fix}, to let worker processes help; or give backend=cd.InProcess(workers=0)",
+            stacklevel=3,
+        )
+        return dataclasses.replace(backend, workers=0)  # type: ignore[type-var]  # every backend's options are a dataclass
     raise ConfigError(
-        f"{path or 'the pipeline'} ({_named(value)}) cannot be pickled, and backend={backend!r} sends the pipeline to "
-        f"{where} with cloudpickle: {type(error).__name__}: {error}. Define the function at module level or import it "
-        "from a module (a lambda or nested function is pickled by value, with everything it captures), and capture no "
-        "lock, open file, socket or thread in it (open or make them inside the function); or run the pipeline in this "
-        "process: backend=cd.InProcess(workers=0)"
+        f"{what}, and backend={backend!r} sends the pipeline to {where} with cloudpickle: {type(error).__name__}: "
+        f"{error}. {fix}; or run the pipeline in this process: backend=cd.InProcess(workers=0)"
     )

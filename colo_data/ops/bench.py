@@ -405,8 +405,10 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
             else "CPU budget unknown"
         )
         lines.append(f"host {host.host}: {host.runs_in}; {who_computes([host])}{cpu}; {budget}{ring}")
+        if host.workers_why:
+            lines.append(f"  {host.workers_why}")
         if host.workers_chosen:
-            lines.append(f"  workers: {host.workers_chosen}")
+            lines.append(f"  at most: {host.workers_chosen}")
         noun = "Ray actor" if host.remote_workers else "worker"
         lines += [f"  {noun} {i}: {worker_line(stages)}" for i, stages in enumerate(host.worker_stages)]
     if colo.queue_depth is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from colo_data.backends.options import InProcess
 from colo_data.errors import ConfigError
 from colo_data.host.host_pipeline import HostPipeline
 from colo_data.loader.loader import Loader
@@ -282,7 +283,9 @@ class _Stream:
 
     def __init__(self, pipeline: Pipeline, hosts: int, state: dict[str, Any] | None = None) -> None:
         self.pipeline = pipeline
-        self.loader = Loader(pipeline, hosts=hosts, mesh=one_device(), state=state)
+        # on the host's own thread: workers do not change the batches (tests/test_workers.py), and a
+        # transform then sees the same calls in every run (it can depend on its call's rows, wrongly)
+        self.loader = Loader(pipeline, hosts=hosts, mesh=one_device(), state=state, backend=InProcess(workers=0))
         self.run = _Run(hosts, states=[self._state()])
 
     def _state(self) -> dict[str, Any]:

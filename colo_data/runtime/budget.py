@@ -81,11 +81,10 @@ def cpu_budget(*, proc: str = "/proc/self", root: str = "/") -> CpuBudget:
 
 
 def auto_workers(cpus: float) -> int:
-    """Worker processes for a budget of `cpus` CPUs: the CPUs, rounded up, less one for the
-    host's own thread, which computes chunks beside them (none on 1 CPU or less). The count
-    is a ceiling, not a load: a host pipeline starts and hands work to its workers only
-    while CPU goes unused, and uses as many as deliver more than fewer did
-    (`HostPipeline`); they run below the trainer's priority."""
+    """Worker processes that keep a budget of `cpus` CPUs busy beside the thread that
+    iterates them: the CPUs, rounded up, less one (none on 1 CPU or less). Grain's
+    multiprocessing gets this many (`grain_multiprocessing_options`); colo-data's own
+    workers are counted by the worker policy (`colo_data.host.worker_policy`)."""
     return max(0, math.ceil(cpus) - 1)
 
 

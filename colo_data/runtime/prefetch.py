@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle, join_thread
@@ -39,10 +40,18 @@ class Prefetcher(Generic[T]):
         depth: items kept ready.
         owner: the lifecycle that stops the thread when it closes.
         name: the thread's name.
+        waited: told the seconds each `next` waited for an item (the consumer's wait for input).
     """
 
-    def __init__(self, source: Iterator[T], depth: int, owner: Lifecycle, name: str = "colo-data-prefetch") -> None:
-        self._source = source
+    def __init__(
+        self,
+        source: Iterator[T],
+        depth: int,
+        owner: Lifecycle,
+        name: str = "colo-data-prefetch",
+        waited: Callable[[float], None] | None = None,
+    ) -> None:
+        self._source, self._waited = source, waited
         self._queue: queue.Queue[T | _End] = queue.Queue(depth)
         self._stop = threading.Event()
         self._done = False
@@ -77,6 +86,7 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
+        began = time.monotonic() if self._waited is not None else 0.0
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)
@@ -85,6 +95,8 @@ class Prefetcher(Generic[T]):
                 if self._stop.is_set():  # closed, maybe from another thread: the stream ends here
                     self._done = True
                     raise StopIteration from None
+        if self._waited is not None:
+            self._waited(time.monotonic() - began)
         if isinstance(item, _End):
             self._done = True
             if item.error is not None:

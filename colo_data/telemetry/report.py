@@ -58,8 +58,11 @@ class Stage:
 
 @dataclass(frozen=True)
 class HostSide:
-    """One host pipeline: where it runs, its stages, its workers' mean CPU use (1.0 is one
-    core busy; None where not measured), its CPU budget, and its shared-memory ring."""
+    """One host pipeline: where it runs, its stages, what computes them (`workers`: the
+    worker processes or Ray actors at work now, else 1 for the host's own thread;
+    `worker_processes`: whether any are at work) and why (`workers_why`), their mean CPU use
+    (1.0 is one core busy; None where not measured), its CPU budget, and its shared-memory
+    ring."""
 
     host: int
     runs_in: str
@@ -72,11 +75,12 @@ class HostSide:
     ring_slots: int | None
     ring_slots_in_use: float | None
     shm_bytes: int
-    workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
+    workers_chosen: str = ""  # the most workers and why (`choose_workers`' reason)
     remote_workers: bool = False  # the workers are of their own kind (Ray actors), not this host's processes
     # by worker process or Ray actor: the stages of the shares of chunks it made (a Ray
     # actor's include `transfer`, the fetch of its shares); empty without workers
     worker_stages: tuple[tuple[Stage, ...], ...] = ()
+    workers_why: str = ""  # the workers at work now and why, in one sentence (the worker policy's)
 
 
 @dataclass(frozen=True)
@@ -128,13 +132,15 @@ class HostCounters:
     """A host's cumulative counters at one moment (subtracted to get the steady state):
     stage values, the CPU sample `(time, seconds)`, the ring's `(slots-in-use sum,
     announcements)`, each worker's stage values, and the data-quality counts
-    (`QualityCounts.values`, never subtracted: they count from the loader's start)."""
+    (`QualityCounts.values`, never subtracted: they count from the loader's start); and the
+    workers at work and why (`HostShare.workers_now`; None where not told)."""
 
     stages: tuple[float, ...]
     cpu: tuple[float, float] | None
     ring: tuple[float, float] | None
     workers: tuple[tuple[float, ...], ...] = ()
     quality: Mapping[str, np.ndarray] = field(default_factory=dict)
+    at_work: tuple[int, str] | None = None
 
 
 def added_by_worker(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
@@ -159,7 +165,7 @@ class HostInfo:
     cpu_budget_source: str | None
     ring_slots: int | None
     shm_bytes: int
-    workers_chosen: str = ""  # why this many workers (`choose_workers`' reason)
+    workers_chosen: str = ""  # the most workers and why (`choose_workers`' reason)
     remote_workers: bool = False  # the workers are of their own kind (Ray actors), not this host's processes
 
 
@@ -329,11 +335,14 @@ def summarize(
         values = np.asarray(current.stages) - (np.asarray(before.stages) if before is not None else 0.0)
         earlier = [[-v for v in w] for w in before.workers] if before is not None else []
         workers = tuple(_stages(w)[:HANDOFF] for w in added_by_worker(current.workers, earlier))
+        at_work, why = (current.at_work[0], current.at_work[1]) if current.at_work else (info.workers, "")
+        processes = info.worker_processes and at_work > 0
+        count = at_work if processes else 1
         cpu = None
         if current.cpu is not None:
             t0, c0 = before.cpu if before is not None and before.cpu is not None else (0.0, 0.0)
             if current.cpu[0] > t0:
-                cpu = (current.cpu[1] - c0) / (current.cpu[0] - t0) / max(1, info.workers)
+                cpu = (current.cpu[1] - c0) / (current.cpu[0] - t0) / count
         in_use = None
         if current.ring is not None:
             s0, k0 = before.ring if before is not None and before.ring is not None else (0.0, 0.0)
@@ -345,8 +354,8 @@ def summarize(
                 host=info.host,
                 runs_in=info.runs_in,
                 stages=_stages(values)[:HANDOFF],
-                workers=info.workers,
-                worker_processes=info.worker_processes,
+                workers=count,
+                worker_processes=processes,
                 worker_cpu=cpu,
                 cpu_budget=info.cpu_budget,
                 cpu_budget_source=info.cpu_budget_source,
@@ -356,6 +365,7 @@ def summarize(
                 workers_chosen=info.workers_chosen,
                 remote_workers=info.remote_workers,
                 worker_stages=workers,
+                workers_why=why,
             )
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)

@@ -1,8 +1,6 @@
-"""`IdleCpus`: how much of a CPU budget goes unused, read between two moments. Worker
-processes only pay with CPU that nothing else uses: on 2 CPUs a light pipeline through a
-sidecar kept both busy on its own (the sidecar's thread and the trainer, 1.9 CPUs), and two
-workers beside them ran at half its rate; in process (1.2 CPUs busy) or CPU-bound (1.1),
-they doubled it."""
+"""`CpuUse`: how much of a CPU budget is in use, read between two moments: what the
+worker-count policy takes from the budget as used by the trainer and everything else
+before it counts CPUs for workers."""
 
 from __future__ import annotations
 
@@ -15,14 +13,14 @@ import psutil
 from colo_data.runtime.budget import CpuBudget
 
 
-class IdleCpus:
-    """CPUs of `budget` left unused since the last `read`. Where the affinity mask sets the
+class CpuUse:
+    """CPUs of `budget` in use since the last `read`. Where the affinity mask sets the
     budget, the mask's CPUs as the whole machine used them (other tenants count as busy);
     under a quota, the CPU time of this process, its descendants and the processes `also`
-    (a trainer that shares the quota with its own sidecar) against the quota.
+    (a trainer that shares the quota with its own sidecar).
 
     Args:
-        budget: the CPU budget whose idle part is measured.
+        budget: the CPU budget whose use is measured.
         also: pids of other processes that spend the same budget.
     """
 
@@ -55,12 +53,12 @@ class IdleCpus:
         return total
 
     def read(self) -> float | None:
-        """CPUs idle on average since the last call (at least 0; None at the first call)."""
+        """CPUs busy on average since the last call (None at the first call)."""
         now, busy = time.monotonic(), self._busy()
         last, self._last = self._last, (now, busy)
         if last is None or now <= last[0]:
             return None
-        return max(0.0, self.budget.cpus - (busy - last[1]) / (now - last[0]))
+        return max(0.0, busy - last[1]) / (now - last[0])
 
 
 def _busy(times: object) -> float:

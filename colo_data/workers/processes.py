@@ -1,21 +1,19 @@
 """`WorkerPool`: processes that compute a host pipeline's chunks. Each is forked from the
-pool's fork server (colo_data/workers/forks.py), a fresh interpreter started with the pool
-that runs this module: it imports only colo-data's chunk work (no JAX, no Grain: about
-0.3 s, in the background while the first batches are made) and never the user's `__main__`
-(cloudpickle sends the script's functions by value), so scripts need no
-`if __name__ == "__main__":` guard for it, and a worker is ready in milliseconds once it is
-asked for; a sidecar's pool forks its server from the sidecar itself, which has imported
-all that already. Grain's multiprocessing spawns new processes for every iterator, each
-importing Grain and JAX (seconds). A pool outlives streams: a loader or a sidecar starts it once and
-every run or trainer session reuses it.
+pool's fork server (colo_data/workers/forks.py), started when the pool's first worker is
+asked for: a fresh interpreter that runs this module and imports only colo-data's chunk
+work (no JAX, no Grain) and never the user's `__main__` (cloudpickle sends the script's
+functions by value), so scripts need no `if __name__ == "__main__":` guard for it, and a
+worker is ready in milliseconds once the server is; a sidecar's pool forks its server from
+the sidecar itself, which has imported all that already. Grain's multiprocessing spawns new
+processes for every iterator, each importing Grain and JAX. A pool outlives streams: a
+loader or a sidecar starts it once and every run or trainer session reuses it.
 
-Every worker computes its share of every chunk: the records whose row groups are its own
-(`Share`), so no two workers decode the same row group (when each took whole chunks in turn,
-each decoded every row group of a shuffle window, and two workers were slower than none on
-a light pipeline). The parent puts the shares back in their places, in chunk order, so the
-stream is the same for any worker count. A worker exits when its socket closes (its parent
-is gone) or its fork server dies; the pool's `close()` ends them within a deadline, killing
-what does not stop.
+Every worker computes its share of every chunk it is asked for: an equal run of the
+chunk's records in reading order (`Share`), so the shares are balanced and a row group is
+decoded by as few workers as that allows. The parent puts the shares back in their places,
+in chunk order, so the stream is the same for any worker count. A worker exits when its
+socket closes (its parent is gone) or its fork server dies; the pool's `close()` ends them
+within a deadline, killing what does not stop.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -41,7 +40,7 @@ from colo_data.runtime.budget import CpuBudget, cpu_budget
 from colo_data.runtime.child_env import child_command, child_env
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.workers import forks, frames
-from colo_data.workers.cpu_use import IdleCpus
+from colo_data.workers.cpu_use import CpuUse
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
 
 __all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
@@ -49,6 +48,7 @@ __all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
 READY = "ready"  # a worker's reply to a job it has set up
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
+_CODES_S = 2.0  # how long a worker's end waits for the fork server to tell its exit code (it reaps at once)
 
 
 def _serve(conn: socket.socket) -> None:
@@ -101,6 +101,7 @@ class _Worker:
         self._server = server
         self.sock = ours
         self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self.gone = False  # its socket closed: it died (or the pool closed it)
         self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.number}", daemon=True)
         self.reader.start()
 
@@ -118,6 +119,7 @@ class _Worker:
             while True:
                 self.replies.put(frames.receive(self.sock, lambda: self.poll() is None, _POLL_S))
         except (EOFError, OSError, ValueError):  # the worker died or the pool closed the socket
+            self.gone = True
             self.replies.put(_GONE)
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -134,23 +136,17 @@ class _Worker:
 
 class WorkerPool:
     """Up to `count` worker processes, owned by `owner`, on the CPUs of `budget`, below
-    everything else's scheduling priority. The fork server starts now; each worker is
-    forked from it when a stream first asks for it, which a host pipeline does once CPU
-    goes unused and one more worker would pay, and serves every stream after: workers that
-    would not pay never cost the CPU of their set-up and work beside the pipeline (two
-    workers started beside a light pipeline through a sidecar, on 2 busy CPUs, halved its
-    rate while they started; in process, two starting at once cost a fifth of it for a
-    second, one a twentieth). The server's own start (its imports: about 0.3 s of one CPU,
-    at the lowest priority) is paid once, while the first batches are made.
+    everything else's scheduling priority. Each is forked when a stream first asks for it
+    (as many as the worker-count policy counts), and serves every stream after.
 
     Args:
-        count: worker processes.
+        count: worker processes, at most.
         owner: stops them when it closes.
         budget: the CPU budget they share with the host (default: this process's).
         also: pids of other processes that spend the same budget (a trainer beside its own
-            sidecar), for `idle_cpus`.
-        from_here: the fork server is a fork of this process where it runs one thread (a
-            sidecar: see colo_data/workers/forks.py), not a fresh interpreter.
+            sidecar), for `cpus_used`.
+        from_here: the fork server is a fork of this process, made now, where it runs one
+            thread (a sidecar: see colo_data/workers/forks.py), not a fresh interpreter.
     """
 
     remote = False  # its processes share the host's CPUs
@@ -161,13 +157,22 @@ class WorkerPool:
         self.count = count
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
-        self._budget = budget or cpu_budget()
-        self._idle = IdleCpus(self._budget, also)
+        budget = budget or cpu_budget()
+        self.budget = budget.cpus
+        self._use = CpuUse(budget, also)
         self._closed = False
-        threads = max(1, math.ceil(self._budget.cpus) // count)  # each worker's share, for its native thread pools
-        self._server = ForkServer(child_command("colo_data.workers.processes"), child_env(threads), _serve if from_here else None)
-        self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `idle_cpus`
+        threads = max(1, math.ceil(budget.cpus) // count)  # each worker's share, for its native thread pools
+        self._command, self._env = child_command("colo_data.workers.processes"), child_env(threads)
+        self._server: ForkServer | None = ForkServer(self._command, self._env, _serve) if from_here else None
+        self._server_seen: tuple[float, float] | None = None  # (monotonic seconds, its CPU seconds) at the last `cpus_used`
         self._key = owner.add(f"{count} worker processes", self.close)
+
+    def _fork_server(self) -> ForkServer:
+        """The fork server, started now if it is not (a fresh interpreter, at the workers'
+        priority: its imports take about a fifth of a second of one CPU)."""
+        if self._server is None:
+            self._server = ForkServer(self._command, self._env)
+        return self._server
 
     def _grow(self, count: int, job: tuple[Any, ...]) -> None:
         """Start workers until `count` run, each handed `job` (the stream's set-up)."""
@@ -175,7 +180,7 @@ class WorkerPool:
             raise ColoDataError("the worker processes were stopped: their loader or sidecar was closed")
         try:
             while len(self._workers) < count:
-                self._workers.append(_Worker(self._server))
+                self._workers.append(_Worker(self._fork_server()))
                 self._send(self._workers[-1], job)
         except BaseException:
             self.close(0.0)
@@ -186,19 +191,16 @@ class WorkerPool:
         """The workers' pids (waiting for the server to fork those asked for)."""
         return [w.pid for w in self._workers]
 
-    def idle_cpus(self) -> float | None:
-        """CPUs of the budget left unused since the last call (None at the first), the fork
-        server's counted as unused: its start (its imports, while the first batches are made)
-        takes at the lowest priority only CPU that nothing else wants, and is over before a
-        worker is asked for. Counted as busy, it held the first worker back by one of the
-        host's measurements (benchmarks/workers.py's CPU-bound pipeline in process: a worker
-        began at 1.16 s, against 1.0 s with no server, 3 runs each; counted as unused, 0.63 s)."""
-        idle = self._idle.read()
-        now, spent = time.monotonic(), self._server.cpu_seconds()
+    def cpus_used(self) -> float | None:
+        """CPUs of the budget in use since the last call (None at the first), the fork
+        server's own left out: its start (its imports, at the lowest priority, while the
+        first batches are made) is over before its workers work."""
+        used = self._use.read()
+        now, spent = time.monotonic(), 0.0 if self._server is None else self._server.cpu_seconds()
         last, self._server_seen = self._server_seen, (now, spent)
-        if idle is None or last is None or now <= last[0]:
-            return idle
-        return min(self._budget.cpus, idle + max(0.0, spent - last[1]) / (now - last[0]))
+        if used is None or last is None or now <= last[0]:
+            return used
+        return max(0.0, used - max(0.0, spent - last[1]) / (now - last[0]))
 
     def stream(self, payload: bytes, host: int, hosts: int, position: int) -> ProcessStream:
         """A stream of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
@@ -237,10 +239,19 @@ class WorkerPool:
         raise from_wire(result, "a worker process", TransformError)
 
     def _died(self) -> ColoDataError:
-        codes = [w.poll() for w in self._workers]
+        """The error for a worker gone: how each gone worker ended (its exit code or the
+        signal that killed it), once the fork server has told (it reaps them at once)."""
+        deadline = time.monotonic() + _CODES_S
+        while True:
+            codes = [w.poll() for w in self._workers]
+            gone = [(i, code) for i, (w, code) in enumerate(zip(self._workers, codes, strict=True)) if w.gone or code is not None]
+            if all(code is not None for _, code in gone) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        ended = "; ".join(f"worker {i} {_ended(code)}" for i, code in gone) or "a worker closed its socket"
         return ColoDataError(
-            f"a worker process died (exit codes {codes}; -9 is a kill, e.g. out of memory): check the memory "
-            "limit and the transforms; restart the loader to go on from its state"
+            f"a worker process died ({ended}): check the memory limit (a kill is often the out-of-memory killer's) and "
+            "the transforms; restart the loader to go on from its state"
         )
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -254,58 +265,65 @@ class WorkerPool:
             worker.hang_up()
         seconds = min(timeout, EXIT_S)
         deadline = time.monotonic() + seconds
-        self._server.stop(seconds)
+        if self._server is not None:
+            self._server.stop(seconds)
         for worker in workers:
             worker.reader.join(max(0.0, deadline - time.monotonic()))
 
 
+def _ended(code: int | None) -> str:
+    """How a worker ended, in words: its exit code, or the signal that killed it."""
+    if code is None:
+        return "closed its socket (its exit code is not known yet)"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
 class ProcessStream:
     """One stream's requests to a `WorkerPool`: chunks asked for by position, shared out to
-    the first k workers (k chosen per chunk), handed back whole in the order asked for."""
+    k workers that have set the stream up (k chosen per chunk, the first ready first),
+    handed back whole in the order asked for."""
 
     def __init__(self, pool: WorkerPool, job: tuple[Any, ...]) -> None:
         self._pool, self._set_up, self._job = pool, job, job[1]
-        self._ready = [False] * pool.count
-        self._asked: deque[int] = deque()  # the workers each chunk asked for and not taken yet is shared out to
+        self._ready: list[int] = []  # the workers that have set the job up, in the order they did
+        self._asked: deque[list[int]] = deque()  # the workers each chunk asked for and not taken yet is shared out to
 
-    def ready(self, workers: int) -> bool:
-        """Whether the first `workers` workers have set the job up (without waiting; those
-        not started yet start now). A worker that could not (a module of the pipeline that
-        it cannot import, say) raises its error here, and a worker that died is a
+    def ready(self, workers: int) -> int:
+        """How many of the first `workers` workers have set the job up (without waiting;
+        those not started yet start now). A worker that could not (a module of the pipeline
+        that it cannot import, say) raises its error here, and a worker that died is a
         ColoDataError here, whether the stream uses the pool at the moment or not."""
         self._pool._grow(workers, self._set_up)
-        if any(worker.poll() is not None for worker in self._pool._workers):
+        if any(worker.poll() is not None or worker.gone for worker in self._pool._workers):
             raise self._pool._died()
         for i, worker in enumerate(self._pool._workers[:workers]):
-            if not self._ready[i]:
-                self._ready[i] = self._pool._receive(worker, self._job, block=False) == READY
-        return all(self._ready[:workers])
-
-    def has_next(self) -> bool:
-        """Whether the shares of the oldest chunk asked for have come (`take` would not
-        wait; a late reply of a stream left early may make it wait briefly)."""
-        if not self._asked:
-            return False
-        workers = self._asked[0]
-        return self.ready(workers) and all(not w.replies.empty() for w in self._pool._workers[:workers])
+            if i not in self._ready and self._pool._receive(worker, self._job, block=False) == READY:
+                self._ready.append(i)
+        return sum(1 for i in self._ready if i < workers)
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at stream `position`, shared out to
-        the first `workers` workers (those not started yet start now)."""
+        `workers` workers: those that have set the stream up first, in the order they did,
+        then (where fewer have) others, which set it up first (those not started yet start
+        now)."""
         self._pool._grow(workers, self._set_up)
-        for share, worker in enumerate(self._pool._workers[:workers]):
-            self._pool._send(worker, ("chunk", self._job, position, count, (share, workers)))
-        self._asked.append(workers)
+        chosen = [*self._ready, *(i for i in range(workers) if i not in self._ready)][:workers]
+        for share, i in enumerate(chosen):
+            self._pool._send(self._pool._workers[i], ("chunk", self._job, position, count, (share, len(chosen))))
+        self._asked.append(chosen)
 
     def take(self) -> HostChunk:
         """The chunk asked for first of those not taken yet (waiting for it), put together
         from the workers' shares."""
         shares = []
-        for i, worker in enumerate(self._pool._workers[: self._asked.popleft()]):
-            reply = self._pool._receive(worker, self._job)
+        for i in self._asked.popleft():
+            reply = self._pool._receive(self._pool._workers[i], self._job)
             if reply == READY:  # before its share: `ready` had not seen it
-                self._ready[i] = True
-                reply = self._pool._receive(worker, self._job)
+                self._ready.append(i)
+                reply = self._pool._receive(self._pool._workers[i], self._job)
             shares.append(cast(HostChunk, reply))
         return merge_shares(shares)
 

@@ -32,6 +32,7 @@ from colo_data.host import slices
 from colo_data.host.chunk import HostChunk, merge_shares
 from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.runtime import process
+from colo_data.runtime.budget import cpu_budget
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers import ray_shared
@@ -162,6 +163,7 @@ class RayPool:
     remote = True  # the actors use the cluster's CPUs: asked for from the start
 
     def __init__(self, options: RayWorkers, owner: Lifecycle) -> None:
+        self.budget = cpu_budget().cpus  # the host's (its own thread's work is the host's)
         # counted when a pool made the connection (one the user made is the user's to end)
         self._user = _RAY.acquire(lambda: connect(options.address, options.connect_timeout))
         self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
@@ -210,10 +212,9 @@ class RayPool:
         first = self._member.share[0]
         return [(first + i) % len(self._member.actors) for i in range(workers)]
 
-    def idle_cpus(self) -> float:
-        """The pool's CPUs are the cluster's: it never takes the host's, so it is always
-        worth asking again."""
-        return float("inf")
+    def cpus_used(self) -> None:
+        """The actors' CPUs are the cluster's, not the host's: the policy counts none of the host's for them."""
+        return None
 
     def stream(self, payload: bytes, host: int, hosts: int, position: int) -> RayStream:
         """A stream of host `host` of `hosts` of the pickled pipeline `payload`, which the
@@ -289,48 +290,38 @@ class RayStream:
         job = (self._key, self._boxed, self._host, self._hosts, self._position)
         self._set_up[actor] = self._pool.actors[actor].set_up.remote(*job)
 
-    def ready(self, workers: int) -> bool:
-        """Whether the first `workers` actors of this host (`RayPool.chosen`) have set the job
-        up. An actor that could not raises its error here; one that died counts as ready
-        (restarted, it sets the job up with its first share), and so do all once the cluster
-        is lost."""
+    def ready(self, workers: int) -> int:
+        """How many of the first `workers` actors of this host (`RayPool.chosen`), in order,
+        have set the job up (those not asked to yet are asked now). An actor that could not
+        raises its error here; one that died counts as ready (restarted, it sets the job up
+        with its first share), and so do all once the cluster is lost."""
         chosen = self._pool.chosen(workers)
         self._follow()
-        for i in chosen:
-            if self._ready[i] or self._lost:
-                continue
-            try:
-                if i not in self._set_up:
-                    self._start_set_up(i)
-                    continue
-                done, _ = ray.wait([self._set_up[i]], timeout=0)
-                if not done:
-                    continue
-                reply = ray.get(done[0])
-            except _GONE:
-                reply = READY
-            except _LOST as e:
-                self._lose(e)
-                continue
-            if reply != READY:
-                raise self._raised(reply, i)
-            self._ready[i] = True
-        return self._lost or all(self._ready[i] for i in chosen)
+        first_not = None  # the first of them not ready
+        for n, i in enumerate(chosen):
+            if not (self._ready[i] or self._lost or self._set_up_done(i)) and first_not is None:
+                first_not = n
+        return workers if first_not is None else first_not
 
-    def has_next(self) -> bool:
-        """Whether every share of the oldest chunk asked for has come (or, the cluster
-        lost, whether a chunk was asked for: it is computed here when taken)."""
-        if not self._asked:
-            return False
-        shares = self._asked[0].shares
-        if self._lost:
-            return True
+    def _set_up_done(self, actor: int) -> bool:
+        """Whether actor `actor` has set the job up, asking it to where it was not asked."""
         try:
-            done, _ = ray.wait(shares, num_returns=len(shares), timeout=0, fetch_local=False)
+            if actor not in self._set_up:
+                self._start_set_up(actor)
+                return False
+            done, _ = ray.wait([self._set_up[actor]], timeout=0)
+            if not done:
+                return False
+            reply = ray.get(done[0])
+        except _GONE:
+            reply = READY
         except _LOST as e:
             self._lose(e)
             return True
-        return len(done) == len(shares)
+        if reply != READY:
+            raise self._raised(reply, actor)
+        self._ready[actor] = True
+        return True
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
         """Ask for the chunk of `count` global batches at `position`, shared out to the

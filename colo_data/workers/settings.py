@@ -1,18 +1,30 @@
-"""The `workers` setting: a count of worker processes, "auto" (from the CPU budget), or
-workers of their own kind (`RemoteWorkers`: Ray actors), as code, configs and command lines
-give it; how many a host pipeline uses and why (`choose_workers`); Grain's multiprocessing
-options sized from the budget."""
+"""The `workers` setting: the most worker processes a host pipeline may use (a count, or
+"auto": from the CPU budget and the memory), or workers of their own kind (`RemoteWorkers`:
+Ray actors), as code, configs and command lines give it; that bound and why
+(`choose_workers`; how many of them work at a time, `WorkerPolicy` counts); Grain's
+multiprocessing options sized from the budget."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import psutil
+
 from colo_data.errors import ConfigError
 from colo_data.io.integers import as_int
-from colo_data.runtime.budget import CpuBudget, auto_workers, cpu_budget
+from colo_data.runtime.budget import CpuBudget, auto_workers, cpu_budget, memory_limit
 from colo_data.workers.ray_options import SPEC_PREFIX, RayWorkers
+
+# "auto"'s bound: a record that waits (a fetch, a remote call) more than it computes makes
+# workers pay beyond the CPUs, so "auto" allows `WAITING_PER_CPU` a CPU of the budget, at
+# most `MOST_WORKERS` processes, and leaves each `WORKER_MEMORY` of half the memory limit
+# (or of half the machine's memory); for work on the CPU the policy counts about one a CPU
+WAITING_PER_CPU = 16
+MOST_WORKERS = 256
+WORKER_MEMORY = 128 * 2**20
 
 
 @runtime_checkable
@@ -35,7 +47,7 @@ class RemoteWorkers(Protocol):
         ...
 
 
-# worker processes per host, "auto" (`choose_workers` picks), or workers of their own kind (Ray actors) per host
+# the most worker processes per host, "auto" (`choose_workers`' bound), or workers of their own kind (Ray actors) per host
 Workers = int | Literal["auto"] | RemoteWorkers
 
 
@@ -78,7 +90,7 @@ def workers_text(workers: Workers) -> str:
 
 @dataclass(frozen=True)
 class WorkerChoice:
-    """How many worker processes a host pipeline uses (0: its own thread computes its
+    """The most worker processes a host pipeline uses (0: its own thread computes its
     chunks), and why, in words for the report."""
 
     count: int
@@ -99,26 +111,27 @@ def grain_multiprocessing_options(per_worker_buffer_size: int = 1) -> Any:
     )
 
 
-def choose_workers(requested: Workers, budget: CpuBudget, beside: str) -> WorkerChoice:
-    """`requested` worker processes as given, or for "auto" `auto_workers` of `budget`,
-    with the reason in words.
+def auto_most(budget: CpuBudget, memory: int | None = None) -> int:
+    """The most worker processes "auto" allows on `budget` (see `WAITING_PER_CPU`), within
+    `memory` bytes (default: the cgroup memory limit, else the machine's memory)."""
+    memory = memory or memory_limit() or psutil.virtual_memory().total
+    return max(1, min(WAITING_PER_CPU * math.ceil(budget.cpus), MOST_WORKERS, memory // (2 * WORKER_MEMORY)))
 
-    Args:
-        requested: a count, or "auto".
-        budget: this process's CPU budget.
-        beside: what else spends the budget first (the host's own thread, a trainer), for
-            the reason.
-    """
-    used = f"each started only while CPU goes unused beside {beside}, and kept only while it adds batches"
+
+def choose_workers(requested: Workers, budget: CpuBudget) -> WorkerChoice:
+    """The most workers `requested` allows (for "auto", `auto_most` of `budget`), with the
+    reason in words; how many of them work at a time is the host pipeline's
+    `WorkerPolicy`'s to count."""
     if isinstance(requested, RemoteWorkers):
-        return WorkerChoice(requested.actors, f"{requested.describe()}; each kept only while it adds batches", requested)
+        return WorkerChoice(requested.actors, f"{requested.describe()}, as many at work as the worker policy counts", requested)
     if requested != "auto":
         if not int(requested):
             return WorkerChoice(0, "none configured (workers=0): the host's own thread computes every batch")
-        return WorkerChoice(int(requested), f"up to {int(requested)}, as configured; {used}")
-    count = auto_workers(budget.cpus)
-    if not count:
-        return WorkerChoice(0, f"auto: CPU budget {budget.cpus:g} ({budget.source}): the host's own thread only")
+        return WorkerChoice(int(requested), f"up to {int(requested)}, as configured; as many at work as the worker policy counts")
+    most = auto_most(budget)
     return WorkerChoice(
-        count, f"auto: up to {count}, the CPU budget {budget.cpus:g} ({budget.source}) less 1 for the host's own thread; {used}"
+        most,
+        f"auto: up to {most} ({WAITING_PER_CPU} a CPU of the budget of {budget.cpus:g} ({budget.source}), at most "
+        f"{MOST_WORKERS}, within the memory); as many at work as the worker policy counts: about one a CPU for work "
+        "on the CPU, more for records that wait",
     )

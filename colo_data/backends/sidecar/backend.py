@@ -81,7 +81,7 @@ class SidecarBackend:
         out = []
         for i, base in enumerate(self._base):
             stages, quality = StageTimes(base.stages), QualityCounts(base.quality)
-            cpu, ring, workers = base.cpu, base.ring, base.workers
+            cpu, ring, workers, at_work = base.cpu, base.ring, base.workers, base.at_work
             client = self._clients[i] if i < len(self._clients) else None
             if client is not None:
                 handoff.merge(client.handoff.values)
@@ -91,7 +91,9 @@ class SidecarBackend:
                     cpu, ring = plus(cpu, (t, c)), plus(ring, (s, k))
                     workers = added_by_worker(workers, client.stats.get("workers", ()))
                     quality.merge(client.stats.get("quality", {}))
-            out.append(HostCounters(tuple(stages.values), cpu, ring, workers, quality.values))
+                    told = client.stats.get("at_work")  # (a sidecar of an earlier version does not tell)
+                    at_work = (told[0], told[1]) if told else at_work
+            out.append(HostCounters(tuple(stages.values), cpu, ring, workers, quality.values, at_work))
         return list(handoff.values), out
 
     def run_ended(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 
 from colo_data import defaults
-from colo_data.backends.sidecar.auth import KEY_ENV, check_trusted, connect, key_path, read_key
+from colo_data.backends.sidecar.auth import KEY_ENV, QueueFull, check_trusted, connect, key_path, read_key
 from colo_data.backends.sidecar.protocol import SESSION_END_S, check_path_length, socket_path
 from colo_data.backends.sidecar.shm import ArraySpec, ShmReader
 from colo_data.errors import SidecarError, Wire, from_wire
@@ -41,7 +41,8 @@ class SidecarClient:
     waits is taken for frozen (a `SidecarError`). A sidecar given by address is waited for
     `connect_timeout` seconds, by default `timeout`; one this process started (`pid`), as
     long as it lives, up to `_LOCAL_START_S` or `timeout` (its imports take seconds on a
-    busy host). `stats` holds the sidecar's latest
+    busy host). A sidecar whose queue of waiting connections is full is retried as long,
+    then reported busy. `stats` holds the sidecar's latest
     telemetry counters (sent with each slot), `handoff` the time this side spends mapping
     (or copying out) the slots."""
 
@@ -87,6 +88,10 @@ class SidecarClient:
                 if time.monotonic() - started > connect_timeout or not self._alive():
                     raise self._absent(path, time.monotonic() - started, e) from e
                 time.sleep(0.1)
+            except QueueFull as e:  # room comes as the sidecar lets the connections before this one in
+                if time.monotonic() - started > connect_timeout:
+                    raise self._queue_full(time.monotonic() - started) from e
+                time.sleep(0.1)
             except PermissionError as e:
                 raise SidecarError(
                     f"no permission to connect to the sidecar at {self.address}: run the trainer as the sidecar's "
@@ -102,8 +107,7 @@ class SidecarClient:
                 raise self._silent("connected") from e
             except (EOFError, OSError) as e:
                 raise SidecarError(
-                    f"the sidecar at {self.address} closed the connection during the key challenge ({e!r}): "
-                    "check its log"
+                    f"the sidecar at {self.address} closed the connection during the key challenge ({e!r}): check its log"
                 ) from e
 
     def _absent(self, path: str, waited: float, error: OSError) -> SidecarError:
@@ -127,6 +131,16 @@ class SidecarClient:
             f"no sidecar answers at {self.address} after {waited:.1f} s ({why}): start one with "
             "`colo-data sidecar serve CONFIG --socket PATH`, or check the path (the trainer waits for a sidecar as "
             "long as cd.Sidecar(timeout=...) says)"
+        )
+
+    def _queue_full(self, waited: float) -> SidecarError:
+        """The error for a sidecar whose queue of waiting connections stayed full for `waited`
+        seconds: it is there, so not absent, and the socket refused at once, so not silent."""
+        return SidecarError(
+            f"the sidecar at {self.address} is busy: its queue of connections waiting to be let in stayed full for "
+            f"{waited:.1f} s, so this trainer could not connect. A sidecar serves one trainer session at a time: give "
+            "each trainer a sidecar of its own (another --socket), and find what else connects to it so often. A "
+            "sidecar that is stopped (SIGSTOP) or hung lets nobody in either: check its process and its log"
         )
 
     def _alive(self) -> bool:
@@ -189,8 +203,7 @@ class SidecarClient:
                         raise self._silent(f"waited for {waiting_for}", silence)
                     if deadline is not None and now > deadline:
                         raise SidecarError(
-                            f"the sidecar at {self.address} did not answer in time while the trainer waited for "
-                            f"{waiting_for}"
+                            f"the sidecar at {self.address} did not answer in time while the trainer waited for {waiting_for}"
                         )
                 message = self._conn.recv()
                 heard = time.monotonic()
@@ -236,7 +249,9 @@ class SidecarClient:
             self.info = self._checked(self._receive("the stream to open"))
             self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
             while True:
+                began = time.monotonic()
                 announced = self._checked(self._receive("a batch"))
+                waited = time.monotonic() - began  # the trainer's wait for input: the sidecar's worker policy reads it
                 if announced.get("end"):
                     return
                 t0 = time.perf_counter()
@@ -245,12 +260,12 @@ class SidecarClient:
                 group = self._reader.view(slot, [ArraySpec.from_wire(spec) for spec in announced["layout"]])
                 if copy:
                     group = {name: np.array(array) for name, array in group.items()}
-                    self._send({"op": "release", "slot": slot})
+                    self._send({"op": "release", "slot": slot, "waited": waited})
                 self.handoff.add(HANDOFF, time.perf_counter() - t0, 0, 0)  # the Loader counts the records and bytes
                 chunk = HostChunk(group, announced.get("after"), states=announced.get("states"))
                 yield from split_rows(iter([chunk]), self.info["rows"])
                 if not copy:
-                    self._send({"op": "release", "slot": slot})
+                    self._send({"op": "release", "slot": slot, "waited": waited})
         finally:
             self._finish()
 
@@ -278,4 +293,3 @@ class SidecarClient:
             self._conn.close()
         except OSError:  # closed already, from another thread
             pass
-

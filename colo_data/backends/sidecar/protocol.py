@@ -18,9 +18,10 @@ Messages, trainer -> sidecar:
          last slot maybe fewer; "after" is the stream position after its last batch for packed
          pipelines; "states" a Grain pipeline's host state after each of its batches), and
          {"end": True} after the last batch. "stats" are the session's cumulative telemetry
-         counters (stage values, CPU sample, ring fill, stage values by worker, data-quality counts):
-         telemetry without a message of its own
-  {"op": "release", "slot": i}   (no answer: the slot may be written again)
+         counters (stage values, CPU sample, ring fill, stage values by worker, data-quality counts,
+         the workers at work and why): telemetry without a message of its own
+  {"op": "release", "slot": i, "waited": s}   (no answer: the slot may be written again; s: the
+         seconds the trainer waited for the slot's announcement, which the worker policy reads)
   {"op": "close"}           -> {"closed": True} (after any announcements still in flight)
 Any of these may instead be an error: {"type": class name, "error": message, "traceback": text,
 "cause": the exception beneath it, pickled, or None, "cause_text": its type and message}

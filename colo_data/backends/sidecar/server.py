@@ -45,6 +45,8 @@ from colo_data.workers.settings import Workers, choose_workers
 _WATCH_S = 0.5
 _LEAVE_S = 5.0  # a thread inside the session's batches is waited for this long when it closes
 _HANDSHAKE_S = 5.0  # a peer that has not passed the key challenge by then is dropped
+_GREETERS = 16  # connections in the key challenge at once, each on a thread of its own; the next wait in the queue
+_BACKLOG = 64  # connections waiting in the socket's queue to be let in; one more is refused (EAGAIN)
 _RACE_S = 1.0  # a trainer that has just died may not have been noticed yet: wait this long before `busy`
 _PROBE_S = 2.0  # a live sidecar accepts a connection at once, even mid-session (the backlog)
 
@@ -75,6 +77,7 @@ class _Session:
     ) -> None:
         host_share = host_pipeline(pipeline, host, hosts, pool)
         self.stages, self.worker_stages, self.quality = host_share.stages, host_share.worker_stages, host_share.quality
+        self._host = host_share
         self.cpu = CpuMeter("children" if pool is not None else "thread")  # sampled on the producer thread
         self.slots = slots
         self._in_use = [0.0, 0.0]  # sum of the slots in use at each announcement, announcements
@@ -99,6 +102,7 @@ class _Session:
         self._free: queue.Queue[int] = queue.Queue()
         for slot in range(slots):
             self._free.put(slot)
+        self._rows = [0] * slots  # of the batches in each slot, told to the worker policy as the trainer releases it
         self._thread: threading.Thread | None = None
         self.working = True  # computing a batch (heartbeats go out), not waiting for a free slot or done
 
@@ -111,7 +115,7 @@ class _Session:
         """The cumulative counters an announcement carries: stage values, the CPU sample
         (seconds since the session's first, CPU seconds of its workers since then), the
         ring's fill (sum of slots in use at each announcement, announcements), each
-        worker's stage values and the data-quality counts."""
+        worker's stage values, the data-quality counts, and the workers at work now and why."""
         self.cpu.maybe_sample(now)
         self._in_use[0] += self.slots - self._free.qsize()
         self._in_use[1] += 1
@@ -122,6 +126,7 @@ class _Session:
             "ring": tuple(self._in_use),
             "workers": workers,
             "quality": self.quality.snapshot(),
+            "at_work": self._host.workers_now(),
         }
 
     def _produce(self, send: Callable[[Mapping[str, Any]], None]) -> None:
@@ -137,10 +142,12 @@ class _Session:
                         return
                     t0 = time.perf_counter()
                     layout = self.ring.write(slot, batch.columns)
+                    self._rows[slot] = batch.rows
                     t1 = time.perf_counter()
                     self.stages.add(SHM_WRITE, t1 - t0, batch.rows, sum(array.nbytes for array in batch.columns.values()))
                     wire = [spec.to_wire() for spec in layout]
                     send({"slot": slot, "layout": wire, "after": batch.end, "states": batch.states, "stats": self._stats(t1)})
+                    self._host.downstream.worked(time.perf_counter() - t0)  # not a wait for room: the worker policy's to know
                     batch = next(self._groups, None)
                 send({"end": True})
             except Exception as e:
@@ -150,7 +157,12 @@ class _Session:
         finally:
             self.working = False
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, waited: float | None = None) -> None:
+        """The trainer is done with `slot`, which it had waited `waited` seconds for (a
+        trainer of an earlier version does not say): the worker policy is told both."""
+        if waited is not None:
+            self._host.downstream.trainer_waited(waited)
+            self._host.downstream.trainer_took(self._rows[slot])
         self._free.put(slot)
 
     def close(self) -> None:
@@ -213,8 +225,7 @@ class SidecarServer:
         check_directory(shm_dir)  # a file or a read-only directory fails here, not at the first trainer's open
         self.shm_dir = shm_dir
         self.budget = cpu_budget()
-        beside = "the sidecar's own thread and the trainer" if exit_with is not None else "the sidecar's own thread"
-        self.choice = choose_workers(workers, self.budget, beside)
+        self.choice = choose_workers(workers, self.budget)
         self.workers = self.choice.count
         self.slots = slots
         self._session: _Session | None = None
@@ -327,7 +338,7 @@ class SidecarServer:
                 op = request.get("op")
                 if op == "release":
                     if self._session is not None:
-                        self._session.release(request["slot"])
+                        self._session.release(request["slot"], request.get("waited"))
                     continue
                 if op == "close":
                     self._ending()
@@ -382,7 +393,7 @@ class SidecarServer:
         self._key = make_key(path, self.socket_mode)  # before the socket: a client that finds the socket finds the key
         umask = os.umask(0o177)  # owner-only from the start; then the mode asked for
         try:
-            self._listener = Listener(path, FAMILY)  # the door thread runs the key challenge, with a time limit
+            self._listener = Listener(path, FAMILY, backlog=_BACKLOG)  # no authkey: `_greet` runs the challenge, timed
             os.chmod(path, self.socket_mode)
         except OSError as e:  # another sidecar took the path meanwhile
             self._remove_key()
@@ -397,10 +408,9 @@ class SidecarServer:
 
     def serve_forever(self) -> None:
         """Serve trainer sessions, one at a time, until the process is stopped. A door
-        thread accepts connections: one that answers the key challenge wrongly is dropped
-        and logged to stderr; one that leaves or stays silent for `_HANDSHAKE_S` (a health
-        check, which cannot be told from a peer that gives up) is dropped quietly; one that
-        comes while a trainer is being served is told so at once (`_admit`)."""
+        thread accepts connections and each takes the key challenge on a thread of its own
+        (`_greet`), so that trainers that come together, or behind a slow peer, are not
+        held up by one another."""
         if self._listener is None:
             self.listen()
         assert self._listener is not None  # `listen` made it
@@ -448,32 +458,47 @@ class SidecarServer:
             self._pool.close()
 
     def _door(self, listener: Listener) -> None:
-        key = self._key
+        """Accept connections and start a `_greet` thread for each, at most `_GREETERS` at
+        once: a flood of peers costs a bounded number of threads, each for at most
+        `_HANDSHAKE_S`, while the next connections wait in the socket's queue."""
+        greeters = threading.BoundedSemaphore(_GREETERS)
         while True:
+            greeters.acquire()
             try:
                 conn = listener.accept()
             except OSError:  # the listener was closed: the server is stopping
                 return
-            try:
-                admit(conn, key, _HANDSHAKE_S)
-            except AuthenticationError as e:
-                print(f"colo-data sidecar: refused a connection on {self.socket_path}: {e}", file=sys.stderr)
-                conn.close()
-                continue
-            except (EOFError, OSError):  # left, or was silent: a health check, say
-                conn.close()
-                continue
-            try:
-                self._admit(conn)
-            except Exception as e:  # the door must stay open for the next trainer
-                print(f"colo-data sidecar: could not admit a connection: {e!r}", file=sys.stderr)
-                conn.close()
+            greet = threading.Thread(target=self._greet, args=(conn, greeters), name="colo-data-sidecar-greet", daemon=True)
+            greet.start()
+
+    def _greet(self, conn: Connection, greeters: threading.BoundedSemaphore) -> None:
+        """Let `conn` in (`_admit`) once it has passed the key challenge within `_HANDSHAKE_S`
+        in all. One that answers wrongly is dropped and logged to stderr; one that leaves,
+        stays silent or is too slow (a health check, which cannot be told from a peer that
+        gives up) is dropped quietly."""
+        try:
+            admit(conn, self._key, _HANDSHAKE_S)
+        except AuthenticationError as e:
+            print(f"colo-data sidecar: refused a connection on {self.socket_path}: {e}", file=sys.stderr)
+            conn.close()
+            return
+        except (EOFError, OSError):  # left, or was silent or slow
+            conn.close()
+            return
+        finally:
+            greeters.release()  # a trainer that waits in `_admit` holds no place in the challenge
+        try:
+            self._admit(conn)
+        except Exception as e:  # the next trainer must still be let in
+            print(f"colo-data sidecar: could not admit a connection: {e!r}", file=sys.stderr)
+            conn.close()
 
     def _admit(self, conn: Connection) -> None:
         """Hand `conn` to the serving thread, or tell its trainer that another is being
         served: at once (after `_RACE_S`, the time for a trainer that has just died to be
         noticed) while that trainer is connected, after at most `SESSION_END_S` while its
-        session ends."""
+        session ends. Trainers that come together wait here side by side, each on its
+        `_greet` thread; `_turn` lets one in."""
         now = time.monotonic()
         with self._turn:
             while self._active is not None:
@@ -520,9 +545,8 @@ def _answers(path: str) -> bool:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
         return False
-    except OSError:  # timed out: a listener whose backlog is full is still alive
+    except OSError:  # EAGAIN (or a timeout): a listener whose queue is full is still alive
         return True
     finally:
         probe.close()
     return True
-

@@ -1,0 +1,297 @@
+"""`WorkerPolicy`: how many workers a host pipeline shares its chunks out to, computed from
+a model of the work and of the trainer's demand, and revised as they move. It is pure: the
+host's schedule (`pool_schedule.py`) tells it what chunks cost and where time went, and
+reads the count back; the clock is given, so a simulation of big hosts tests it.
+
+The model. A record costs a worker `t` seconds of work, `c` of them on a CPU (the rest it
+waits: a fetch, a remote call), and the host's own thread `h` seconds to hand it on (take
+the workers' shares, join them, pass them downstream). With k workers the host delivers at
+most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
+less what the trainer and everything else use (no bound for workers on a cluster, whose
+CPUs are not the host's), and `T` what the trainer took at most while workers worked. The
+host's thread alone delivers `A`, measured while the trainer waited for it. The trainer
+takes `D` records a second, measured while it waits for input less than `INPUT_WAIT` of
+the time; once it has waited more for `STARVED_S`, it takes as much as the host gives.
+The count is the fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to
+spare (at that rate k workers are busy D * t of the time), and none where the host's thread
+alone delivers that, or where workers would add less than `GAIN` to it.
+
+Costs are running means whose weight fades over `MEMORY_S`, started afresh when two
+decisions in a row measure them `CHANGE` away: a 4x costlier record is followed within two
+decisions, and noise is averaged over seconds. Before any worker has worked the host's own
+chunks tell `t` and `c`, the first one left out (it pays for imports and first reads), and
+`h` is taken as 0. A decision comes every `DECIDE_S`; the count rises at once, and falls
+only after a lower one has been enough for `HOLD_S`, to a count with `SPARE_MOST` of a
+worker to spare: between the two it stays, so that noise does not move it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from colo_data import defaults
+from colo_data.host.worker_words import Terms, sentence
+
+DECIDE_S = 0.25  # seconds between decisions (the first: `FIRST_S` after the stream starts)
+FIRST_S = 0.1
+MEMORY_S = 10.0  # the weight of a measurement fades to 1/e over this long
+CHANGE = 0.3  # a cost this far (30%) from its mean in two decisions in a row is a new cost
+INPUT_WAIT = 0.01  # the trainer waits for input more than this share of the time: it would take more
+FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time
+STARVED_S = 0.75  # the trainer waits for more only after this long of waiting (noise drains a buffer now and then)
+# workers to spare beyond those the rate needs, at least, and when the count falls, at most:
+# this much of a worker, or where few are needed, this share of them
+SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1
+GAIN = 1.15  # workers are used where they would deliver this much more than the host's thread alone
+ALONE = 1.1  # the host's thread alone serves a demand it meets with this much to spare
+HOLD_S = 1.0  # a lower count is taken once it has been enough for this long
+# before workers have worked, the host's own records count at most this many times their CPU time as
+# work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
+FIRST_WAIT = 2.0
+CEILING_S = 30.0  # what the trainer took at most with workers bounds the model's rate this long
+SHARE_S = 0.05  # a worker's share of a request takes about this long: its messages cost under 1% of it
+REQUEST_BYTES = 64 * 2**20  # a request's columns take at most this much memory
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What bounds the count: the host's CPU budget, the most workers its pool may use
+    (configured, "auto"'s bound, Ray actors, partitions), whether they are a cluster's."""
+
+    budget: float
+    most: int
+    remote: bool = False
+
+
+class _Means:
+    """Amounts per unit (`per(i)`: a cost a record, records a second), running means whose
+    weight fades over `MEMORY_S`, started afresh at a new mean (`CHANGE`, the first amount
+    deciding)."""
+
+    def __init__(self, amounts: int) -> None:
+        self.units, self.sums = 0.0, [0.0] * amounts
+        self._off = 0  # decisions in a row whose amount was beyond `CHANGE`: +n above, -n below
+
+    def per(self, i: int = 0) -> float | None:
+        return self.sums[i] / self.units if self.units > 0 else None
+
+    def add(self, units: float, amounts: list[float], elapsed: float) -> None:
+        if units <= 0:
+            return
+        mean = self.per()
+        if mean:
+            ratio = amounts[0] / units / mean
+            off = 1 if ratio > 1 + CHANGE else -1 if ratio < 1 / (1 + CHANGE) else 0
+            self._off = self._off + off if off and off * self._off >= 0 else off
+            if abs(self._off) >= 2:  # a new mean: the measurements before it no longer count
+                self.units, self.sums, self._off = 0.0, [0.0] * len(amounts), 0
+        fade = math.exp(-elapsed / MEMORY_S)
+        self.units = self.units * fade + units
+        self.sums = [s * fade + x for s, x in zip(self.sums, amounts, strict=True)]
+
+
+class WorkerPolicy:
+    """The count of workers (`count`) of one host pipeline, and why (`reason`), decided from
+    what the host's schedule reports (`made`, `handed`, `cpus_used`) on a clock it is given.
+    See the module's docstring for the model.
+
+    Args:
+        limits: the budget, the most workers, and whether they are remote.
+        rows: host rows a batch (chunk sizes are in batches).
+        clock: seconds, monotonic.
+    """
+
+    def __init__(self, limits: WorkerLimits, rows: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits, self.rows, self._clock = limits, rows, clock
+        self.count = 0
+        self.reason = "no workers yet: measuring what a record costs"
+        self._workers = _Means(2)  # a worker's record: seconds of work, of CPU
+        self._here = _Means(2)  # a record the host's thread made: seconds of work, of CPU
+        self._handoff = _Means(1)  # the host's thread's seconds handing on a record the workers made
+        self._alone = _Means(1)  # records a second the host's thread alone delivered to a trainer that waited
+        self._demand = _Means(1)  # records a second the trainer takes, while known
+        self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
+        self._bytes = 0.0  # of a record's columns
+        self._others: float | None = None  # CPUs of the budget that the trainer and the rest use
+        self._lower_since: float | None = None  # since when a lower count has been enough
+        self._fed_at = -math.inf  # when the trainer last waited less than `INPUT_WAIT`
+        self._decided = False  # a decision was made
+        self._warm = False  # the host's first chunk was handed on (it and its time are left out)
+        self._host_batches = 0  # of the host's last chunk
+        self._start = clock()
+        self._new_window()
+
+    def _new_window(self) -> None:
+        self._made = [0.0] * 6  # since the last decision: workers' records, work, CPU; the host's own the same
+        self._handed = self._pooled = 0  # records handed on; of them, made by the workers
+        self._taken: int | None = None  # records the trainer took, where told
+        self._waits = [0.0, 0.0]  # seconds the host's thread waited for the workers, for room downstream
+        self._input_wait: float | None = None  # seconds the trainer waited for input, where told
+        self._used: float | None = None
+
+    def made(self, records: int, work_s: float, cpu_s: float, here: bool, nbytes: int = 0) -> None:
+        """A chunk (or a worker's share of one) of `records` records cost `work_s` seconds of
+        work (on a CPU, or waiting: not waiting for a CPU), `cpu_s` of them on a CPU; `here`:
+        the host's own thread made it; `nbytes`: its columns' bytes."""
+        if here and self._warm is False:  # the first pays for imports, opening files, first reads
+            return
+        at = 3 if here else 0
+        self._made[at : at + 3] = [a + b for a, b in zip(self._made[at : at + 3], (records, work_s, cpu_s), strict=True)]
+        if records and nbytes:
+            self._bytes = nbytes / records
+
+    def handed(
+        self, records: int, pooled: bool, pool_wait_s: float, room_wait_s: float, input_wait_s: float | None, taken: int | None
+    ) -> None:
+        """The host's thread handed `records` records on (`pooled`: the workers made them),
+        after waiting `pool_wait_s` seconds for the workers and `room_wait_s` for room
+        downstream; meanwhile the trainer waited `input_wait_s` for input and took `taken`
+        records (None: not told; then what the host's thread handed on tells what the
+        trainer took). The host's first chunk is left out: the measurements start after it."""
+        if self._warm is False:  # the first chunk, handed on: from here the host's thread runs at its pace
+            self._warm, self._start = True, self._clock()
+            return
+        self._handed += records
+        self._pooled += records if pooled else 0
+        self._waits[0] += pool_wait_s
+        self._waits[1] += room_wait_s
+        if input_wait_s is not None:
+            self._input_wait = (self._input_wait or 0.0) + input_wait_s
+        if taken is not None:
+            self._taken = (self._taken or 0) + taken
+
+    def cpus_used(self, cpus: float | None) -> None:
+        """CPUs of the budget that everything (the trainer, the host's thread, the workers)
+        used since the last decision; None where it is not measured."""
+        self._used = cpus
+
+    def due(self) -> bool:
+        """Whether the next `decide` decides (`cpus_used` is worth measuring now)."""
+        return self._clock() - self._start >= (DECIDE_S if self._decided else FIRST_S) and self._handed > 0
+
+    def decide(self) -> int:
+        """The count now: a new decision every `DECIDE_S` (the first after `FIRST_S`), else the last."""
+        if not self.due():
+            return self.count
+        now = self._clock()
+        elapsed = now - self._start
+        (w_records, w_work, w_cpu, h_records, h_work, h_cpu), (pool_wait, room_wait) = self._made, self._waits
+        self._workers.add(w_records, [w_work, w_cpu], elapsed)
+        self._here.add(h_records, [h_work, h_cpu], elapsed)
+        host_s = max(0.0, elapsed - pool_wait - room_wait - h_work)  # the host's thread's own time, handing on
+        if self._pooled and not h_records:
+            self._handoff.add(self._pooled, [host_s], elapsed)
+        if self._used is not None:
+            others = max(0.0, self._used - (w_cpu + h_cpu + host_s) / elapsed)
+            self._others = others if self._others is None else 0.5 * (self._others + others)
+        told = self._input_wait
+        fed = room_wait > FED * elapsed if told is None else told <= INPUT_WAIT * elapsed
+        if fed:  # what the trainer takes is known: what it took
+            self._demand.add(elapsed, [self._handed if self._taken is None else self._taken], elapsed)
+            self._fed_at = now
+            took = self._demand.per()
+            if self._pooled and took:
+                self._ceiling = (max(took, self._ceiling[0]) if self._ceiling else took, now)
+        else:
+            if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
+                self._demand = _Means(1)
+            if not self._pooled:  # the host's thread alone, as fast as it goes
+                self._alone.add(elapsed, [self._handed], elapsed)
+        model = self._model()
+        if model is not None:
+            low, high = model.counts(self.limits.most)
+            if low > self.count:
+                self.count, self._lower_since = low, None
+            elif high < self.count:
+                self._lower_since = now if self._lower_since is None else self._lower_since
+                if now - self._lower_since >= HOLD_S:
+                    self.count, self._lower_since = high, None
+            else:
+                self._lower_since = None
+            self.reason = model.explain(self.count, self.limits)
+        self._decided, self._start = True, now
+        self._new_window()
+        return self.count
+
+    def _model(self) -> _Model | None:
+        """The model's terms as measured (None before anything is)."""
+        t, c = self._workers.per(0), self._workers.per(1)
+        if t is None or c is None:  # no worker has worked: the host's own records tell
+            t, c = self._here.per(0), self._here.per(1)
+            if t is not None and c:
+                t = min(t, FIRST_WAIT * c)
+        if not t or c is None:
+            return None
+        cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
+        ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
+        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, self._alone.per(), ceiling)
+
+    def host_batches(self) -> int:
+        """Batches of the next chunk the host's thread makes: 1 at first, then twice the last
+        up to `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch
+        comes soon, and the sizes depend on the stream alone (a transform sees the same calls
+        in every run)."""
+        self._host_batches = min(2 * self._host_batches or 1, defaults.CHUNK_RECORDS // self.rows or 1)
+        return self._host_batches
+
+    def request_batches(self, workers: int) -> int:
+        """Batches a request shared out to `workers` workers asks for: a share of about
+        `SHARE_S` of a worker's time each, at most `REQUEST_BYTES`."""
+        t = self._workers.per() or self._here.per()
+        records = workers * SHARE_S / t if t else defaults.CHUNK_RECORDS
+        if self._bytes:
+            records = min(records, REQUEST_BYTES / self._bytes)
+        return max(1, math.ceil(records / self.rows))
+
+
+_SPARES = ((SPARE, SPARE_SHARE), (SPARE_MOST, 2 * SPARE_SHARE))
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The model's terms (seconds a record: a worker's work `t` and CPU `c`, the host's
+    thread's hand-off `h`; the CPUs there are for workers; records a second: the trainer's
+    demand, the host's thread's alone where measured, what the trainer took at most with
+    workers) and what follows from them."""
+
+    t: float
+    c: float
+    h: float
+    cpus: float
+    demand: float
+    alone: float | None
+    ceiling: float
+
+    def rate(self, workers: float) -> float:
+        """Records a second with `workers` workers (0: the host's thread alone)."""
+        t, c, h = self.t, self.c, self.h
+        cpu = self.cpus / (c + h) if c + h else math.inf
+        if not workers:
+            return min(1 / (t + h), cpu) if self.alone is None else self.alone
+        return min(workers / t, cpu, 1 / h if h else math.inf, self.ceiling)
+
+    def counts(self, most: int) -> tuple[int, int]:
+        """The count to rise to, where there are fewer: the fewest workers that deliver the
+        goal with `SPARE` of a worker to spare, none where the host's thread alone delivers
+        it or workers would not add `GAIN`; and the count to fall to, where there are more:
+        with `SPARE_MOST` to spare (one more than the first, at most), none where the host's
+        thread alone delivers the goal with `ALONE` to spare or workers add less than half
+        of `GAIN`."""
+        alone, best = self.rate(0), self.rate(most)
+        goal = min(self.demand, best)
+        need = goal * self.t  # workers busy at that rate
+        low, high = (min(most, max(1, math.ceil(need + min(spare, share * need)))) for spare, share in _SPARES)
+        if alone >= goal or best < GAIN * alone:
+            low = 0
+        if alone >= ALONE * goal or best < (1 + GAIN) / 2 * alone:
+            high = 0
+        return low, min(high, low + 1)
+
+    def explain(self, count: int, limits: WorkerLimits) -> str:
+        """Why `count` workers, in one sentence (`worker_words`)."""
+        best = self.rate(limits.most)
+        terms = (self.t, self.c, self.h, self.cpus, self.demand, self.rate(0), best, self.ceiling)
+        return sentence(count, Terms(*terms, limits.budget, limits.most))

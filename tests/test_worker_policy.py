@@ -1,0 +1,204 @@
+"""`WorkerPolicy` (colo_data/host/worker_policy.py), the count of a host's workers from a
+model of its work, on simulated hosts of 2 to 224 CPUs (tests/worker_sim.py: a fake clock,
+seeded noise of 0 to 15% on every worker's speed, every step). For every budget and noise
+level:
+
+- a CPU-bound pipeline reaches 90% of the best fixed count's rate within 3 simulated
+  seconds, stays within 10% of it for 10 simulated minutes, and after its records get 4x
+  costlier, is back within 10% within 3 s;
+- the same where the host's own thread is the ceiling (half the CPUs' rate), and where the
+  records wait 2 ms (workers past the CPUs, up to "auto"'s bound);
+- with a trainer that takes half of what the host could give, the count is the fewest
+  workers that meet it (one more at most), and the trainer waits less than 1% of the time.
+
+Beside them: a trainer that speeds up, a costly component of a mixture, workers on a
+cluster, a budget half taken by other work; and what the policy asks of the host's
+mechanism (the first chunk left out, chunk and request sizes) and how it says why."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from worker_sim import DT, Host, Run, meeting, simulate
+
+from colo_data.host.worker_policy import REQUEST_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
+from colo_data.runtime.budget import CpuBudget
+from colo_data.workers.settings import auto_most
+
+pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
+
+BUDGETS = (2, 8, 32, 64, 128, 224)
+NOISES = (0.0, 0.05, 0.10, 0.15)
+STEP = 4.0  # a record's cost after the step, over before
+WINDOW_S = 5.0  # the rate is held to the best over every window this long
+
+
+def most(budget: float) -> int:
+    """"auto"'s bound for `budget` CPUs on a host with memory to spare."""
+    return auto_most(CpuBudget(budget, 0, "simulated", int(budget), None), memory=2**40)
+
+
+def check_rates(host: Host, run: Run, seconds: float) -> None:
+    """Within 3 s of the start and of each step of the host, 90% of the best fixed count's
+    rate; from there to the next step, every `WINDOW_S` within 10% of it."""
+    phases = [0.0, *sorted(host.steps), seconds]
+    for start, end in zip(phases, phases[1:], strict=False):
+        _, best = host.at(start).best()
+        reached = run.rate(start + 2.5, start + 3.0)
+        assert reached >= 0.9 * best, f"{reached / best:.3f} of the best 3 s after {start:g} s"
+        windows = np.arange(start + 3.0, end - WINDOW_S + 1e-9, WINDOW_S)
+        worst = min(run.rate(a, a + WINDOW_S) / best for a in windows)
+        assert worst >= 0.9, f"a window at {worst:.3f} of the best between {start + 3:g} and {end:g} s"
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_a_cpu_bound_pipeline_gets_the_best_rate_and_follows_a_4x_costlier_record(budget: int, noise: float) -> None:
+    host = Host(budget, most(budget), noise=noise, steps={300.0: {"cpu": STEP * 1e-3}})
+    run = simulate(host, 600.0, seed=budget)
+    check_rates(host, run, 600.0)
+    assert run.changes(10.0) <= 4, "the count moved back and forth"
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_the_host_threads_ceiling_bounds_the_count_until_records_cost_more(budget: int, noise: float) -> None:
+    """The host's thread hands on at most half of what the CPUs make: as many workers as
+    reach that; 4x costlier records, and the CPUs are the bound again."""
+    handoff = 1e-3 / (0.5 * (budget - 0.2))  # seconds a record: half the rate of the budget's CPUs
+    host = Host(budget, most(budget), handoff=handoff, noise=noise, steps={30.0: {"cpu": STEP * 1e-3}})
+    run = simulate(host, 60.0, seed=budget)
+    check_rates(host, run, 60.0)
+    ceiling = math.ceil(0.5 * (budget - 0.2))  # the workers that reach the host's thread's ceiling
+    assert run.count_at(29.0) <= ceiling + 1, (run.count_at(29.0), ceiling)
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_records_that_wait_get_workers_past_the_cpus(budget: int, noise: float) -> None:
+    """Records that wait 2 ms (20 µs on a CPU): "auto"'s bound of workers, far past the CPUs,
+    and after waits 4x as long the same."""
+    host = Host(budget, most(budget), cpu=2e-5, wait=2e-3, noise=noise, steps={30.0: {"wait": STEP * 2e-3}})
+    run = simulate(host, 60.0, seed=budget)
+    check_rates(host, run, 60.0)
+    assert run.count_at(29.0) == most(budget) > budget
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_a_trainer_that_takes_half_gets_the_fewest_workers_that_feed_it(budget: int, noise: float) -> None:
+    _, best = Host(budget, most(budget), noise=noise).best()
+    host = Host(budget, most(budget), noise=noise, demand=0.5 * best)
+    run = simulate(host, 120.0, seed=budget)
+    fewest = meeting(host)  # (the host's thread alone, 0, where it meets the demand)
+    counts = set(run.count[int(20.0 / DT) :])
+    assert counts <= {fewest, fewest + 1}, (sorted(counts), fewest)
+    assert run.waited_share() < 0.01
+
+
+def test_a_trainer_that_speeds_up_gets_workers_within_seconds_and_waits_under_1_percent() -> None:
+    budget = 64
+    _, best = Host(budget, most(budget)).best()
+    host = Host(budget, most(budget), noise=0.1, demand=0.25 * best, steps={60.0: {"demand": 0.75 * best}})
+    run = simulate(host, 120.0, seed=3)
+    assert run.count_at(59.0) in (meeting(host), meeting(host) + 1)
+    faster = host.at(60.0)
+    assert run.rate(62.5, 63.0) >= 0.97 * faster.demand  # it takes what it asks for again within 3 s
+    assert run.count_at(119.0) in (meeting(faster), meeting(faster) + 1)
+    assert run.waited_share(63.0) < 0.01
+
+
+def test_a_costly_component_of_a_mixture_is_averaged_in() -> None:
+    """A fifth of the records cost 5x (1.8x on average), mixed in every chunk: the count
+    and the rate are those of the average record, not of each chunk's."""
+    budget = 32
+    handoff = 1.8e-3 / (0.5 * (budget - 0.2))  # the host's thread's ceiling at half the CPUs' rate
+    host = Host(budget, most(budget), cpu=1.8e-3, handoff=handoff, noise=0.15)  # mixed: the average record
+    run = simulate(host, 120.0, seed=5)
+    check_rates(host, run, 120.0)
+    assert run.changes(10.0) <= 2
+
+
+def test_workers_on_a_cluster_are_counted_against_the_host_threads_ceiling_not_its_cpus() -> None:
+    """Ray actors use the cluster's CPUs: a host of 8 CPUs gets as many of its 64 actors as
+    its own thread can take the records of."""
+    host = Host(8, 64, remote=True, handoff=1e-3 / 20, noise=0.05)  # the host's thread: 20,000 records/s
+    run = simulate(host, 60.0, seed=7)
+    check_rates(host, run, 60.0)
+    assert 20 <= run.count_at(59.0) <= 22, run.count_at(59.0)
+
+
+def test_cpus_that_other_work_takes_are_left_to_it() -> None:
+    host = Host(8, most(8), others=4.0, noise=0.05)
+    run = simulate(host, 60.0, seed=9)
+    check_rates(host, run, 60.0)
+    assert run.count_at(59.0) <= 5, run.count_at(59.0)  # the 4 CPUs left, and one to spare
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_first_chunk_is_left_out_and_the_first_decision_comes_soon() -> None:
+    """The host's first chunk pays for imports and first reads: neither it nor its time
+    counts; the first decision comes 0.1 s after it, then one every 0.25 s."""
+    clock = Clock()
+    policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
+    policy.made(32, 5.0, 0.1, here=True)  # 5 s of imports, which would look like records that wait
+    clock.now = 5.0
+    policy.handed(32, False, 0.0, 0.0, 0.0, 32)
+    for _ in range(10):  # then 1 ms a record of CPU: 32 ms a batch
+        policy.made(32, 0.032, 0.032, here=True)
+        clock.now += 0.032
+        policy.handed(32, False, 0.0, 0.0, 0.02, 32)
+        if policy.due():
+            break
+    assert clock.now - 5.0 == pytest.approx(0.128) and policy.decide() > 0, policy.reason
+    assert "a record costs 1 ms of a worker's CPU" in policy.reason, policy.reason
+
+
+def test_the_hosts_chunks_are_small_first() -> None:
+    policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=Clock())
+    assert [policy.host_batches() for _ in range(7)] == [1, 2, 4, 8, 16, 16, 16]  # up to CHUNK_RECORDS (512)
+
+
+def decided(policy: WorkerPolicy, clock: Clock, records: int, work_s: float, nbytes: int) -> None:
+    """The workers made `records` records at `work_s` seconds each (on a CPU), then a decision."""
+    policy.made(records, records * work_s, records * work_s, here=False, nbytes=nbytes)
+    policy.handed(records, True, 0.0, 0.0, 0.0, records)
+    clock.now += 1.0
+    policy.decide()
+
+
+def test_a_request_gives_each_worker_about_50_ms_within_its_bytes() -> None:
+    clock = Clock()
+    policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
+    policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out
+    policy.handed(32, False, 0.0, 0.0, 0.0, 32)
+    decided(policy, clock, 3200, 2e-3, 3200 * 256)  # 2 ms a record
+    assert policy.request_batches(16) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # 25 records a worker
+    decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # 1 µs, 1 MiB a record: bounded by bytes
+    decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # (a new cost: two decisions in a row)
+    assert policy.request_batches(16) == math.ceil(REQUEST_BYTES / 2**20 / 32)
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        (Host(8, 128, demand=2000.0), r"^\d workers: a record costs 1 ms of a worker's CPU, and the trainer takes 2,0\d\d records/s: \d deliver that$"),
+        (Host(8, 128), r"^\d workers: a record costs 1 ms of a worker's CPU, and the trainer waits for input; [\d,]+ records/s keeps 7.\d+ CPUs busy: the budget of 8 less the trainer's and others'$"),
+        (Host(2, 32, cpu=2e-5, wait=2e-3), r"^32 workers: a record takes a worker 2 ms, 20 µs of it on a CPU \(it waits the rest\), and the trainer waits for input; 32 workers is the most allowed$"),
+        (Host(8, 128, handoff=2e-4), r"^\d+ workers: .* the host's thread hands on at most 5,000 records/s \(0.2 ms a record\)$"),
+        (Host(8, 128, demand=400.0), r"^no workers: the host's thread alone makes [\d,]+ records/s; a record costs 1 ms of a worker's CPU, and the trainer takes 4\d\d records/s$"),
+    ],
+)  # fmt: skip
+def test_the_count_is_explained_in_one_sentence(host: Host, said: str) -> None:
+    run = simulate(host, 30.0, seed=11)
+    assert re.match(said, run.reasons[-1]), run.reasons[-1]
