@@ -8,6 +8,7 @@ own thread, a dead one named with how it ended."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from pipelines import (
     SlowToStart,
     backend_of,
     idle_host,
+    in_worker_process,
     make_pipeline,
     pool_records,
     read_while_given_up,
@@ -403,3 +405,31 @@ def test_every_worker_count_gives_the_same_batches_and_a_state_that_resumes_exac
         assert_batches_equal(want[: len(got)], got, f"{backend}, {workers} workers allowed")
         resumed = read_all(cd.Loader(pipeline, hosts=1, state=state, backend=alone), 10)
         assert_batches_equal(want[len(got) :], resumed, f"{backend}, {workers} workers allowed, resumed")
+
+
+class EndsInWorkers:
+    """A transform that, in a worker process, ends it: `os._exit(code)`, or SIGKILL to itself."""
+
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def __call__(self, batch: dict) -> dict:
+        if in_worker_process():
+            if self.code is None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(self.code)
+        return batch
+
+
+@pytest.mark.usefixtures("own_cpu_budget")
+@pytest.mark.parametrize(("code", "said"), [(3, "worker 0 exited with code 3"), (None, "worker 0 was killed by SIGKILL")])
+def test_a_dead_worker_is_named_with_how_it_ended(token_corpus: Path, code: int | None, said: str) -> None:
+    """A worker that exits (or is killed) inside a transform: the error names its exit code
+    or the signal, not "exit codes [None]" (raised before the fork server had told)."""
+    transforms = [idle_host, EndsInWorkers(code), cd.pad_or_truncate("tokens", 8)]
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
+    with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=1)) as loader:
+        with pytest.raises(cd.ColoDataError, match=rf"a worker process died \({said}\)"):
+            stop = time.monotonic() + WORKERS_S
+            while time.monotonic() < stop:
+                next(loader)
