@@ -27,6 +27,7 @@ BENCHMARKS = (
     ("sidecar", "benchmarks/sidecar.py"),
     ("startup", "benchmarks/startup.py"),
     ("workers", "benchmarks/workers.py"),
+    ("worker_sim", "benchmarks/worker_sim.py"),
     ("ray", "benchmarks/ray.py"),
     ("ray_hosts", "benchmarks/ray_hosts.py"),
     ("ray_hosts_pool", "benchmarks/ray_hosts.py --pool 16"),

@@ -33,16 +33,21 @@ HERE, POOL = 0, 1  # who made a batch (its `by` column)
 
 
 class Clock:
-    """Seconds that pass only as the fakes say; this thread's time (`spent`) is all work on a CPU."""
+    """Seconds that pass only as the fakes say; this thread's time (`spent`) is on a CPU as
+    it makes batches (`work`), off it while it waits."""
 
     def __init__(self) -> None:
-        self.now = 100.0
+        self.now, self.cpu = 100.0, 0.0
 
     def __call__(self) -> float:
         return self.now
 
+    def work(self, seconds: float) -> None:
+        self.now += seconds
+        self.cpu += seconds
+
     def spent(self) -> ThreadTime:
-        return ThreadTime(self.now, self.now)
+        return ThreadTime(self.cpu, self.now)
 
 
 class Pool:
@@ -143,7 +148,7 @@ class Run:
         return self.streams[-1]
 
     def make(self, position: int, count: int, read_ahead: bool) -> HostChunk:
-        self.clock.now += count * self.here_s
+        self.clock.work(count * self.here_s)
         self.made_here.append((position, count, read_ahead))
         return batches(position, count, HERE)
 
@@ -245,7 +250,7 @@ def test_without_a_pool_every_chunk_is_made_here_the_first_small_whatever_a_reco
         made: list[int] = []
 
         def make(position: int, count: int, read_ahead: bool, here_s: float = here_s) -> HostChunk:
-            clock.now += count * here_s
+            clock.work(count * here_s)
             made.append(count)
             return batches(position, count, HERE)
 
@@ -282,7 +287,7 @@ def sliced(clock: Clock | None, start: np.ndarray, owned: range | None, here_s: 
         position[1 + parts.start : 1 + parts.stop] += PART_ROWS
         position[0] += 1
         if clock is not None:
-            clock.now += here_s * len(parts)
+            clock.work(here_s * len(parts))
         columns = {"part": np.array([p for p, _ in rows]), "record": np.array([r for _, r in rows])}
         yield columns, np.concatenate([position[:1], position[1 + parts.start : 1 + parts.stop]])
 

@@ -242,7 +242,8 @@ def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
     """`colo-data bench`'s last line: worker processes where CPU work leaves room in the
     budget (none yet, or fewer than it holds), Ray workers where it is full, more reads in
     flight where the read waits for I/O, nothing for the hand-off or where the workers are
-    Ray's already (each host of a CPU budget of 2.0, as `host` makes it)."""
+    Ray's already, nothing where the worker policy counts fewer than allowed: its sentence
+    says why (each host of a CPU budget of 2.0, as `host` makes it)."""
     from colo_data.ops.bench import next_step
 
     def said(stage: str, **side: object) -> str | None:
@@ -252,8 +253,9 @@ def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
 
     own = said("transform")
     assert own and "on the host's own thread" in own and "--workers auto" in own and "Ray" not in own, own
-    one = said("transform", workers=1, processes=True, cpu_budget=4.0)
-    assert one and "room for more than 1 worker process:" in one and "--workers auto" in one, one
+    one = said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=1)
+    assert one and "room for more than 1 worker process, all that --workers allows:" in one and "--workers auto" in one, one
+    assert said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=8) is None
     full = said("batch", workers=1, processes=True)
     assert full and "budget of 2.0 is taken by 1 worker process and the host's own thread" in full and "ray:" in full, full
     reads = said("read")

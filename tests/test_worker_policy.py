@@ -37,7 +37,7 @@ WINDOW_S = 5.0  # the rate is held to the best over every window this long
 
 
 def most(budget: float) -> int:
-    """"auto"'s bound for `budget` CPUs on a host with memory to spare."""
+    """The bound of "auto" for `budget` CPUs, on a host with memory to spare."""
     return auto_most(CpuBudget(budget, 0, "simulated", int(budget), None), memory=2**40)
 
 
@@ -146,22 +146,24 @@ class Clock:
         return self.now
 
 
-def test_the_first_chunk_is_left_out_and_the_first_decision_comes_soon() -> None:
-    """The host's first chunk pays for imports and first reads: neither it nor its time
-    counts; the first decision comes 0.1 s after it, then one every 0.25 s."""
+def test_the_host_threads_first_chunks_are_left_out_and_the_first_decision_comes_soon() -> None:
+    """The host's first chunks pay for imports and first reads (the first) and for a call
+    each (the small ones before the first full chunk, several times what a light
+    pipeline's records cost): neither they nor their time count; the first decision comes
+    0.1 s after the first full chunk."""
     clock = Clock()
     policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
-    policy.made(32, 5.0, 0.1, here=True)  # 5 s of imports, which would look like records that wait
-    clock.now = 5.0
-    policy.handed(32, False, 0.0, 0.0, 0.0, 32)
-    for _ in range(10):  # then 1 ms a record of CPU: 32 ms a batch
-        policy.made(32, 0.032, 0.032, here=True)
-        clock.now += 0.032
-        policy.handed(32, False, 0.0, 0.0, 0.02, 32)
-        if policy.due():
-            break
-    assert clock.now - 5.0 == pytest.approx(0.128) and policy.decide() > 0, policy.reason
-    assert "a record costs 1 ms of a worker's CPU" in policy.reason, policy.reason
+    sizes = []
+    while not policy.due():
+        sizes.append(policy.host_batches())
+        records = 32 * sizes[-1]
+        seconds = 5.0 if len(sizes) == 1 else 0.002 + records * 1e-4  # imports; a call's 2 ms and 0.1 ms a record
+        policy.made(records, seconds, seconds, here=True)
+        clock.now += seconds
+        policy.handed(records, False, 0.0, 0.0, seconds, records)  # the trainer waits for every one
+    full = sizes.index(16)
+    assert sizes[:full] == [1, 2, 4, 8] and clock.now - 5.0 - sum(0.002 + 32 * n * 1e-4 for n in sizes[1 : full + 1]) < 0.2
+    assert policy.decide() > 0 and "a record costs 0.1 ms of a worker's CPU" in policy.reason, policy.reason
 
 
 def test_the_hosts_chunks_are_small_first() -> None:
@@ -180,8 +182,9 @@ def decided(policy: WorkerPolicy, clock: Clock, records: int, work_s: float, nby
 def test_a_request_gives_each_worker_about_50_ms_within_its_bytes() -> None:
     clock = Clock()
     policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
-    policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out
+    policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out, and the warm-up after it
     policy.handed(32, False, 0.0, 0.0, 0.0, 32)
+    clock.now += 1.0
     decided(policy, clock, 3200, 2e-3, 3200 * 256)  # 2 ms a record
     assert policy.request_batches(16) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # 25 records a worker
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # 1 µs, 1 MiB a record: bounded by bytes

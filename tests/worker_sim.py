@@ -125,6 +125,7 @@ class Fixed:
     def made(self, *args: object, **kwargs: object) -> None: ...
     def handed(self, *args: object) -> None: ...
     def due(self) -> bool: return False
+    def host_batches(self) -> int: return 1
     def cpus_used(self, cpus: float | None) -> None: ...
 
     def decide(self) -> int:
@@ -166,6 +167,8 @@ def simulate(host: Host, seconds: float, seed: int = 0, fixed: int | None = None
             waited = (want - taken) / world.demand
         busy = made * h if working else made * (t * per + h)
         pool_wait = max(0.0, DT - busy - room_wait) if working else 0.0
+        if not working:  # the host's thread makes a chunk (its sizes grow at first)
+            policy.host_batches()
         records = round(made)  # (what is made and taken is counted in whole records)
         policy.made(records, records * t * per, records * c * per, here=not working)
         policy.handed(records, bool(working), pool_wait, room_wait, waited, round(taken))

@@ -66,8 +66,8 @@ def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> 
 )
 @click.option(
     "--workers", default=None,
-    help="Worker processes per host: a number, 'auto' or Ray actors ('ray', 'ray:{\"actors\": 4}') "
-    "[sidecar: the config's [sidecar] workers; inprocess: 0].",
+    help="The most worker processes per host: a number, 'auto' or Ray actors ('ray', 'ray:{\"actors\": 4}') "
+    "[sidecar: the config's [sidecar] workers; inprocess: auto].",
 )
 @click.option(
     "--compare", type=click.Choice(["grain"]), default=None,

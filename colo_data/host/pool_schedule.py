@@ -2,7 +2,9 @@
 as `WorkerPolicy` counts the workers. This thread makes the chunks until the policy gives
 workers (small ones at first: a costly record's first batch comes soon); from then on the
 pool makes them, `AHEAD` requests in its hands, each shared out among the workers in use
-and ready, and this thread takes them in order, joins them and hands them on. It tells the
+and ready (the first as large as this thread's last chunk, then twice the last up to the
+policy's size: the pool's first chunks come as soon as this thread's would have), and this
+thread takes them in order, joins them and hands them on. It tells the
 policy what each chunk cost, how long it waited for the pool, and how long for room
 downstream (the time it was away handing a chunk on, less the consumer's own work there,
 `Downstream`)."""
@@ -122,6 +124,7 @@ class PooledChunks:
         self.asked: deque[tuple[int, int]] = deque()  # (position, batches) of each request in the pool's hands
         self.level = 0  # the workers each new request is shared out to
         self._here = 1  # batches of the last chunk made here
+        self._request = 0  # batches of the last request (0: none since the pool took over)
 
     def __iter__(self) -> Iterator[HostChunk]:
         room, seen = 0.0, Told()
@@ -143,10 +146,11 @@ class PooledChunks:
             self.stream = self._open(self.position)
         self.level = self.stream.ready(min(count, self._pool.count)) if count and self.stream and self._pool else 0
         if self.level and self.frontier is None:  # the pool takes over after one more chunk made here meanwhile
-            self.frontier = self.position + self._here * self._size
+            self.frontier, self._request = self.position + self._here * self._size, 0
         while self.level and len(self.asked) < AHEAD and self._left(self.frontier):
             assert self.stream is not None and self.frontier is not None
-            count = self._count(self.frontier, self._whole(self._policy.request_batches(self.level)))
+            self._request = min(self._policy.request_batches(self.level), 2 * self._request or self._here)
+            count = self._count(self.frontier, self._whole(self._request))
             if count < 1:
                 break
             self.stream.ask(self.frontier, count, self.level)
@@ -161,9 +165,7 @@ class PooledChunks:
         if self.asked and self.asked[0][0] == self.position:
             assert self.stream is not None
             self.asked.popleft()
-            began = self._clock()
-            part = self.stream.take()
-            waited = self._clock() - began
+            part, waited = _taken(self.stream, self._spent)
             self._waited(waited, part.rows)
             self._took(part)
             if part.cost is not None:
@@ -241,6 +243,7 @@ class SlicedChunks:
         self.origin = self.frontier = 0  # the batch the slices were cut at; the next asked of the pool
         self.origin_position = self.current.copy()  # the position there
         self.asked: deque[int] = deque()  # the batches of each request in the pool's hands
+        self._request = 0  # batches of the last request since the slices were cut (the first: 1, then twice the last)
         self._here: Iterator[tuple[HostBatch, np.ndarray]] = batches(self.current)
 
     def __iter__(self) -> Iterator[HostChunk]:
@@ -284,7 +287,7 @@ class SlicedChunks:
             self.asked.popleft()
             self._took(self.stream.take())
         close_iterator(self._here)
-        self.level, self.origin = level, self.delivered
+        self.level, self.origin, self._request = level, self.delivered, 0
         self.frontier, self.origin_position = self.delivered, self.current.copy()
         self._here = iter(()) if level else self._batches(self.current)
 
@@ -293,14 +296,12 @@ class SlicedChunks:
         end), `AHEAD` requests kept in the pool's hands; and how long this thread waited."""
         assert self.stream is not None
         while len(self.asked) < AHEAD:
-            count = self._policy.request_batches(self.level)
+            count = self._request = min(self._policy.request_batches(self.level), 2 * self._request or 1)
             self.stream.ask(Resume(self.origin_position, self.frontier - self.origin, self.level), count, self.level)
             self.asked.append(count)
             self.frontier += count
         self.asked.popleft()
-        began = self._clock()
-        part = self.stream.take()
-        waited = self._clock() - began
+        part, waited = _taken(self.stream, self._spent)
         self._waited(waited, part.rows if part.columns else 0)
         self._took(part)
         if part.cost is not None:
@@ -317,6 +318,15 @@ def batches_of(part: HostChunk, rows: int) -> list[tuple[HostBatch, np.ndarray]]
     for i in range(count):
         out.append(({name: column[i * rows : (i + 1) * rows] for name, column in part.columns.items()}, part.end[i]))
     return out
+
+
+def _taken(stream: PoolStream, spent: Callable[[], ThreadTime]) -> tuple[HostChunk, float]:
+    """The pool's next chunk, and the seconds this thread waited for it: off its CPU (the
+    workers' shares not there yet), not putting them together, which is its own work."""
+    before = spent()
+    part = stream.take()
+    took = spent().since(before)
+    return part, max(0.0, took.work - took.cpu)
 
 
 def _nbytes(columns: HostBatch) -> int:

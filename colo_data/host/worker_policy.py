@@ -9,45 +9,50 @@ the workers' shares, join them, pass them downstream). With k workers the host d
 most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
 less what the trainer and everything else use (no bound for workers on a cluster, whose
 CPUs are not the host's), and `T` what the trainer took at most while workers worked. The
-host's thread alone delivers `A`, measured while the trainer waited for it. The trainer
-takes `D` records a second, measured while it waits for input less than `INPUT_WAIT` of
-the time; once it has waited more for `STARVED_S`, it takes as much as the host gives.
+host's thread alone delivers `A`, the best of its rates while the trainer waited for it.
+The trainer takes `D` records a second, measured while it waits for input less than
+`INPUT_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
 The count is the fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to
 spare (at that rate k workers are busy D * t of the time), and none where the host's thread
 alone delivers that, or where workers would add less than `GAIN` to it.
 
-Costs are running means whose weight fades over `MEMORY_S`, started afresh when two
-decisions in a row measure them `CHANGE` away: a 4x costlier record is followed within two
+Costs are running means (`FadingMeans`) that fade over seconds and start afresh when two
+decisions in a row measure them far off: a 4x costlier record is followed within two
 decisions, and noise is averaged over seconds. Before any worker has worked the host's own
-chunks tell `t` and `c`, the first one left out (it pays for imports and first reads), and
-`h` is taken as 0. A decision comes every `DECIDE_S`; the count rises at once, and falls
-only after a lower one has been enough for `HOLD_S`, to a count with `SPARE_MOST` of a
-worker to spare: between the two it stays, so that noise does not move it.
+chunks tell `t` and `c` (its first, warming up, left out), and its time besides them `h`.
+A decision comes every `DECIDE_S`; the count rises at once, and falls only after a lower
+one has been enough for `HOLD_S`, to a count with `SPARE_MOST` of a worker to spare:
+between the two it stays, so that noise does not move it.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from colo_data import defaults
+from colo_data.host.fading_means import FadingMeans
 from colo_data.host.worker_words import Terms, sentence
 
 DECIDE_S = 0.25  # seconds between decisions (the first: `FIRST_S` after the stream starts)
 FIRST_S = 0.1
-MEMORY_S = 10.0  # the weight of a measurement fades to 1/e over this long
-CHANGE = 0.3  # a cost this far (30%) from its mean in two decisions in a row is a new cost
 INPUT_WAIT = 0.01  # the trainer waits for input more than this share of the time: it would take more
 FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time
-STARVED_S = 0.75  # the trainer waits for more only after this long of waiting (noise drains a buffer now and then)
+STARVED_S = 0.75  # the trainer waits for more after this long of waiting (noise drains a buffer at times)
 # workers to spare beyond those the rate needs, at least, and when the count falls, at most:
 # this much of a worker, or where few are needed, this share of them
 SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1
-GAIN = 1.15  # workers are used where they would deliver this much more than the host's thread alone
+GAIN = 1.3  # workers are used where they would deliver this much more than the host's thread alone...
+# ...or this much, while the host's thread alone has been measured for less than `ALONE_S` (a process
+# runs slower in its first second: its caches, its allocator and the trainer's own start)
+EARLY_GAIN, ALONE_S = 1.5, 0.5
+ALONE_WINDOWS = 8  # the host's thread alone: the best of this many decisions' rates
 ALONE = 1.1  # the host's thread alone serves a demand it meets with this much to spare
 HOLD_S = 1.0  # a lower count is taken once it has been enough for this long
+WARM_S = 0.5  # the host's first chunks are left out until they are full, or for this long at most
 # before workers have worked, the host's own records count at most this many times their CPU time as
 # work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
 FIRST_WAIT = 2.0
@@ -66,33 +71,6 @@ class WorkerLimits:
     remote: bool = False
 
 
-class _Means:
-    """Amounts per unit (`per(i)`: a cost a record, records a second), running means whose
-    weight fades over `MEMORY_S`, started afresh at a new mean (`CHANGE`, the first amount
-    deciding)."""
-
-    def __init__(self, amounts: int) -> None:
-        self.units, self.sums = 0.0, [0.0] * amounts
-        self._off = 0  # decisions in a row whose amount was beyond `CHANGE`: +n above, -n below
-
-    def per(self, i: int = 0) -> float | None:
-        return self.sums[i] / self.units if self.units > 0 else None
-
-    def add(self, units: float, amounts: list[float], elapsed: float) -> None:
-        if units <= 0:
-            return
-        mean = self.per()
-        if mean:
-            ratio = amounts[0] / units / mean
-            off = 1 if ratio > 1 + CHANGE else -1 if ratio < 1 / (1 + CHANGE) else 0
-            self._off = self._off + off if off and off * self._off >= 0 else off
-            if abs(self._off) >= 2:  # a new mean: the measurements before it no longer count
-                self.units, self.sums, self._off = 0.0, [0.0] * len(amounts), 0
-        fade = math.exp(-elapsed / MEMORY_S)
-        self.units = self.units * fade + units
-        self.sums = [s * fade + x for s, x in zip(self.sums, amounts, strict=True)]
-
-
 class WorkerPolicy:
     """The count of workers (`count`) of one host pipeline, and why (`reason`), decided from
     what the host's schedule reports (`made`, `handed`, `cpus_used`) on a clock it is given.
@@ -108,19 +86,23 @@ class WorkerPolicy:
         self.limits, self.rows, self._clock = limits, rows, clock
         self.count = 0
         self.reason = "no workers yet: measuring what a record costs"
-        self._workers = _Means(2)  # a worker's record: seconds of work, of CPU
-        self._here = _Means(2)  # a record the host's thread made: seconds of work, of CPU
-        self._handoff = _Means(1)  # the host's thread's seconds handing on a record the workers made
-        self._alone = _Means(1)  # records a second the host's thread alone delivered to a trainer that waited
-        self._demand = _Means(1)  # records a second the trainer takes, while known
+        self._workers = FadingMeans(2)  # a worker's record: seconds of work, of CPU
+        self._here = FadingMeans(2)  # a record the host's thread made: seconds of work, of CPU
+        self._handoff = FadingMeans(1)  # the host's thread's seconds handing on a record the workers made
+        # records a second the host's thread alone delivered to a trainer that waited, in its last
+        # decisions (the best of them: its first seconds run slower), and for how long in all
+        self._alone: deque[float] = deque(maxlen=ALONE_WINDOWS)
+        self._alone_s, self._restarts = 0.0, 0
+        self._demand = FadingMeans(1)  # records a second the trainer takes, while known
         self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
         self._bytes = 0.0  # of a record's columns
         self._others: float | None = None  # CPUs of the budget that the trainer and the rest use
         self._lower_since: float | None = None  # since when a lower count has been enough
         self._fed_at = -math.inf  # when the trainer last waited less than `INPUT_WAIT`
         self._decided = False  # a decision was made
-        self._warm = False  # the host's first chunk was handed on (it and its time are left out)
+        self._warm: float | None = None  # when the host's chunks came to their full size (see `_warming`)
         self._host_batches = 0  # of the host's last chunk
+        self._full_batches = defaults.CHUNK_RECORDS // rows or 1  # of a full one
         self._start = clock()
         self._new_window()
 
@@ -136,10 +118,11 @@ class WorkerPolicy:
         """A chunk (or a worker's share of one) of `records` records cost `work_s` seconds of
         work (on a CPU, or waiting: not waiting for a CPU), `cpu_s` of them on a CPU; `here`:
         the host's own thread made it; `nbytes`: its columns' bytes."""
-        if here and self._warm is False:  # the first pays for imports, opening files, first reads
+        if here and self._warming():
             return
         at = 3 if here else 0
-        self._made[at : at + 3] = [a + b for a, b in zip(self._made[at : at + 3], (records, work_s, cpu_s), strict=True)]
+        for i, amount in enumerate((records, work_s, cpu_s)):
+            self._made[at + i] += amount
         if records and nbytes:
             self._bytes = nbytes / records
 
@@ -151,8 +134,8 @@ class WorkerPolicy:
         downstream; meanwhile the trainer waited `input_wait_s` for input and took `taken`
         records (None: not told; then what the host's thread handed on tells what the
         trainer took). The host's first chunk is left out: the measurements start after it."""
-        if self._warm is False:  # the first chunk, handed on: from here the host's thread runs at its pace
-            self._warm, self._start = True, self._clock()
+        if self._warming(handed=True):  # from the next chunk on the host's thread runs at its pace
+            self._start = self._clock()
             return
         self._handed += records
         self._pooled += records if pooled else 0
@@ -181,9 +164,12 @@ class WorkerPolicy:
         (w_records, w_work, w_cpu, h_records, h_work, h_cpu), (pool_wait, room_wait) = self._made, self._waits
         self._workers.add(w_records, [w_work, w_cpu], elapsed)
         self._here.add(h_records, [h_work, h_cpu], elapsed)
+        if self._workers.restarts + self._here.restarts != self._restarts:  # a new cost: the host's rate alone too
+            self._restarts, self._alone_s = self._workers.restarts + self._here.restarts, 0.0
+            self._alone.clear()
         host_s = max(0.0, elapsed - pool_wait - room_wait - h_work)  # the host's thread's own time, handing on
-        if self._pooled and not h_records:
-            self._handoff.add(self._pooled, [host_s], elapsed)
+        if not self._pooled or not h_records:  # (alone, its time besides making the chunks: a sidecar's writes)
+            self._handoff.add(self._handed, [host_s], elapsed)
         if self._used is not None:
             others = max(0.0, self._used - (w_cpu + h_cpu + host_s) / elapsed)
             self._others = others if self._others is None else 0.5 * (self._others + others)
@@ -197,9 +183,10 @@ class WorkerPolicy:
                 self._ceiling = (max(took, self._ceiling[0]) if self._ceiling else took, now)
         else:
             if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
-                self._demand = _Means(1)
+                self._demand = FadingMeans(1)
             if not self._pooled:  # the host's thread alone, as fast as it goes
-                self._alone.add(elapsed, [self._handed], elapsed)
+                self._alone.append(self._handed / elapsed)
+                self._alone_s += elapsed
         model = self._model()
         if model is not None:
             low, high = model.counts(self.limits.most)
@@ -227,14 +214,31 @@ class WorkerPolicy:
             return None
         cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
-        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, self._alone.per(), ceiling)
+        gain = GAIN if self._alone_s >= ALONE_S or self.count else EARLY_GAIN
+        alone = max(self._alone, default=None)
+        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, alone, ceiling, gain)
+
+    def _warming(self, handed: bool = False) -> bool:
+        """Whether the host's chunks are still warming up (and left out of the measurements):
+        the first pays for imports and first reads, and the next ones, smaller than a full
+        chunk, for a call each (on a light pipeline, several times what their records cost),
+        until `WARM_S` after the first was `handed` on."""
+        now = self._clock()
+        if self._warm is None:  # the first chunk
+            if handed:
+                self._warm = now + WARM_S
+            return True
+        if now < self._warm and self._host_batches < self._full_batches:
+            return True
+        self._warm = min(self._warm, now)
+        return False
 
     def host_batches(self) -> int:
         """Batches of the next chunk the host's thread makes: 1 at first, then twice the last
         up to `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch
         comes soon, and the sizes depend on the stream alone (a transform sees the same calls
         in every run)."""
-        self._host_batches = min(2 * self._host_batches or 1, defaults.CHUNK_RECORDS // self.rows or 1)
+        self._host_batches = min(2 * self._host_batches or 1, self._full_batches)
         return self._host_batches
 
     def request_batches(self, workers: int) -> int:
@@ -264,6 +268,7 @@ class _Model:
     demand: float
     alone: float | None
     ceiling: float
+    gain: float
 
     def rate(self, workers: float) -> float:
         """Records a second with `workers` workers (0: the host's thread alone)."""
@@ -276,17 +281,17 @@ class _Model:
     def counts(self, most: int) -> tuple[int, int]:
         """The count to rise to, where there are fewer: the fewest workers that deliver the
         goal with `SPARE` of a worker to spare, none where the host's thread alone delivers
-        it or workers would not add `GAIN`; and the count to fall to, where there are more:
+        it or workers would not add `gain`; and the count to fall to, where there are more:
         with `SPARE_MOST` to spare (one more than the first, at most), none where the host's
         thread alone delivers the goal with `ALONE` to spare or workers add less than half
-        of `GAIN`."""
+        of `gain`."""
         alone, best = self.rate(0), self.rate(most)
         goal = min(self.demand, best)
         need = goal * self.t  # workers busy at that rate
         low, high = (min(most, max(1, math.ceil(need + min(spare, share * need)))) for spare, share in _SPARES)
-        if alone >= goal or best < GAIN * alone:
+        if alone >= goal or best < self.gain * alone:
             low = 0
-        if alone >= ALONE * goal or best < (1 + GAIN) / 2 * alone:
+        if alone >= ALONE * goal or best < (1 + self.gain) / 2 * alone:
             high = 0
         return low, min(high, low + 1)
 

@@ -312,17 +312,19 @@ def next_step(telemetry: Telemetry) -> str | None:
     host = hosts[0]
     budget = cpus_text(host.cpu_budget or 0)
     spare = [h for h in hosts if h.cpu_budget is not None and h.workers + h.worker_processes < h.cpu_budget]
-    if spare and not any(h.worker_processes for h in hosts):
+    if spare and not any(h.workers_most for h in hosts):
         return (
             f"next: the {label} stage is CPU work on the host's own thread, and its CPU budget of {budget} has room for "
             "worker processes: --workers auto (in code, workers=\"auto\" on cd.InProcess or cd.Sidecar; --backend sidecar "
             "runs the host beside the trainer with the config's [sidecar] workers)"
         )
-    if spare:
+    if spare and any(h.worker_processes and h.workers >= h.workers_most for h in hosts):
         return (
             f"next: the {label} stage is CPU work, and the CPU budget of {budget} has room for more than "
-            f"{who_computes([host])}: --workers auto (one per CPU less the host's own thread)"
+            f"{who_computes([host])}, all that --workers allows: --workers auto (as many as the worker policy counts)"
         )
+    if spare:  # workers allowed, and the worker policy counts fewer: its sentence says why
+        return None
     who = f"{who_computes([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
     return (
         f"next: the host's CPUs are the limit: its {label} stage is CPU work, and its CPU budget of {budget} is taken by "

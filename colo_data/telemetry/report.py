@@ -81,6 +81,7 @@ class HostSide:
     # actor's include `transfer`, the fetch of its shares); empty without workers
     worker_stages: tuple[tuple[Stage, ...], ...] = ()
     workers_why: str = ""  # the workers at work now and why, in one sentence (the worker policy's)
+    workers_most: int = 0  # the most worker processes (or Ray actors) allowed (`workers_chosen`); 0: none
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,7 @@ def summarize(
                 remote_workers=info.remote_workers,
                 worker_stages=workers,
                 workers_why=why,
+                workers_most=info.workers if info.worker_processes else 0,
             )
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)
