@@ -73,14 +73,9 @@ class WorkerLimits:
 
 class WorkerPolicy:
     """The count of workers (`count`) of one host pipeline, and why (`reason`), decided from
-    what the host's schedule reports (`made`, `handed`, `cpus_used`) on a clock it is given.
-    See the module's docstring for the model.
-
-    Args:
-        limits: the budget, the most workers, and whether they are remote.
-        rows: host rows a batch (chunk sizes are in batches).
-        clock: seconds, monotonic.
-    """
+    what the host's schedule reports (`made`, `handed`, `cpus_used`) on a clock it is given
+    (seconds, monotonic), within `limits`, for batches of `rows` host rows (chunk sizes are
+    in batches). See the module's docstring for the model."""
 
     def __init__(self, limits: WorkerLimits, rows: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits, self.rows, self._clock = limits, rows, clock
