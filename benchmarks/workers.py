@@ -85,7 +85,7 @@ WINDOW = 100  # batches
 EARLY = 120  # the first steps after the first batch, rated on their own
 NEIGHBOURS = 2  # windows on either side of one, for its rate
 # 1.3 to 10 s a run here; the sliced pipelines' long enough that the second half, their steady
-# state, starts after their slices are balanced (`SliceBalance` settled about 2.2 s into a run)
+# state, starts well after their workers have started
 BATCHES = {"light": 8000, "cpu": 4000, "cpu packed": 4000, "cpu filtered": 6000}
 PIPELINES = ("light", "cpu", "cpu packed", "cpu filtered", "wait")
 SLICED = ("cpu packed", "cpu filtered")  # partitioned: run with 0 and 2 workers

@@ -55,6 +55,19 @@ class IdleHost:
 idle_host = IdleHost()
 
 
+class WaitingRecords:
+    """A transform that sleeps `seconds` a record wherever it runs, as a per-record fetch
+    would: the host's thread alone makes a few thousand records a second at most, below what
+    a test's loop takes, and workers (more than the CPUs, if need be) deliver more."""
+
+    def __init__(self, seconds: float = 0.0005) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch: dict) -> dict:
+        time.sleep(self.seconds * len(batch["_index"]))
+        return batch
+
+
 class OnArrival:
     """A transform that does nothing to the batch and calls `arrived()` as a worker process
     unpickles it (its job has just come), and only there: what a test needs to see or do at

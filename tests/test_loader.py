@@ -23,7 +23,7 @@ from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import BATCH, backend_of, idle_host, make_pipeline, until_workers_made
+from pipelines import BATCH, WaitingRecords, backend_of, make_pipeline, until_workers_made
 
 SHUFFLES = ("none", "global", "block")
 
@@ -111,12 +111,12 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
 def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     shm = Path("/dev/shm")
     before = set(shm.iterdir())
-    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
-    with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=1)) as loader:
-        until_workers_made(loader)  # the hosts start their workers once CPU goes unused
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[WaitingRecords(), cd.pad_or_truncate("tokens", 8)])
+    with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=2)) as loader:
+        until_workers_made(loader)  # records that wait: the hosts count workers
         deadline = time.monotonic() + 60
-        while len(_workers()) < 2:  # an endless stream: both hosts' workers are started and busy
-            assert time.monotonic() < deadline, f"one worker per host: {_workers()}"
+        while not _each_host_has_workers(2):  # an endless stream: both hosts' workers are started and busy
+            assert time.monotonic() < deadline, f"workers of each host: {_workers()}"
             next(loader)
     gc.collect()
     deadline = time.monotonic() + 10  # Grain unlinks its segments on a background thread
@@ -124,6 +124,12 @@ def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
         time.sleep(0.1)
     assert not set(shm.iterdir()) - before, "shared-memory segments left behind"
     assert not _workers(), "worker processes left behind"
+
+
+def _each_host_has_workers(hosts: int) -> bool:
+    """Whether `hosts` fork servers (one a host's pool) run, each with a worker process at least."""
+    servers = [c for c in psutil.Process().children() if "fork server" in " ".join(c.cmdline())]
+    return len(servers) == hosts and all(s.children() for s in servers)
 
 
 def _workers() -> list[psutil.Process]:

@@ -140,7 +140,7 @@ def test_a_deep_tmpdir_puts_the_sidecars_socket_in_tmp(
     try:
         assert sidecar.address.startswith("/tmp/" + defaults.LOCAL_SIDECAR_DIR_PREFIX), sidecar.address
         client = SidecarClient(sidecar.address, sidecar.process.pid)
-        got = [to_numpy(b.columns) for b in client.batches(pipeline, 0, 1, 0)]
+        got = [to_numpy(b.columns) for b in client.batches(pipeline, 0, 1, 0, copy=True)]
     finally:
         sidecar.stop()
     assert not os.path.exists(os.path.dirname(sidecar.address))

@@ -179,17 +179,19 @@ def decided(policy: WorkerPolicy, clock: Clock, records: int, work_s: float, nby
     policy.decide()
 
 
-def test_a_request_gives_each_worker_about_50_ms_within_its_bytes() -> None:
+def test_a_request_grows_to_about_50_ms_a_worker_never_shrinks_and_stays_within_its_bytes() -> None:
     clock = Clock()
     policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
     policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out, and the warm-up after it
     policy.handed(32, False, 0.0, 0.0, 0.0, 32)
     clock.now += 1.0
     decided(policy, clock, 3200, 2e-3, 3200 * 256)  # 2 ms a record
-    assert policy.request_batches(16) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # 25 records a worker
+    assert policy.request_batches(16, 1) == 2  # twice the last at most
+    assert policy.request_batches(16, 8) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # 25 records a worker
+    assert policy.request_batches(16, 20) == 20  # never fewer than the last
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # 1 µs, 1 MiB a record: bounded by bytes
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # (a new cost: two decisions in a row)
-    assert policy.request_batches(16) == math.ceil(REQUEST_BYTES / 2**20 / 32)
+    assert policy.request_batches(16, 20) == math.ceil(REQUEST_BYTES / 2**20 / 32)
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,9 @@ class PooledChunks:
     as `policy` says.
 
     Args:
-        pool: the pool (None: every chunk is made here, sized by `policy`; `remote`: its
-            stream opens at once, its actors setting up while this thread works).
+        pool: the pool (None: every chunk is made here, sized by `policy`). Its stream
+            opens at once: what its workers need (a fork server, Ray actors) starts beside
+            this thread's first chunks.
         policy: the count of workers and the chunks' sizes.
         open_stream: the pool's stream from a position on (its workers start when asked).
         make: a chunk made here: (position, batches, read ahead?) -> chunk.
@@ -113,10 +114,10 @@ class PooledChunks:
         clock: Callable[[], float] = time.monotonic,
         spent: Callable[[], ThreadTime] = ThreadTime.now,
     ) -> None:
-        self._pool, self._policy, self._open, self._make, self._took, self._waited = pool, policy, open_stream, make, took, waited
+        self._pool, self._policy, self._make, self._took, self._waited = pool, policy, make, took, waited
         self._downstream, self._end, self._size, self._rows, self._clock = downstream, end, size, rows, clock
         self._granule, self._spent = granule, spent
-        self.stream: PoolStream | None = open_stream(start) if pool is not None and pool.remote else None
+        self.stream: PoolStream | None = open_stream(start) if pool is not None else None
         if pool is not None:
             pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.position = start  # of the next chunk handed on
@@ -139,17 +140,14 @@ class PooledChunks:
             room = max(0.0, self._clock() - began - (self._downstream.work_s - worked))
 
     def _steer(self, count: int) -> None:
-        """Follow the policy's count: open the pool's stream, share new requests out to the
-        workers asked for that are ready, keep `AHEAD` requests in the pool's hands."""
-        if count and self.stream is None:
-            assert self._pool is not None
-            self.stream = self._open(self.position)
+        """Follow the policy's count: share new requests out to the workers asked for that
+        are ready, keep `AHEAD` requests in the pool's hands."""
         self.level = self.stream.ready(min(count, self._pool.count)) if count and self.stream and self._pool else 0
         if self.level and self.frontier is None:  # the pool takes over after one more chunk made here meanwhile
             self.frontier, self._request = self.position + self._here * self._size, 0
         while self.level and len(self.asked) < AHEAD and self._left(self.frontier):
             assert self.stream is not None and self.frontier is not None
-            self._request = min(self._policy.request_batches(self.level), 2 * self._request or self._here)
+            self._request = self._policy.request_batches(self.level, self._request or self._here)
             count = self._count(self.frontier, self._whole(self._request))
             if count < 1:
                 break
@@ -233,10 +231,10 @@ class SlicedChunks:
         clock: Callable[[], float] = time.monotonic,
         spent: Callable[[], ThreadTime] = ThreadTime.now,
     ) -> None:
-        self._pool, self._policy, self._open, self._batches, self._spent = pool, policy, open_stream, batches, spent
+        self._pool, self._policy, self._batches, self._spent = pool, policy, batches, spent
         self._took, self._waited, self._downstream = took, waited, downstream
         self._owned, self._rows, self._clock = owned, rows, clock
-        self.stream: PoolStream | None = open_stream() if pool.remote else None
+        self.stream = open_stream()  # opened now, as `PooledChunks` opens its
         pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.current = np.array(start, np.int64)  # the pipeline's position where the stream stands
         self.level = self.delivered = 0  # the workers that compute slices; batches handed on
@@ -251,9 +249,7 @@ class SlicedChunks:
         try:
             while True:
                 wanted = min(_due(self._pool, self._policy), len(owned), self._pool.count)
-                if wanted and self.stream is None:
-                    self.stream = self._open()
-                if wanted != self.level and (not wanted or self.stream is not None and self.stream.ready(wanted) == wanted):
+                if wanted != self.level and (not wanted or self.stream.ready(wanted) == wanted):
                     self._cut_again(wanted)
                 made, pooled, pool_wait = self._here_batch() if not self.level else self._joined_chunk()
                 for columns, end in made:
@@ -283,7 +279,6 @@ class SlicedChunks:
         """The slices cut again for `level` workers from where the stream stands, the
         requests in the pool's hands taken (their counters kept) and dropped."""
         while self.asked:
-            assert self.stream is not None
             self.asked.popleft()
             self._took(self.stream.take())
         close_iterator(self._here)
@@ -294,9 +289,8 @@ class SlicedChunks:
     def _joined_chunk(self) -> tuple[list[tuple[HostBatch, np.ndarray]], bool, float]:
         """A request's batches, the workers' slices put together (fewer at the stream's
         end), `AHEAD` requests kept in the pool's hands; and how long this thread waited."""
-        assert self.stream is not None
         while len(self.asked) < AHEAD:
-            count = self._request = min(self._policy.request_batches(self.level), 2 * self._request or 1)
+            count = self._request = self._policy.request_batches(self.level, self._request or 1)
             self.stream.ask(Resume(self.origin_position, self.frontier - self.origin, self.level), count, self.level)
             self.asked.append(count)
             self.frontier += count

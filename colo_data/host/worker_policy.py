@@ -9,7 +9,8 @@ the workers' shares, join them, pass them downstream). With k workers the host d
 most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
 less what the trainer and everything else use (no bound for workers on a cluster, whose
 CPUs are not the host's), and `T` what the trainer took at most while workers worked. The
-host's thread alone delivers `A`, the best of its rates while the trainer waited for it.
+host's thread alone delivers `A`, the best of its rates while the trainer waited for it
+(until measured, 1 / (t' + h), t' what its own records cost it: a worker's may cost more).
 The trainer takes `D` records a second, measured while it waits for input less than
 `INPUT_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
 The count is the fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to
@@ -87,7 +88,7 @@ class WorkerPolicy:
         # records a second the host's thread alone delivered to a trainer that waited, in its last
         # decisions (the best of them: its first seconds run slower), and for how long in all
         self._alone: deque[float] = deque(maxlen=ALONE_WINDOWS)
-        self._alone_s, self._restarts = 0.0, 0
+        self._alone_s, self._restarts = 0.0, (0, 0)
         self._demand = FadingMeans(1)  # records a second the trainer takes, while known
         self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
         self._bytes = 0.0  # of a record's columns
@@ -159,8 +160,10 @@ class WorkerPolicy:
         (w_records, w_work, w_cpu, h_records, h_work, h_cpu), (pool_wait, room_wait) = self._made, self._waits
         self._workers.add(w_records, [w_work, w_cpu], elapsed)
         self._here.add(h_records, [h_work, h_cpu], elapsed)
-        if self._workers.restarts + self._here.restarts != self._restarts:  # a new cost: the host's rate alone too
-            self._restarts, self._alone_s = self._workers.restarts + self._here.restarts, 0.0
+        if (self._workers.restarts, self._here.restarts) != self._restarts:  # a new cost: the host's rate alone too
+            if self._workers.restarts != self._restarts[0]:  # and the host's own records' cost before it
+                self._here = FadingMeans(2)
+            self._restarts, self._alone_s = (self._workers.restarts, self._here.restarts), 0.0
             self._alone.clear()
         host_s = max(0.0, elapsed - pool_wait - room_wait - h_work)  # the host's thread's own time, handing on
         if not self._pooled or not h_records:  # (alone, its time besides making the chunks: a sidecar's writes)
@@ -200,18 +203,16 @@ class WorkerPolicy:
 
     def _model(self) -> _Model | None:
         """The model's terms as measured (None before anything is)."""
-        t, c = self._workers.per(0), self._workers.per(1)
-        if t is None or c is None:  # no worker has worked: the host's own records tell
-            t, c = self._here.per(0), self._here.per(1)
-            if t is not None and c:
-                t = min(t, FIRST_WAIT * c)
-        if not t or c is None:
+        here, c_here = self._here.per(0), self._here.per(1)
+        here = min(here, FIRST_WAIT * c_here) if here is not None and c_here else here
+        t, c = (self._workers.per(0), self._workers.per(1)) if self._workers.units else (here, c_here)
+        if not t or c is None:  # (before a worker has worked, the host's own records tell)
             return None
         cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
         gain = GAIN if self._alone_s >= ALONE_S or self.count else EARLY_GAIN
         alone = max(self._alone, default=None)
-        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, alone, ceiling, gain)
+        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t)
 
     def _warming(self, handed: bool = False) -> bool:
         """Whether the host's chunks are still warming up (and left out of the measurements):
@@ -236,14 +237,15 @@ class WorkerPolicy:
         self._host_batches = min(2 * self._host_batches or 1, self._full_batches)
         return self._host_batches
 
-    def request_batches(self, workers: int) -> int:
-        """Batches a request shared out to `workers` workers asks for: a share of about
-        `SHARE_S` of a worker's time each, at most `REQUEST_BYTES`."""
+    def request_batches(self, workers: int, last: int) -> int:
+        """Batches of a request to `workers` workers, `last` those of the last (at first, the
+        host's last chunk's): twice the last up to a share of about `SHARE_S` of a worker's time,
+        never fewer (a share's cost holds a call's: smaller ones cost more a record), at most `REQUEST_BYTES`."""
         t = self._workers.per() or self._here.per()
-        records = workers * SHARE_S / t if t else defaults.CHUNK_RECORDS
+        batches = max(last, min(2 * last, math.ceil(workers * SHARE_S / t / self.rows) if t else last))
         if self._bytes:
-            records = min(records, REQUEST_BYTES / self._bytes)
-        return max(1, math.ceil(records / self.rows))
+            batches = min(batches, math.ceil(REQUEST_BYTES / self._bytes / self.rows))
+        return max(1, batches)
 
 
 _SPARES = ((SPARE, SPARE_SHARE), (SPARE_MOST, 2 * SPARE_SHARE))
@@ -254,7 +256,7 @@ class _Model:
     """The model's terms (seconds a record: a worker's work `t` and CPU `c`, the host's
     thread's hand-off `h`; the CPUs there are for workers; records a second: the trainer's
     demand, the host's thread's alone where measured, what the trainer took at most with
-    workers) and what follows from them."""
+    workers; seconds a record the host's own thread takes) and what follows from them."""
 
     t: float
     c: float
@@ -264,13 +266,14 @@ class _Model:
     alone: float | None
     ceiling: float
     gain: float
+    here: float
 
     def rate(self, workers: float) -> float:
         """Records a second with `workers` workers (0: the host's thread alone)."""
         t, c, h = self.t, self.c, self.h
         cpu = self.cpus / (c + h) if c + h else math.inf
         if not workers:
-            return min(1 / (t + h), cpu) if self.alone is None else self.alone
+            return min(1 / (self.here + h), cpu) if self.alone is None else self.alone
         return min(workers / t, cpu, 1 / h if h else math.inf, self.ceiling)
 
     def counts(self, most: int) -> tuple[int, int]:

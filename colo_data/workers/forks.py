@@ -1,9 +1,9 @@
 """`ForkServer`: the process that worker processes are forked from. A fresh interpreter
 spends about 0.3 s importing numpy, pyarrow, cloudpickle and colo-data's chunk work before a
 worker can take a job, which a CPU-bound pipeline's first second runs without. A pool
-therefore starts one server when it is made (a fresh interpreter that imports exactly what a
-worker does, and never JAX or the user's `__main__`), in the background, at the workers'
-priority; each worker is then forked from it, ready in milliseconds. Forking the trainer
+therefore starts one server with its first stream (a fresh interpreter that imports exactly
+what a worker does, and never JAX or the user's `__main__`), in the background, at the
+workers' priority; each worker is then forked from it, ready in milliseconds. Forking the trainer
 itself would copy JAX's threads and locks into the worker: the server holds no thread of
 Python's and no state of the trainer's.
 
@@ -183,11 +183,14 @@ class ForkServer:
     def stop(self, seconds: float) -> None:
         """Have the server stop its workers, killing those still running after `seconds`
         (their sockets should be closed first: idle ones then exit at once), and exit; kill
-        it if it has not within `_REAP_S` more (its workers die with it). Safe to call twice."""
+        it if it has not within `_REAP_S` more (its workers die with it); one that forked
+        none is killed at once (it may still be importing). Safe to call twice."""
         with self._lock:
             with contextlib.suppress(OSError):
                 self._sock.send(pickle.dumps(("stop", seconds)))
             self._sock.close()
+            if not self._forks and self.process.poll() is None:
+                self.process.kill()
         try:
             self.process.wait(seconds + _REAP_S)
         except subprocess.TimeoutExpired:
