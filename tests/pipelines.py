@@ -37,35 +37,25 @@ def in_worker_process() -> bool:
 
 
 class IdleHost:
-    """A transform that sleeps `seconds` a chunk where a host's own thread computes it (in
-    the trainer or a sidecar), not in a worker process: a host pipeline hands work to its
-    workers only while CPU goes unused, and this one leaves most of it unused whatever else
-    the machine runs (as a host waiting on remote reads does). Put it first in the
-    transforms of tests that need the workers at work (longer for heavier pipelines)."""
+    """A transform that sleeps `seconds` a chunk, and `per_record` seconds a record, where a
+    host's own thread computes it (in the trainer or a sidecar), not in a worker process: a
+    host's thread that waits (as one waiting on remote reads does) whatever else the machine
+    runs, beside workers that do not. Put it first in the transforms of tests that need the
+    workers at work (longer for heavier pipelines). `idle_records` waits 1 ms a record: its
+    host's thread alone makes under 1,000 records a second, fewer than any test's loop takes
+    on a loaded machine, so the worker policy counts workers for it wherever they may work."""
 
-    def __init__(self, seconds: float = 0.02) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float = 0.02, per_record: float = 0.0) -> None:
+        self.seconds, self.per_record = seconds, per_record
 
     def __call__(self, batch: dict) -> dict:
         if not in_worker_process():
-            time.sleep(self.seconds)
+            time.sleep(self.seconds + self.per_record * len(next(iter(batch.values()))))
         return batch
 
 
 idle_host = IdleHost()
-
-
-class WaitingRecords:
-    """A transform that sleeps `seconds` a record wherever it runs, as a per-record fetch
-    would: the host's thread alone makes a few thousand records a second at most, below what
-    a test's loop takes, and workers (more than the CPUs, if need be) deliver more."""
-
-    def __init__(self, seconds: float = 0.0005) -> None:
-        self.seconds = seconds
-
-    def __call__(self, batch: dict) -> dict:
-        time.sleep(self.seconds * len(batch["_index"]))
-        return batch
+idle_records = IdleHost(0.0, 0.001)
 
 
 class OnArrival:
@@ -139,18 +129,22 @@ WORKERS_S = 300.0
 
 def until_workers_made(loader: cd.Loader, deadline_s: float = WORKERS_S) -> list[dict]:
     """The loader's batches (as numpy) until its worker processes have made some records,
-    as its telemetry's `pool_wait` stage counts them. A host pipeline hands work to its
-    workers only while CPU goes unused: tests that need them put `idle_host` in the
-    pipeline's transforms."""
+    as its telemetry's `pool_wait` stage counts them (looked at every 50 ms: the loop takes
+    batches as fast as a trainer that waits for them). A host counts workers where its own
+    thread alone would leave the trainer waiting: tests that need them put `idle_host` or
+    `idle_records` in the pipeline's transforms."""
     import time
 
     import numpy as np
 
-    batches, stop = [], time.monotonic() + deadline_s
-    while not next(s for s in loader.telemetry().stages if s.name == "pool_wait").items:
+    batches, stop, look = [], time.monotonic() + deadline_s, 0.0
+    while True:
+        if time.monotonic() >= look:
+            if pool_records(loader):
+                return batches
+            look = time.monotonic() + 0.05
         assert time.monotonic() < stop, f"the workers made nothing in {deadline_s:g} s"
         batches.append({name: np.asarray(a) for name, a in next(loader).items()})
-    return batches
 
 
 def pool_records(loader: cd.Loader) -> int:

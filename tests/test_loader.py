@@ -23,7 +23,7 @@ from colo_data import defaults
 from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
 
-from pipelines import BATCH, WaitingRecords, backend_of, make_pipeline, until_workers_made
+from pipelines import BATCH, backend_of, idle_records, make_pipeline, until_workers_made
 
 SHUFFLES = ("none", "global", "block")
 
@@ -111,9 +111,9 @@ def test_resume_at_every_step_with_other_hosts_and_workers(token_corpus: Path, s
 def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     shm = Path("/dev/shm")
     before = set(shm.iterdir())
-    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[WaitingRecords(), cd.pad_or_truncate("tokens", 8)])
+    pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_records, cd.pad_or_truncate("tokens", 8)])
     with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=2)) as loader:
-        until_workers_made(loader)  # records that wait: the hosts count workers
+        until_workers_made(loader)  # a host's thread that waits: the hosts count workers
         deadline = time.monotonic() + 60
         while not _each_host_has_workers(2):  # an endless stream: both hosts' workers are started and busy
             assert time.monotonic() < deadline, f"workers of each host: {_workers()}"

@@ -27,6 +27,7 @@ from pipelines import (
     SlowToStart,
     backend_of,
     idle_host,
+    idle_records,
     in_worker_process,
     make_pipeline,
     pool_records,
@@ -112,7 +113,7 @@ def test_workers_slower_than_the_hosts_own_thread_are_given_up(token_corpus: Pat
     they would: the count falls to none (their chunks in flight still taken) and stays
     there, and the batches are the same."""
     monkeypatch.setenv("COLO_DATA_TEST_TRAINER", str(os.getpid()))
-    transforms = [idle_host, slow_in_workers, cd.pad_or_truncate("tokens", 8)]
+    transforms = [idle_records, slow_in_workers, cd.pad_or_truncate("tokens", 8)]
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
 
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
@@ -138,7 +139,7 @@ def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_pat
     """Requests go to the workers that are ready: while the second one starts (here, held
     up until the test says go), the stream goes on, made by the first. Before, a starting
     worker was asked for its shares at once, and the stream stopped for its whole start."""
-    transforms = [idle_host, SlowToStart(tmp_path), cd.pad_or_truncate("tokens", 8)]
+    transforms = [idle_records, SlowToStart(tmp_path), cd.pad_or_truncate("tokens", 8)]
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
     more: list[dict] = []
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:
@@ -390,7 +391,7 @@ def test_every_worker_count_gives_the_same_batches_and_a_state_that_resumes_exac
     """1 and 3 workers allowed, the count the policy takes as the stream goes: the batches
     are those of none, and a state saved with workers at work resumes exactly with none
     (the batches are global: the same for any host count)."""
-    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=[idle_records, cd.pad_or_truncate("tokens", 8)])
     me, alone = psutil.Process(), cd.InProcess(workers=0)
     for workers in (1, 3):
         hosts = None if backend == "colocated" else 1  # colocated: a host per CPU device
