@@ -39,8 +39,8 @@ AFTER_FIRST = "after_first_per_s"  # after the first batch: start-up left out
 
 Measurement = dict[str, Any]  # one run's figures (measure's keys where it is a run of batches)
 Runs = dict[str, list[Measurement]]  # contender -> its measurement in each round
-Comparison = Literal[">=", ">", "<="]
-_COMPARE: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le}
+Comparison = Literal[">=", ">", "<=", "<"]
+_COMPARE: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
 # ---------------------------------------------------------------------------------------------
