@@ -37,13 +37,26 @@ ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is not 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray actors cannot import this test module
 
 
+def in_actor() -> bool:
+    """Whether this process is a Ray actor's."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 def slow(batch: dict) -> dict:
     """A chunk takes 0.1 s more wherever it is computed, and outside a Ray actor 1 ms more a
     record: the host's thread alone makes under 1,000 records a second, fewer than a test's
     loop takes on a loaded machine, and actors beside it pay."""
-    ray = sys.modules.get("ray")
-    in_actor = ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-    time.sleep(0.1 + (0.0 if in_actor else 0.001 * len(batch["_index"])))
+    time.sleep(0.1 + (0.0 if in_actor() else 0.001 * len(batch["_index"])))
+    return batch
+
+
+def waits_here(batch: dict) -> dict:
+    """1 ms a record in the test's process (the hosts' threads of an in-process loader under
+    `COLO_DATA_TEST_TRAINER`), nothing elsewhere: what a record costs an actor does not
+    depend on the size of its share (as it does where a call costs 0.1 s)."""
+    if os.environ.get("COLO_DATA_TEST_TRAINER") == str(os.getpid()):
+        time.sleep(0.001 * len(batch["_index"]))
     return batch
 
 
@@ -272,7 +285,7 @@ def transferred(loader: cd.Loader) -> int:
 
 
 def test_hosts_join_a_pool_again_once_its_keeper_dies(
-    cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A shared pool's keeper killed mid-stream takes its actors with it: the hosts compute
     their chunks themselves meanwhile, join the pool again (a new keeper, new actors) and
@@ -282,7 +295,10 @@ def test_hosts_join_a_pool_again_once_its_keeper_dies(
     from colo_data.workers.ray_shared import NAMESPACE
 
     ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25, pool="reborn")
-    with cd.Loader(pipeline_of(token_corpus, slow), hosts=2, backend=cd.InProcess(workers=ray)) as loader:
+    # (a record's cost that does not depend on the share's size: the first shares of the new
+    # actors are small, and a cost a call would make them look costlier than the host's thread)
+    monkeypatch.setenv("COLO_DATA_TEST_TRAINER", str(os.getpid()))
+    with cd.Loader(pipeline_of(token_corpus, waits_here), hosts=2, backend=cd.InProcess(workers=ray)) as loader:
         got = until_workers_made(loader)
         first = ray_module.get_actor("reborn", namespace=NAMESPACE)
         ray_module.kill(first)

@@ -399,4 +399,6 @@ class RayStream:
         """`share` of the chunk `asked`, computed in this process."""
         if self._here is None:
             self._here = ChunkWork(cloudpickle.loads(self._payload), self._host, self._hosts)
-        return slices.compute(self._here, asked.position, asked.batches, share, read_ahead=False)
+        chunk = slices.compute(self._here, asked.position, asked.batches, share, read_ahead=False)
+        chunk.cost = None  # this thread's time, not an actor's: the worker policy must not count it as one's
+        return chunk
