@@ -115,8 +115,8 @@ def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     with cd.Loader(pipeline, hosts=2, backend=cd.InProcess(workers=2)) as loader:
         until_workers_made(loader)  # a host's thread that waits: the hosts count workers
         deadline = time.monotonic() + 60
-        while not _each_host_has_workers(2):  # an endless stream: both hosts' workers are started and busy
-            assert time.monotonic() < deadline, f"workers of each host: {_workers()}"
+        while not _workers_started(2):  # an endless stream: both hosts' fork servers, workers at work
+            assert time.monotonic() < deadline, f"fork servers and workers: {_workers()}"
             next(loader)
     gc.collect()
     deadline = time.monotonic() + 10  # Grain unlinks its segments on a background thread
@@ -126,10 +126,10 @@ def test_close_leaves_no_workers_or_shared_memory(token_corpus: Path) -> None:
     assert not _workers(), "worker processes left behind"
 
 
-def _each_host_has_workers(hosts: int) -> bool:
-    """Whether `hosts` fork servers (one a host's pool) run, each with a worker process at least."""
+def _workers_started(hosts: int) -> bool:
+    """Whether `hosts` fork servers (one a host's pool) run, and a worker process of one at least."""
     servers = [c for c in psutil.Process().children() if "fork server" in " ".join(c.cmdline())]
-    return len(servers) == hosts and all(s.children() for s in servers)
+    return len(servers) == hosts and any(s.children() for s in servers)
 
 
 def _workers() -> list[psutil.Process]:
