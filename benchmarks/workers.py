@@ -50,10 +50,13 @@ is about the noise of a window's median over 5 rounds, and its runs are the shor
 
 Start ("workers ready sooner"), timed from `cd.Loader(...)`: how much sooner 2 workers
 bring batch N than none (none's time to it over 2 workers'), with the goals: the CPU-bound
-pipeline's batch 1,200 at least 1.5x sooner, the light pipeline's batches 400 and 4,000 at
-least 0.9x (never later); a sidecar's first batch with 2 workers within 1.0 s; and, shown
-without a goal, the CPU-bound pipeline's batch 120 (a fresh interpreter's imports take about
-0.2 s before a first worker can work) and when the first worker process began its first chunk
+pipeline's batch 1,200 at least 1.5x sooner in process, the light pipeline's batches 400 and
+4,000 at least 0.9x (never later); a sidecar's first batch with 2 workers within 1.0 s; and,
+shown without a goal, the CPU-bound pipeline's batch 120 (a fresh interpreter's imports take
+about 0.2 s before a first worker can work), its batch 1,200 through a sidecar (the sidecar's
+own start, a fresh interpreter, precedes its first batch, and 2 workers at their steady rate
+from that batch on would bring batch 1,200 about 1.5x sooner at most on 2 CPUs: the goal
+would measure the machine's noise), and when the first worker process began its first chunk
 (after its warm-up batch; workers_pipeline.note_start notes it in the worker).
 
 Run: `.venv/bin/python benchmarks/workers.py [--rounds N] [--quick] [--out DIR] [--pipelines light,cpu]
@@ -101,6 +104,7 @@ AGAIN = "0 (again)"
 BEFORE = " [before]"  # the suffix of a configuration run with the `--before` tree
 # the start goals: none's time to batch N, timed from `cd.Loader(...)`, over 2 workers'
 SOONER = {"cpu": ((120, None), (1200, ">= 1.5")), "light": ((400, ">= 0.9"), (4000, ">= 0.9"))}
+IN_PROCESS_ONLY = {("cpu", 1200)}  # goals of `SOONER` that hold in process alone (see the docstring)
 SIDECAR_FIRST_BATCH = "<= 1.0"  # seconds, with 2 workers
 FIRST_CHUNK = "first_worker_chunk_s"  # when the first worker process began its first chunk, after the loader was made
 STEADY = "steady_records_per_s"
@@ -225,6 +229,7 @@ def start_ratios(runs: harness.Runs, pipelines: list[str], before: str | None) -
                 if to_batch(n) in two[0]:
                     took = harness.median(two, to_batch(n))
                     name = f"{pipeline}, {backend}: none / 2 workers, time to batch {n} ({took:.2f} s with 2 workers)"
+                    goal = None if backend != "inprocess" and (pipeline, n) in IN_PROCESS_ONLY else goal
                     ratios.append(harness.ratio_of_medians(name, none, two, to_batch(n), goal))
             if backend == "sidecar":
                 name = f"{pipeline}, sidecar, 2 workers: first batch after the Loader was made"
