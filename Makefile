@@ -36,11 +36,12 @@ $(VENV)/.installed-bench: pyproject.toml uv.lock | $(UV)
 # --compile-bytecode (about 40 s here): the suite starts hundreds of Python processes, and where
 # nothing may write bytecode caches (PYTHONDONTWRITEBYTECODE, as on CI) each would compile JAX
 # and its neighbours from source again (8 s an import instead of 3 s). `pip install` compiles too.
-# The test extra holds the train extra (tests/test_train_lm.py): `make train` needs no more.
+# The test extra holds the train extra (tests/test_train_lm.py) and all that the bench needs:
+# after it, `make train` and `make bench` install nothing (.ci/run checks it).
 $(VENV)/.installed-test: pyproject.toml uv.lock | $(UV)
 	rm -f $(VENV)/.installed-*
 	$(UV) sync -q --locked --extra test --compile-bytecode --python $(PYTHON)
-	touch $@ $(VENV)/.installed-train
+	touch $@ $(VENV)/.installed-train $(VENV)/.installed-bench
 $(VENV)/.installed-train: pyproject.toml uv.lock | $(UV)
 	rm -f $(VENV)/.installed-*
 	$(UV) sync -q --locked --inexact --extra train --python $(PYTHON)

@@ -30,8 +30,9 @@ from demo_pad import BATCH, SEQ_LEN, PadRecord, numpy_pad
 from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
+from colo_data import demo
+from colo_data.bench import grain_baseline
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops import demo
 
 PER_RECORD_BATCHES = 250  # pipeline 2: the first 8,000 records
 
@@ -137,12 +138,8 @@ def grain_data_loader(directory: Path, per_record: bool = False) -> Iterator[int
     """Grain DataLoader(worker_count=None: os.cpu_count() workers), global shuffle, per-record
     maps, batch; each batch put on the device."""
     source = cd.ArrowSource(str(directory), columns=["id", "tokens"])
-    loader = grain.DataLoader(
-        data_source=source,
-        sampler=grain.samplers.IndexSampler(num_records=len(source), shuffle=True, seed=0, num_epochs=1),
-        operations=[*([AddBosEos()] if per_record else []), PadRecord(), grain.transforms.Batch(BATCH, drop_remainder=True)],
-        worker_count=None,
-    )
+    operations = [*([AddBosEos()] if per_record else []), PadRecord(), grain.transforms.Batch(BATCH, drop_remainder=True)]
+    loader = grain_baseline.data_loader(source, operations)
     iterator = iter(loader)
     for batch in itertools.islice(iterator, PER_RECORD_BATCHES if per_record else None):
         yield len(jax.block_until_ready(jax.device_put(batch))["tokens"])

@@ -2,7 +2,7 @@
 a source of `OBJECTS` Parquet objects behind `DELAY_MS` of added latency per request, the
 time and the store requests until the source is made and until the first batch.
 
-Corpus: the demo corpus (`colo_data.ops.demo.corpus()`, 40,000 token lists) rewritten as
+Corpus: the demo corpus (`colo_data.demo.corpus()`, 40,000 token lists) rewritten as
 `OBJECTS` objects of one row group each, uploaded twice to a local S3 server (moto, read
 through pyarrow's client) and a GCS server (gcp-storage-emulator, read through gcsfs: pyarrow's
 GCS client holds the GIL for a round trip per object it opens, docs/object-storage.md): one
@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 from colo_data.testing.storage import FaultProxy, ObjectStore, gcsfs_server, s3_server
 
 OBJECTS, QUICK_OBJECTS = 1000, 100

@@ -1,6 +1,6 @@
 """Tokenization throughput, side by side in one run: `cd.tokenize` through cd.Loader against
 the tokenizer's own `encode_batch` + numpy pad in one process (the machine's limit for this
-pipeline), on the text demo (`colo_data.ops.demo.text_corpus()`: "web", "code" and "math"
+pipeline), on the text demo (`colo_data.demo.text_corpus()`: "web", "code" and "math"
 components, 15,000 texts, and the byte-level BPE tokenizer trained on them).
 
 Pipeline: every text of the three components tokenized, ids padded or cut to `SEQ_LEN`,
@@ -26,7 +26,7 @@ from harness import AFTER_FIRST, WHOLE
 from tokenizers import Tokenizer
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 
 SEQ_LEN, BATCH = 512, 32
 

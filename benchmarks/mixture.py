@@ -20,7 +20,7 @@ from demo_pad import BATCH, SEQ_LEN
 from harness import AFTER_FIRST
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 
 GOAL = ">= 0.9"  # mixture / single source, records/s after the first batch, within each round
 SHUFFLES = ("block", "global")

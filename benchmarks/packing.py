@@ -5,7 +5,7 @@ tokens, records cut to 512 tokens (Grain's packers need that), no limit on recor
 
 Two corpora:
 
-- the tokenized demo text corpus (`colo_data.ops.demo.text_corpus()`, its BPE tokenizer;
+- the tokenized demo text corpus (`colo_data.demo.text_corpus()`, its BPE tokenizer;
   the three components' texts interleaved), and
 - a long-tailed length distribution (log-normal lengths, median about 150 tokens).
 
@@ -38,7 +38,7 @@ from grain.experimental import BestFitPackIterDataset, FirstFitPackIterDataset
 from tokenizers import Tokenizer
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 
 LENGTH, ROWS = 512, 16
 LONG_TAILED = 20_000  # records

@@ -4,7 +4,7 @@ costs a round trip; this shows how much of the local rate survives 0, 25 and 100
 each request.
 
 Pipeline (benchmarks/lm.py's loader): `cd.ArrowSource` over the whole text demo
-(`colo_data.ops.demo.text_corpus()`: web, code and math, six Parquet files) -> `cd.tokenize` ->
+(`colo_data.demo.text_corpus()`: web, code and math, six Parquet files) -> `cd.tokenize` ->
 `cd.pad_or_truncate` to `SEQ_LEN`, batches of `BATCH`, one epoch through `cd.Loader(pipeline)` (in process, no workers),
 block and global shuffle. Remote contenders read the same files uploaded to a local S3 server
 (moto) and GCS server (gcp-storage-emulator; read through pyarrow's `GcsFileSystem` and, as a
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from harness import AFTER_FIRST, WHOLE
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 from colo_data.testing.storage import FaultProxy, ObjectStore, gcs_server, gcsfs_server, s3_server
 
 SEQ_LEN, BATCH = 512, 32

@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 
 HERE = Path(__file__).resolve().parent
 BATCH, SEQ_LEN = 64, 512

@@ -46,10 +46,10 @@ from descendants import Tracker
 from sidecar_child import demo_loader, run_in_cgroup
 
 import colo_data as cd
+from colo_data import demo
 from colo_data.backends.sidecar.local import LocalSidecar
 from colo_data.backends.sidecar.server import copy_threads
 from colo_data.defaults import CHUNK_RECORDS
-from colo_data.ops import demo
 
 MIB = 2**20
 HANDOFF_MIB = (8, 32, 64)

@@ -32,7 +32,8 @@ from demo_pad import BATCH, SEQ_LEN, PadRecord
 from descendants import DescendantCpu, Tracker
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
+from colo_data.bench import grain_baseline
 
 CHILD_TIMEOUT_S = 300
 _SIDECAR_SAYS = re.compile(r"colo-data sidecar on .*?: (\d+) worker process\(es\); CPU budget (\S+) \((.*)\); workers: ")
@@ -65,12 +66,7 @@ def grain_loader(directory: Path, batches: int) -> harness.Measurement:
 
     def run() -> Iterator[int]:
         source = cd.ArrowSource(str(directory), columns=["id", "tokens"])
-        loader = grain.DataLoader(
-            data_source=source,
-            sampler=grain.samplers.IndexSampler(num_records=len(source), shuffle=True, seed=0, num_epochs=1),
-            operations=[PadRecord(), grain.transforms.Batch(BATCH, drop_remainder=True)],
-            worker_count=None,
-        )
+        loader = grain_baseline.data_loader(source, [PadRecord(), grain.transforms.Batch(BATCH, drop_remainder=True)])
         made.append(loader)
         return (len(jax.block_until_ready(jax.device_put(batch))["tokens"]) for batch in loader)
 

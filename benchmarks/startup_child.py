@@ -21,7 +21,7 @@ from workers_pipeline import token_passes
 import colo_data as cd
 
 try:
-    from colo_data.ops import demo
+    from colo_data import demo
 except ImportError:  # the layout before the subpackages (commit b709df7 and earlier)
     from colo_data import demo  # type: ignore[attr-defined, no-redef]
 

@@ -2,6 +2,7 @@
 `make benchmarks` writes its headline figures to `benchmarks/headlines/<name>.json`
 (`harness.write_headlines`), and this renders the latest of them as Markdown between the two
 marker comments of `docs/performance.md`, so that no figure on the page is typed by hand.
+The page shows the figures `SHOWN` names, those a user acts on; the rest stay in the files.
 It is also the one runner of the benchmarks: `make benchmarks` is `table.py --run`, every
 benchmark in `BENCHMARKS`' order, each in a process of its own, then the table. Alone,
 `.venv/bin/python benchmarks/table.py` rewrites the table from the headline files there are.
@@ -40,6 +41,55 @@ BENCHMARKS = (
     ("grain", "benchmarks/grain_pipeline.py"),
     ("packing", "benchmarks/packing.py"),
 )
+# The figures the page shows, in this order: per benchmark, each figure's `what`, or its
+# (`what`, `peer`) where the `what` alone names more than one. At most 25 in all; a figure of a
+# benchmark not run is left out, and tests/test_performance_page.py fails on one that no
+# committed headline file has (a renamed figure).
+SHOWN: dict[str, tuple[str | tuple[str, str], ...]] = {
+    "core": (
+        "demo pipeline (pad to 1024, batch 32): colo-data Loader, block shuffle, in process, after the first batch",
+        "colo-data Loader, block shuffle, in process, whole epoch",
+        ("colo-data Loader, block shuffle", "Grain `DataLoader(worker_count=None)`"),
+        "with a per-record Python function: colo-data Loader",
+    ),
+    "grain": ("a Grain pipeline as `cd.GrainPipeline` through the sidecar",),
+    "sidecar": (
+        "sidecar backend, after the first batch",
+        'in a 1-CPU cgroup: colo-data sidecar, `workers="auto"`',
+    ),
+    "startup": (
+        "first batch from `cd.Loader(...)`, demo pipeline, in process",
+        "the same through a sidecar, 2 workers",
+    ),
+    "workers": (
+        '`workers="auto"`, in process, CPU-bound pipeline',
+        "CPU-bound pipeline: sidecar with 2 workers",
+        "records that wait 2 ms, in process: 16 workers allowed",
+        "records that wait 2 ms: `cd.Loader(pipeline)`",
+    ),
+    "worker_sim": (
+        "simulated hosts of 2 to 224 CPUs, CPU-bound: rate 3 s after the start, worst case",
+        "simulated hosts, a trainer that takes half: its input wait",
+    ),
+    "ray": ("CPU-bound pipeline, host on 1 CPU + 1 Ray actor",),
+    "lm": (
+        "`cd.tokenize` through the Loader, block shuffle, in process",
+        "LM demo (3-component mixture, tokenize, pack to 1024), source records/s",
+    ),
+    "mixture": ("3-component `cd.Mix`, block shuffle",),
+    "index": (
+        "time to the first batch without an index, S3",
+        "first batch with an index, S3, 1,000 objects, +100 ms a request",
+    ),
+    "scale": (
+        "packed pipeline, no partitions named: CPU of 16 hosts",
+        "packed pipeline, no partitions named: bytes decoded by 4 hosts",
+    ),
+    "packing": (
+        "`cd.Pack` fill, long-tailed lengths",
+        "`cd.Pack` best fit, records/s, long-tailed lengths",
+    ),
+}
 FIELDS = ("benchmark", "command", "date", "commit", "cpus", "rounds", "wall_s", "machine_spread", "headlines")
 HEADLINE_FIELDS = ("what", "value", "unit", "peer", "goal")
 
@@ -68,45 +118,51 @@ def value(figure: Mapping[str, Any]) -> str:
     return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.2f} {unit}"
 
 
-def took(seconds: float) -> str:
-    """A run's wall time: '5 min 19 s', '48 s'."""
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+def picked(result: Result, entry: str | tuple[str, str]) -> list[Mapping[str, Any]]:
+    """The figures of `result` that a `SHOWN` entry names: its `what`, and its `peer` if given."""
+    what, peer = (entry, None) if isinstance(entry, str) else entry
+    return [f for f in result["headlines"] if f["what"] == what and (peer is None or f["peer"] == peer)]
 
 
-def render(results: Mapping[str, Result]) -> str:
-    """The Markdown of the marked block: the figures of every benchmark run, then when, where and
-    how each was run, and which of `make benchmarks` have no figures yet."""
+def span(values: list[Any], unit: str) -> str:
+    """'2 CPUs', '2 to 8 CPUs'; 'on 2026-12-04', 'from 2026-12-04 to 2026-12-07'."""
+    low, high = min(values), max(values)
+    if unit:
+        return f"{low} {unit}" if low == high else f"{low} to {high} {unit}"
+    return f"on {low}" if low == high else f"from {low} to {high}"
+
+
+def render(results: Mapping[str, Result], shown: Mapping[str, tuple[str | tuple[str, str], ...]] = SHOWN) -> str:
+    """The Markdown of the marked block: the figures `shown` names of the benchmarks run, then
+    on how many CPUs and when they were run, and which of `make benchmarks` have no figures yet."""
     lines = [
         "<!-- Written by benchmarks/table.py from benchmarks/headlines/*.json (make benchmarks): do not edit. -->",
         "",
-        "| benchmark | measured | against | value | goal |",
-        "| --- | --- | --- | ---: | --- |",
+        "| benchmark | measured | against | value |",
+        "| --- | --- | --- | ---: |",
     ]
-    for name, _ in BENCHMARKS:
-        for i, f in enumerate(results[name]["headlines"] if name in results else []):
-            lines.append(f"| {name if i == 0 else ''} | {f['what']} | {f['peer']} | {value(f)} | {f['goal']} |")
-    lines += [
-        "",
-        "| benchmark | command | date (UTC) | commit | CPUs | rounds | took | CPU speed moved |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for name, command in BENCHMARKS:
-        if name not in results:
-            lines.append(f"| {name} | `.venv/bin/python {command}` | not run for this table | | | | | |")
-            continue
-        r = results[name]
-        spread = f"{r['machine_spread']:.2f}x" if r["machine_spread"] else ""
-        lines.append(
-            f"| {name} | `{r['command']}` | {r['date'][:10]} | {r['commit']} | {r['cpus']} | {r['rounds']} "
-            f"| {took(r['wall_s'])} | {spread} |"
-        )
-    missing = [name for name, _ in BENCHMARKS if name not in results]
+    for name, entries in shown.items():
+        figures = [f for entry in entries for f in picked(results[name], entry)] if name in results else []
+        for i, f in enumerate(figures):
+            lines.append(f"| {name if i == 0 else ''} | {f['what']} | {f['peer']} | {value(f)} |")
+    runs = [results[name] for name, _ in BENCHMARKS if name in results]
+    if runs:
+        cpus = span([int(r["cpus"]) for r in runs], "CPUs" if max(r["cpus"] for r in runs) > 1 else "CPU")
+        spreads = [r["machine_spread"] for r in runs if r["machine_spread"]]
+        moved = f"; the CPUs' speed moved by up to {max(spreads):.2f}x during a run" if spreads else ""
+        lines += [
+            "",
+            f"Measured on {cpus}, {span([r['date'][:10] for r in runs], '')}{moved}. Each run's command, "
+            "commit (`-dirty`: with changes not yet committed), rounds and time are in "
+            "`benchmarks/headlines/<name>.json`.",
+        ]
+    missing = [(name, command) for name, command in BENCHMARKS if name not in results]
     if missing:
         lines += [
             "",
-            f"Not measured for this table: {', '.join(missing)}. Run their commands above, then "
-            "`.venv/bin/python benchmarks/table.py`, to add their figures.",
+            f"Not measured for this table: {', '.join(f'{name} (`{command}`)' for name, command in missing)}. "
+            "Run them with `.venv/bin/python` to write their figures to `benchmarks/headlines/`; `SHOWN` in "
+            "`benchmarks/table.py` names those this table shows.",
         ]
     return "\n".join(lines)
 

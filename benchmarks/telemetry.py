@@ -73,7 +73,7 @@ from absl import flags
 flags.FLAGS.mark_as_parsed()
 import jax, numpy as np
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 jax.block_until_ready(jax.device_put(np.zeros(1)))
 
 def epoch(backend):
@@ -128,10 +128,10 @@ def cost_accounting() -> dict[str, float]:
     flags.FLAGS.mark_as_parsed()
     import numpy as np
 
+    from colo_data import demo
     from colo_data.host.host_pipeline import HostPipeline
     from colo_data.io.columns import table_to_columns
     from colo_data.loader.meters import LoaderMeters
-    from colo_data.ops import demo
     from colo_data.runtime.lifecycle import Lifecycle
     from colo_data.runtime.prefetch import Prefetcher
     from colo_data.telemetry.counters import READ, CpuMeter, StageTimes, StepClock, metered

@@ -27,9 +27,6 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.io.dataset_index import write_index
     from colo_data.loader import checkpoint, elastic
     from colo_data.loader.loader import Loader
-    from colo_data.ops import verify
-    from colo_data.ops.lineage import lineage
-    from colo_data.ops.skip import skip
     from colo_data.pipeline.grain_pipeline import GrainPipeline
     from colo_data.pipeline.mix import Mix
     from colo_data.pipeline.native import Pipeline
@@ -37,6 +34,9 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from colo_data.pipeline.pack import Pack
     from colo_data.pipeline.tokenize import tokenize
     from colo_data.pipeline.transforms import drop, pad_or_truncate, per_record, random_map, select
+    from colo_data.replay.lineage import lineage
+    from colo_data.replay.skip import skip
+    from colo_data.verification import verify
     from colo_data.workers.ray_options import RayWorkers
 
 # public name -> the module that defines it, imported on first use
@@ -53,12 +53,12 @@ _NAMES = {
     "RayWorkers": "colo_data.workers.ray_options",
     "Sidecar": "colo_data.backends.options",
     "drop": "colo_data.pipeline.transforms",
-    "lineage": "colo_data.ops.lineage",
+    "lineage": "colo_data.replay.lineage",
     "pad_or_truncate": "colo_data.pipeline.transforms",
     "per_record": "colo_data.pipeline.transforms",
     "random_map": "colo_data.pipeline.transforms",
     "select": "colo_data.pipeline.transforms",
-    "skip": "colo_data.ops.skip",
+    "skip": "colo_data.replay.skip",
     "tokenize": "colo_data.pipeline.tokenize",
     "write_index": "colo_data.io.dataset_index",
 }
@@ -69,20 +69,7 @@ _MODULES = {
     "resources": "colo_data.resources",
     "sources": "colo_data.sources",
     "telemetry": "colo_data.telemetry",
-    "verify": "colo_data.ops.verify",
-}
-# names that were once top-level -> the namespace they moved to, for the AttributeError
-_MOVED = {
-    name: namespace
-    for namespace, names in (
-        ("errors", "ArgumentError ConfigError CorruptFileError GrainError LoaderBusyError LoaderClosedError "
-                   "RayClusterError RecordIndexError ResourceError SchemaError ShmError SidecarError SourceError "
-                   "StaleIndexError StateError TransformError"),
-        ("sources", "ArrayRecordSource Column Columns RecordSource Source parse_json parse_tf_example"),
-        ("telemetry", "Telemetry TelemetryExport"),
-        ("resources", "CpuBudget cpu_budget grain_multiprocessing_options memory_limit"),
-    )
-    for name in names.split()
+    "verify": "colo_data.verification.verify",
 }
 
 __all__ = [
@@ -123,8 +110,6 @@ def __getattr__(name: str) -> Any:
         value = importlib.import_module(_MODULES[name])
     elif name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
-    elif name in _MOVED:
-        raise AttributeError(f"module 'colo_data' has no attribute {name!r}: it is colo_data.{_MOVED[name]}.{name}")
     else:
         raise AttributeError(f"module 'colo_data' has no attribute {name!r}")
     globals()[name] = value

@@ -15,7 +15,6 @@ __all__ = [  # `cd.errors`: the exception types; the rest carries errors across 
     "RecordIndexError",
     "ResourceError",
     "ConfigError",
-    "ArgumentError",
     "StateError",
     "TransformError",
     "GrainError",
@@ -61,11 +60,6 @@ class RecordIndexError(SourceError, IndexError):
 
 class ConfigError(ColoDataError, ValueError):
     """An impossible setting: the message names the setting and the values allowed."""
-
-
-class ArgumentError(ConfigError, TypeError):
-    """A keyword argument that `Loader` does not take: a removed one names its replacement.
-    Also a `TypeError`, which is what Python raises for an unknown keyword."""
 
 
 class StateError(ColoDataError, ValueError):

@@ -30,7 +30,7 @@ def worker(coordinator: str, processes: int, process_id: int, steps: int, state:
     from jax.sharding import Mesh, PartitionSpec
 
     import colo_data as cd
-    from colo_data.ops import demo
+    from colo_data import demo
 
     pipeline = demo.pipeline(demo.corpus(), seq_len=128, global_batch_size=8 * processes)
     mesh = Mesh(np.array(jax.devices()), ("data",))  # every device of every process, in id order

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -39,11 +40,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tokenizers import Tokenizer
 
 import colo_data as cd
-from colo_data.ops.config import load_config
+from colo_data.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "lm.toml"
 PRINT_EVERY = 20  # steps between the lines printed (every step is in the log)
+# the printed loss is a moving average of the steps' losses, each weighted by this to the power of
+# its age in steps (about the last 50 count): one step's loss is too noisy to show the fall
+SMOOTHING = 0.98
 
 
 class Block(nnx.Module):
@@ -189,6 +193,7 @@ def train(args: argparse.Namespace) -> int:
 
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     waits: list[float] = []  # the input waits of the steps since the last printed line
+    smoothed = [0.0, 0.0]  # the losses' moving average (weights `SMOOTHING`**age) and its weights' sum
     with cd.Loader(pipeline, backend=args.backend, mesh=mesh, state=data_state) as loader, open(args.log, "a") as log:
         while step < args.steps and stop.signal is None:
             started = time.perf_counter()
@@ -202,9 +207,14 @@ def train(args: argparse.Namespace) -> int:
             log.write(json.dumps(line) + "\n")
             log.flush()
             waits.append(waited)
+            smoothed = [SMOOTHING * smoothed[0] + line["loss"], SMOOTHING * smoothed[1] + 1.0]
             if step % PRINT_EVERY == 0 or step == args.steps:
                 wait_ms = 1000 * sum(waits) / len(waits)
-                print(f"step {step}/{args.steps}: loss {float(loss):.3f}, input wait {wait_ms:.1f} ms a step", flush=True)
+                print(
+                    f"step {step}/{args.steps}: loss {smoothed[0] / smoothed[1]:.3f} (smoothed), "
+                    f"input wait {wait_ms:.1f} ms a step",
+                    flush=True,
+                )
                 waits.clear()
             if step % args.save_every == 0 or step == args.steps or stop.signal is not None:
                 save()
@@ -213,8 +223,27 @@ def train(args: argparse.Namespace) -> int:
     manager.wait_until_finished()
     manager.close()
     if stop.signal is not None:
-        print(f"stopped by signal {stop.signal} at step {step}; saved: run again to resume", file=sys.stderr)
+        print(
+            f"stopped by signal {stop.signal} at step {step}; saved: run again to resume "
+            f"(checkpoints in {args.checkpoint_dir}): {this_command(args.steps)}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"trained {step} steps; checkpoints in {args.checkpoint_dir}, a line a step in {args.log}", flush=True)
+        print(f"to train on from step {step}: {this_command(2 * step)}", flush=True)
     return step
+
+
+def this_command(steps: int) -> str:
+    """This job's command line, for `steps` steps in all: the one that resumes it."""
+    given, rest = sys.argv[1:], []
+    while given:
+        option = given.pop(0)
+        if option == "--steps":
+            given = given[1:]
+        elif not option.startswith("--steps="):
+            rest.append(option)
+    return shlex.join(["python", os.path.relpath(__file__), "--steps", str(steps), *rest])
 
 
 def main(argv: list[str] | None = None) -> None:

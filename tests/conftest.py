@@ -17,7 +17,7 @@ from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()
 
-from colo_data.ops import demo  # noqa: E402
+from colo_data import demo  # noqa: E402
 
 
 @pytest.fixture(scope="session")

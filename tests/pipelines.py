@@ -58,6 +58,21 @@ idle_host = IdleHost()
 idle_records = IdleHost(0.0, 0.001)
 
 
+class IdleWorkers:
+    """A transform that sleeps `per_record` seconds a record in a worker process only: work
+    that waits, so that one worker makes at most `1 / per_record` records a second. At 1 ms,
+    fewer than any test's loop takes, also on a loaded machine: the worker policy counts a
+    second worker (and, the work waiting, whatever CPUs the machine has left)."""
+
+    def __init__(self, per_record: float = 0.001) -> None:
+        self.per_record = per_record
+
+    def __call__(self, batch: dict) -> dict:
+        if in_worker_process():
+            time.sleep(self.per_record * len(next(iter(batch.values()))))
+        return batch
+
+
 class OnArrival:
     """A transform that does nothing to the batch and calls `arrived()` as a worker process
     unpickles it (its job has just come), and only there: what a test needs to see or do at

@@ -13,10 +13,10 @@ import pytest
 
 
 def demo_config(directory: Path, corpus: Path, seq_len: int, global_batch_size: int) -> Path:
-    """A config of `colo_data.ops.demo:pipeline` over `corpus` (importable in the sidecar image too)."""
+    """A config of `colo_data.demo:pipeline` over `corpus` (importable in the sidecar image too)."""
     config = directory / f"seq{seq_len}-batch{global_batch_size}.toml"
     config.write_text(
-        f'pipeline = "colo_data.ops.demo:pipeline"\n[args]\ndata_dir = "{corpus}"\n'
+        f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{corpus}"\n'
         f"seq_len = {seq_len}\nglobal_batch_size = {global_batch_size}\n"
     )
     return config

@@ -6,8 +6,8 @@ and no shared-memory segment behind."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from colo_data.cli import main
 from colo_data.cli.bench import builtin_config
-from colo_data.ops.config import load_config
+from colo_data.config import load_config
 
 COLO = Path(sys.executable).parent / "colo-data"
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def config(tmp_path: Path, corpus: Path, sidecar: str = "", **args: object) -> Path:
     """A config for the demo pipeline over `corpus` (10 batches an epoch), 3 epochs."""
     values = {"data_dir": str(corpus), "seq_len": 8, "global_batch_size": 12, "epochs": 3, **args}
-    lines = ['pipeline = "colo_data.ops.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
+    lines = ['pipeline = "colo_data.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
     path = tmp_path / "bench.toml"
     path.write_text("\n".join([*lines, *(["[sidecar]", sidecar] if sidecar else [])]) + "\n")
     return path
@@ -136,9 +136,10 @@ def test_bench_with_no_step_reports_capacity_not_a_verdict(
 def test_a_pipeline_that_repeats_forever_runs_a_set_count_of_steps(token_corpus: Path) -> None:
     """Without --steps: one pass over a finite pipeline's epochs, `ENDLESS_STEPS` of one that
     repeats forever (it was an error), to the end of a Grain one; --steps wins over each."""
-    import colo_data as cd
-    from colo_data.ops.bench import ENDLESS_STEPS, steps_to_run
     from pipelines import BATCH, make_pipeline
+
+    import colo_data as cd
+    from colo_data.bench.runs import ENDLESS_STEPS, steps_to_run
 
     finite = make_pipeline(token_corpus, epochs=2)
     assert steps_to_run(finite, None) == finite.batches_from(0) == 2 * (len(finite.source) // BATCH)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import colo_data as cd
 from colo_data.cli import main
-from colo_data.ops.config import load_config
+from colo_data.config import load_config
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 
@@ -54,10 +54,10 @@ def test_pipeline_line_alone_takes_every_default(tmp_path: Path, token_corpus: P
     [
         ("pipeline = [", "not valid TOML"),
         ("", r"pipeline = None: give \"package.module:function\""),
-        ('pipeline = "colo_data.ops.demo"', "give \"package.module:function\""),
-        ('pipeline = "colo_data.ops.demo:pipeline"\nbatch = 3', r"unknown key\(s\) \['batch'\]"),
-        ('pipeline = "colo_data.ops.demo:pipeline"\n[sidecar]\nthreads = 2', r"unknown key\(s\) \['threads'\] in \[sidecar\]"),
-        ('pipeline = "colo_data.ops.demo:pipeline"\nargs = 3', r"\[args\] and \[sidecar\] must be tables"),
+        ('pipeline = "colo_data.demo"', "give \"package.module:function\""),
+        ('pipeline = "colo_data.demo:pipeline"\nbatch = 3', r"unknown key\(s\) \['batch'\]"),
+        ('pipeline = "colo_data.demo:pipeline"\n[sidecar]\nthreads = 2', r"unknown key\(s\) \['threads'\] in \[sidecar\]"),
+        ('pipeline = "colo_data.demo:pipeline"\nargs = 3', r"\[args\] and \[sidecar\] must be tables"),
     ],
 )
 def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
@@ -71,9 +71,9 @@ def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
     "text, match",
     [
         ('pipeline = "no_such_module_xyz:pipeline"', "cannot find module 'no_such_module_xyz'"),
-        ('pipeline = "colo_data.ops.demo:nothing"', "has no function 'nothing'"),
-        ('pipeline = "colo_data.ops.demo:pipeline"\n[args]\nwidth = 3', r"\[args\] do not fit colo_data.ops.demo:pipeline"),
-        ('pipeline = "colo_data.ops.demo:cache_dir"', "returned PosixPath, not a colo_data.Pipeline"),
+        ('pipeline = "colo_data.demo:nothing"', "has no function 'nothing'"),
+        ('pipeline = "colo_data.demo:pipeline"\n[args]\nwidth = 3', r"\[args\] do not fit colo_data.demo:pipeline"),
+        ('pipeline = "colo_data.demo:cache_dir"', "returned PosixPath, not a colo_data.Pipeline"),
     ],
 )
 def test_configs_that_cannot_build(tmp_path: Path, text: str, match: str) -> None:

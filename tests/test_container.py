@@ -18,16 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-import colo_data as cd
-from colo_data.ops import demo
-from colo_data.testing import assert_batches_equal, read_all, to_numpy
-
 from container import SidecarImage, sidecar_image
 from multihost import free_port
 from pipelines import until_workers_made
 from ray_head import head_node
 from start_gate import demo_config, tmpfs
+
+import colo_data as cd
+from colo_data import demo
+from colo_data.testing import assert_batches_equal, read_all, to_numpy
 
 HEALTH = ("python", "/usr/local/lib/colo-data/healthcheck.py")
 

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from colo_data.cli import main
-from colo_data.backends.sidecar.client import SidecarClient
-
 from start_gate import demo_config, tmpfs
+
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.cli import main
 
 COLO = Path(sys.executable).parent / "colo-data"
 TOO_BIG = dict(seq_len=2**17, global_batch_size=12)  # 12 rows x 512 KiB: 4 slots need 24 MiB
@@ -171,7 +170,7 @@ def test_doctor_finds_the_pathways_compilation_cache_location_in_the_environment
     [deploy] gcs_scratch; one that is not on GCS is a warning of its own."""
     proxy = {"JAX_PLATFORMS": "proxy"}
     config = tmp_path / "train.toml"
-    config.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[args]\nseq_len = 64\n[deploy]\ngcs_scratch = "gs://bucket/p"\n')
+    config.write_text('pipeline = "colo_data.demo:pipeline"\n[args]\nseq_len = 64\n[deploy]\ngcs_scratch = "gs://bucket/p"\n')
     given, local, from_config = doctor_processes(
         ({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "gs://bucket/pathways"}, ("--json",)),
         ({**proxy, "COLO_DATA_PATHWAYS_SCRATCH": "/tmp/pathways"}, ("--json",)),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grain
+import grain_pipelines as gp
 import jax
 import numpy as np
 import pytest
@@ -28,8 +29,6 @@ from jax.sharding import Mesh
 
 import colo_data as cd
 from colo_data.testing import to_numpy
-
-import grain_pipelines as gp
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5  # batches compared; the resume point is after RESUME_AT of them
@@ -379,7 +378,7 @@ def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(b
 def test_a_none_element_is_an_error_in_verifys_own_reading_too() -> None:
     """`colo-data verify` reads each host's Grain dataset itself, as the reference: a None
     element there is the same named error, not the end of the reference."""
-    from colo_data.ops.verify_grain import grain_batches
+    from colo_data.verification.verify_grain import grain_batches
 
     with pytest.raises(cd.errors.GrainError, match="gave a NoneType element"):
         grain_batches(cd.GrainPipeline(make_dataset=none_element, global_batch_size=6), 1, 4)

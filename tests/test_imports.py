@@ -7,6 +7,7 @@ of the lazy façade still resolves, the package's imports form no cycle (not eve
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -50,9 +51,9 @@ def test_import_colo_data_leaves_the_heavy_machinery_alone(tmp_path: Path) -> No
 def test_cli_help_and_manifest_start_without_jax(tmp_path: Path) -> None:
     assert "jax" not in top_level(imported_modules("-m", "colo_data.cli", "--help", cwd=tmp_path))
     config = tmp_path / "deploy.toml"  # shm_size given: nothing to measure, so no pipeline is built
-    config.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[deploy]\nshm_size = "64Mi"\nhosts = 2\n')
+    config.write_text('pipeline = "colo_data.demo:pipeline"\n[deploy]\nshm_size = "64Mi"\nhosts = 2\n')
     modules = imported_modules("-m", "colo_data.cli", "manifest", str(config), "--target", "multi-controller", cwd=tmp_path)
-    assert "colo_data.ops.manifest" in modules
+    assert "colo_data.deploy.manifest" in modules
     assert not top_level(modules) & (HEAVY | {"jax", "grain"})
 
 
@@ -60,8 +61,8 @@ def test_every_public_name_resolves() -> None:
     """The façade's lazy names give what the modules define, and `dir()` lists them."""
     from colo_data.loader import checkpoint
     from colo_data.loader.loader import Loader
-    from colo_data.ops import verify
     from colo_data.pipeline.native import Pipeline
+    from colo_data.verification import verify
 
     resolved = (colo_data.Loader, colo_data.Pipeline, colo_data.checkpoint, colo_data.verify)
     assert resolved == (Loader, Pipeline, checkpoint, verify)
@@ -71,6 +72,15 @@ def test_every_public_name_resolves() -> None:
     assert dir(colo_data) == colo_data.__all__
     with pytest.raises(AttributeError, match="no attribute 'Lodaer'"):
         colo_data.Lodaer  # noqa: B018
+
+
+def test_no_room_is_named_like_a_public_name_it_is_not() -> None:
+    """Importing `colo_data.X` makes `X` an attribute of `colo_data`, so a module or package
+    named like a public name it is not (a `colo_data/lineage/` beside the function
+    `cd.lineage`) would replace that name as soon as anything imported it."""
+    rooms = {path.stem for path in PACKAGE.glob("*.py")} | {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    for name in rooms & set(colo_data.__all__):
+        assert getattr(colo_data, name) is importlib.import_module(f"colo_data.{name}"), f"colo_data/{name} is not cd.{name}"
 
 
 def test_type_checking_imports_match_the_lazy_names() -> None:
@@ -155,8 +165,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_sees_every_import_and_finds_a_cycle_when_there_is_one() -> None:
     graph = import_graph()
-    assert {"colo_data.errors", "colo_data.ops.config", "colo_data.ops.versions"} <= graph["colo_data.ops.manifest"]
-    assert "colo_data.pipeline.kinds" in graph["colo_data.ops.config"]  # under `if TYPE_CHECKING:` and in a function
+    assert {"colo_data.errors", "colo_data.config", "colo_data.deploy.versions"} <= graph["colo_data.deploy.manifest"]
+    assert "colo_data.pipeline.kinds" in graph["colo_data.config"]  # under `if TYPE_CHECKING:` and in a function
     assert "colo_data.telemetry.prometheus" in graph["colo_data.telemetry.export"]  # in a function
     assert "colo_data.backends.inprocess" in graph["colo_data.backends.options"]  # in a method
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -1,12 +1,14 @@
-"""The package's layers and its kinds. colo_data's folders are layers, and a module imports
-only from its own layer or one below it (`LAYERS`, lowest first, as docs/development.md
-lists them): the errors and defaults, the runtime, telemetry, io, pipeline, host, workers,
-backends, the loader, the testing helpers, ops, the façade (`colo_data/__init__.py`), the
-command line. Every import counts, as in the cycle check of `test_imports.py` (which this
+"""The package's layers and its kinds. colo_data's rooms (its folders, and the modules that
+are a room alone) are layers, and a module imports only from its own layer or one below it
+(`LAYERS`, lowest first, as the "Layout" section of docs/development.md tells them): the
+errors and defaults, the runtime, telemetry, io, pipeline, the demo, host, replay, workers,
+config, backends, deploy, the loader, the testing helpers, verification, bench, the façade
+(`colo_data/__init__.py`), the command line. Each room sits just above the highest one it
+imports from. Every import counts, as in the cycle check of `test_imports.py` (which this
 file leaves to it): at module level, inside a function (one that runs late still ties the
-modules together) and under `if TYPE_CHECKING:` (DESIGN.md: imports flow one way, not even a
-type checker's import goes back up). A public name taken from the façade counts as an
-import of the module that defines it.
+modules together) and under `if TYPE_CHECKING:` (docs/development.md: imports flow one way,
+not even a type checker's import goes back up). A public name taken from the façade counts
+as an import of the module that defines it.
 
 A kind of pipeline, of workers or of backend answers for itself through its protocol
 (`PipelineKind`, `RemoteWorkers`, `BackendOptions`): no module but the one that defines a
@@ -33,12 +35,17 @@ LAYERS = (
     ("colo_data.telemetry",),
     ("colo_data.io",),
     ("colo_data.pipeline",),
+    ("colo_data.demo",),
     ("colo_data.host",),
+    ("colo_data.replay",),
     ("colo_data.workers",),
+    ("colo_data.config",),
     ("colo_data.backends",),
+    ("colo_data.deploy",),
     ("colo_data.loader",),
     ("colo_data.testing",),
-    ("colo_data.ops",),
+    ("colo_data.verification",),
+    ("colo_data.bench",),
     ("colo_data", "colo_data.sources", "colo_data.resources"),  # the façade and its namespaces
     ("colo_data.cli",),
 )
@@ -104,7 +111,7 @@ def test_the_layer_check_finds_an_import_from_above() -> None:
         "colo_data.host.shares:17 -> colo_data.workers.ray_options",
         "colo_data.io.arrow_source:51 -> colo_data.pipeline.order",
     ]
-    assert layer("colo_data") > layer("colo_data.ops") and layer("colo_data.cli.bench") > layer("colo_data")
+    assert layer("colo_data") > layer("colo_data.bench") and layer("colo_data.cli.bench") > layer("colo_data")
     tree = ast.parse("from colo_data import Loader, defaults\nif TYPE_CHECKING:\n    import colo_data.pipeline.kinds\n"
                      "def f():\n    from colo_data.pipeline.order import Order\n")
     assert list(imported(tree, set(modules()))) == [

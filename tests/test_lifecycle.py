@@ -19,13 +19,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-import colo_data as cd
-from colo_data import defaults
-from colo_data.backends.sidecar.local import LocalSidecar
-from colo_data.ops import demo
 from leftovers import left_behind
 from pipelines import WORKERS_S, IdleHost, backend_of, in_worker_process, make_pipeline
+
+import colo_data as cd
+from colo_data import defaults, demo
+from colo_data.backends.sidecar.local import LocalSidecar
 
 # every test counts what is left in /dev/shm and in the temporary directory: they run alone, and
 # count only what their own processes left (directories of their own, or tests/leftovers.py)
@@ -42,7 +41,7 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 
 if __name__ == "__main__":
     shuffle, backend, workers, prefetch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

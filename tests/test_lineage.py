@@ -10,9 +10,9 @@ import contextlib
 import functools
 import json
 import os
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grain_pipelines as gp
@@ -206,7 +206,7 @@ def test_the_command_prints_lineage_and_names_what_does_not_fit(
     """`colo-data lineage CONFIG --state FILE --steps 3:5 --json`: cd.lineage's steps as JSON
     lines; a step before the state, steps backwards and a directory with no state: exit 2,
     named; another batch size than the state's: a note saying which."""
-    from colo_data.ops.config import load_config
+    from colo_data.config import load_config
 
     (tmp_path / "lineage_pipelines.py").write_text(PIPELINES)
     config = tmp_path / "padded.toml"
@@ -270,7 +270,7 @@ def test_a_state_names_the_packing_its_steps_need(token_corpus: Path, tmp_path: 
     (tmp_path / "lineage_pipelines.py").write_text(PIPELINES)
     config = tmp_path / "packed.toml"
     config.write_text(f'pipeline = "lineage_pipelines:packed"\n[args]\ncorpus = "{token_corpus}"\nlength = 32\n')
-    from colo_data.ops.config import load_config
+    from colo_data.config import load_config
 
     monkeypatch.chdir(tmp_path)
     pipeline = load_config(config).build()

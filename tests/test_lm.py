@@ -7,7 +7,6 @@ in process and through the sidecar. Real Parquet text, a BPE trained here."""
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 from colo_data.testing import to_numpy
 
 LENGTH, BATCH = 512, 4

@@ -17,13 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jax.sharding import Mesh, PartitionSpec
+from pipelines import BATCH, backend_of, idle_records, make_pipeline, until_workers_made
 
 import colo_data as cd
-from colo_data import defaults
-from colo_data.ops import demo
+from colo_data import defaults, demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
-
-from pipelines import BATCH, backend_of, idle_records, make_pipeline, until_workers_made
 
 SHUFFLES = ("none", "global", "block")
 
@@ -345,22 +343,7 @@ def test_a_dataset_of_fewer_files_than_hosts(token_corpus: Path, tmp_path: Path,
     assert_batches_equal(expected, read_all(cd.Loader(pipeline, hosts=4, backend=backend_of(backend))), f"1 file, 4 hosts, {backend}")
 
 
-@pytest.mark.parametrize(
-    "removed, replacement",
-    [
-        (dict(workers=2), r"backend=cd.InProcess\(workers=2\)"),
-        (dict(sidecar="unix:///run/colo/host0.sock"), r"backend=cd.Sidecar\(address='unix:///run/colo/host0.sock'\)"),
-        (dict(slots=8), r"backend=cd.Sidecar\(slots=8\)"),
-        (dict(shm_dir="/tmp"), r"backend=cd.Sidecar\(shm_dir='/tmp'\)"),
-        (dict(sidecar_timeout=30), r"backend=cd.Sidecar\(timeout=30\)"),
-    ],
-)
-def test_a_removed_keyword_names_its_replacement(token_corpus: Path, removed: dict, replacement: str) -> None:
-    with pytest.raises(cd.errors.ConfigError, match=rf"Loader\({next(iter(removed))}=.*was removed: give {replacement}") as raised:
-        cd.Loader(make_pipeline(token_corpus), **removed)
-    assert isinstance(raised.value, TypeError)  # what Python raises for a keyword a function does not take
-
-
-def test_an_unknown_keyword_lists_those_the_loader_takes(token_corpus: Path) -> None:
-    with pytest.raises(cd.errors.ConfigError, match=r"Loader\(prefech=...\): no such setting; it takes backend, hosts, host, mesh"):
-        cd.Loader(make_pipeline(token_corpus), prefech=2)
+def test_a_keyword_the_loader_does_not_take_is_pythons_type_error(token_corpus: Path) -> None:
+    """The transport's settings are the backend's (`cd.InProcess(workers=2)`), not the loader's."""
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'workers'"):
+        cd.Loader(make_pipeline(token_corpus), workers=2)

@@ -28,13 +28,13 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 from packaging.requirements import Requirement
 
+from colo_data.config import Config, load_config
+from colo_data.deploy import versions
+from colo_data.deploy.manifest import RAY_CONNECT_TIMEOUT, SOCKET, parse_override, render
 from colo_data.errors import ConfigError
-from colo_data.workers.ray_options import RayWorkers
 from colo_data.runtime.budget import cpu_budget
+from colo_data.workers.ray_options import RayWorkers
 from colo_data.workers.settings import choose_workers, workers_from
-from colo_data.ops import versions
-from colo_data.ops.config import Config, load_config
-from colo_data.ops.manifest import RAY_CONNECT_TIMEOUT, SOCKET, parse_override, render
 
 ROOT = Path(__file__).resolve().parents[1]
 COLO = Path(sys.executable).parent / "colo-data"
@@ -63,7 +63,7 @@ WORKER_GROUP = {
 def write_config(tmp_path: Path, corpus: Path, text: str, **args: Any) -> Config:
     """A demo-pipeline config over `corpus` with `args` and the TOML tables in `text`."""
     values = {"data_dir": str(corpus), **args}
-    lines = ['pipeline = "colo_data.ops.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
+    lines = ['pipeline = "colo_data.demo:pipeline"', "[args]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
     path = tmp_path / "deploy.toml"
     path.write_text("\n".join(lines) + "\n" + text)
     return load_config(path)
@@ -522,12 +522,12 @@ def test_shared_memory_holds_the_ring_the_sidecar_plans(tiny: Config, tmp_path: 
 
 def test_explicit_shm_size_skips_the_measurement(tmp_path: Path) -> None:
     path = tmp_path / "remote.toml"
-    path.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n[deploy]\nshm_size = "3Gi"\n')
+    path.write_text('pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n[deploy]\nshm_size = "3Gi"\n')
     _, job = render(load_config(path), "multi-controller")
     assert volume(pod(job), "colo-data-shm")["emptyDir"]["sizeLimit"] == "3Gi"
     sidecar = container(pod(job), "colo-data-sidecar")
     assert parse_quantity(sidecar["resources"]["limits"]["memory"]) == 3 * 2**30 + 4 * 2**30
-    path.write_text('pipeline = "colo_data.ops.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n')
+    path.write_text('pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "/nowhere"\n')
     with pytest.raises(ConfigError, match=r"set \[deploy\] shm_size"):
         render(load_config(path), "multi-controller")
 

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pipelines import MIX_SIZES, backend_of
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 from colo_data.pipeline.mix import DENOMINATOR, integer_shares, schedule
 from colo_data.testing import to_numpy
-
-from pipelines import MIX_SIZES, backend_of
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 

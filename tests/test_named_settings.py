@@ -21,8 +21,9 @@ import click
 import pytest
 
 import colo_data as cd
+from colo_data import config
 from colo_data.cli import main as cli
-from colo_data.ops import config, manifest
+from colo_data.deploy import manifest
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
 

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pipelines import assert_state_refused, make_pipeline
 
 import colo_data as cd
+from colo_data import demo
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops import demo
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
-
-from pipelines import assert_state_refused, make_pipeline
 
 pytestmark = pytest.mark.unit
 

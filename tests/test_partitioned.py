@@ -17,15 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pipelines import IdleHost, assert_state_refused, backend_of, make_pipeline, row_groups_decoded, until_workers_made
 
 import colo_data as cd
+from colo_data import demo
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops import demo
 from colo_data.pipeline import parts
 from colo_data.pipeline.state import make_state
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all, to_numpy
-
-from pipelines import IdleHost, assert_state_refused, backend_of, make_pipeline, row_groups_decoded, until_workers_made
 
 
 def not_third(columns: dict) -> np.ndarray:
@@ -194,6 +193,11 @@ def test_a_state_resumed_at_another_batch_size_names_the_one_it_was_saved_at(tok
         cd.Loader(filtered(32), state=state)
     assert "partitions it was saved with" not in str(raised.value)
     read_all(cd.Loader(filtered(16), state=state), 1)
+    # the same partitions and batch size, another seed: the error names the seed, and nothing of partitions
+    other_seed = {**state, "seed": state["seed"] + 1}
+    with pytest.raises(cd.errors.StateError, match=r"different pipeline \(seed: state has \d+, pipeline has \d+\)") as raised:
+        cd.Loader(filtered(16), state=other_seed)
+    assert "partition" not in str(raised.value), raised.value
 
 
 def test_states_name_what_they_need(token_corpus: Path) -> None:

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pipelines import MIX_SIZES, backend_of, row_groups_decoded
 
 import colo_data as cd
-from colo_data.ops import demo
+from colo_data import demo
 from colo_data.pipeline.order import Partitioning
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, to_numpy
-
-from pipelines import MIX_SIZES, backend_of, row_groups_decoded
 
 BATCH, PARTITIONS = 12, 4
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
@@ -147,7 +146,7 @@ def test_verify_passes_on_a_partitioned_mixture(mix_corpora: dict[str, Path]) ->
     """`verify` checks each partition's shares (within two records in every prefix of its
     own records), each record once per component epoch, the order and resumes, on 1, 2
     and 4 hosts."""
-    from colo_data.ops.verify import verify
+    from colo_data.verification.verify import verify
 
     checks = {c.name: c for c in verify(mixture(mix_corpora), hosts=(1, 2, 4), steps=30)}
     assert {name: c.status for name, c in checks.items()} == dict.fromkeys(

@@ -14,12 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pipelines import BATCH, backend_of, make_pipeline, row_groups_decoded
 
 import colo_data as cd
 from colo_data.pipeline.order import Partitioning
 from colo_data.testing import assert_batches_equal, assert_resumes_identically, read_all
-
-from pipelines import BATCH, backend_of, make_pipeline, row_groups_decoded
 
 SIZES = [37, 0, 50, 50, 13, 64, 64, 64, 1, 40, 50, 50, 29, 47, 64, 30]  # 16 row groups, one empty
 
@@ -184,8 +183,8 @@ def test_a_thousand_and_twenty_four_hosts_make_the_one_host_batches() -> None:
     """Hosts 0..1023 of a 1,024-host job over the 8 files of the demo corpus, one row a
     batch each and a partition each: their rows, put together, are the one-host batches,
     block and global shuffle."""
+    from colo_data import demo
     from colo_data.host.chunk_work import ChunkWork
-    from colo_data.ops import demo
 
     source = cd.ArrowSource(demo.corpus(), columns=["id", "tokens"])
     assert len(source.files) == 8

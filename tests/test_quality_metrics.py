@@ -23,8 +23,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import colo_data as cd
+from colo_data import demo
+from colo_data.bench import report, runs
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.ops import bench, demo
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.quality import ColumnQuality, Lost, Quality, quality
 from colo_data.testing import to_numpy
@@ -218,9 +219,9 @@ def test_partitioned_pipelines_add_up_over_hosts(corpora: dict[str, Path], packe
 
 def test_bench_plot_draws_the_fill_and_the_shares(corpora: dict[str, Path], tmp_path: Path) -> None:
     """`colo-data bench --plot` of a packed mixture: a panel for the fill, one for the shares."""
-    run = bench.run_loader(mixture(corpora), steps=30, warmup=2, step_s=0, loader_options={"backend": "inprocess"})
+    run = runs.run_loader(mixture(corpora), steps=30, warmup=2, step_s=0, loader_options={"backend": "inprocess"})
     assert len(run.quality) == 30 and run.quality[-1][1].mixture
-    titles = bench.plot([run], str(tmp_path / "bench.png"), "quality")
+    titles = report.plot([run], str(tmp_path / "bench.png"), "quality")
     assert titles[2:] == ["fill of packed and padded columns, between samples", "mixture shares so far (dashed: weights)"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -27,9 +27,9 @@ from pipelines import BATCH, WORKERS_S, backend_of, idle_records, make_pipeline,
 from ray_head import head_node
 
 import colo_data as cd
-from colo_data.workers.settings import workers_from
-from colo_data.ops.bench import worker_line
+from colo_data.bench.report import worker_line
 from colo_data.testing import assert_batches_equal, read_all, to_numpy
+from colo_data.workers.settings import workers_from
 
 ROOT = Path(__file__).resolve().parents[1]
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is not installed (pip install 'colo-data[ray]')")
@@ -654,7 +654,7 @@ def test_doctor_checks_the_ray_cluster(cluster: ray_cluster_utils.Cluster, tmp_p
     versions, nodes and CPUs and what the actors reserve; an unreachable one fails it."""
     config = tmp_path / "ray.toml"
     unreachable = '{ ray = "127.0.0.1:9", actors = 3, connect_timeout = 3 }'  # the discard port: nothing listens
-    config.write_text(f'pipeline = "colo_data.ops.demo:pipeline"\n[sidecar]\nworkers = {unreachable}\n')
+    config.write_text(f'pipeline = "colo_data.demo:pipeline"\n[sidecar]\nworkers = {unreachable}\n')
     with ThreadPoolExecutor(2) as pool:  # side by side: each spends seconds starting
         runs = pool.submit(doctor, "--ray", cluster.address, "--hosts", "3", "--json"), pool.submit(doctor, str(config))
         found, gone = (run.result() for run in runs)

@@ -19,23 +19,21 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-
-import colo_data as cd
-from colo_data.runtime.budget import CpuBudget
-from colo_data.workers.settings import auto_most
-from colo_data.backends.options import auto_backend
-from colo_data.host.host_pipeline import HostPipeline
-from colo_data import defaults
-from colo_data.ops import demo
-from colo_data.backends.sidecar.client import SidecarClient
-from colo_data.backends.sidecar import local
-from colo_data.backends.sidecar.local import LocalSidecar
-from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES, batches_per_slot
-from colo_data.testing import assert_batches_equal, read_all, to_numpy
-
 from pipelines import BATCH, idle_host, make_pipeline, until_workers_made
 from real_cgroup import cpu_cgroup
 from start_gate import tmpfs
+
+import colo_data as cd
+from colo_data import defaults, demo
+from colo_data.backends.options import auto_backend
+from colo_data.backends.sidecar import local
+from colo_data.backends.sidecar.client import SidecarClient
+from colo_data.backends.sidecar.local import LocalSidecar
+from colo_data.backends.sidecar.ring_plan import SLOT_TARGET_BYTES, batches_per_slot
+from colo_data.host.host_pipeline import HostPipeline
+from colo_data.runtime.budget import CpuBudget
+from colo_data.testing import assert_batches_equal, read_all, to_numpy
+from colo_data.workers.settings import auto_most
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the sidecar cannot import this test module
 COLO = Path(sys.executable).parent / "colo-data"
@@ -263,7 +261,7 @@ def test_trainer_killed_leaves_no_sidecar(token_corpus: Path, shm_dir: Path, tmp
 def test_external_sidecar_from_a_config(token_corpus: Path, shm_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "pipeline.toml"
     config.write_text(
-        f'pipeline = "colo_data.ops.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nseq_len = 8\nglobal_batch_size = 12\n'
+        f'pipeline = "colo_data.demo:pipeline"\n[args]\ndata_dir = "{token_corpus}"\nseq_len = 8\nglobal_batch_size = 12\n'
     )
     socket = tmp_path / "host0.sock"
     server = subprocess.Popen(

@@ -20,14 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jax.sharding import Mesh
+from pipelines import IdleHost, backend_of, until_workers_made
 from tokenizers import Tokenizer
 
 import colo_data as cd
+from colo_data import demo
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops import demo
 from colo_data.testing import read_all
-
-from pipelines import IdleHost, backend_of, until_workers_made
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers and sidecars cannot import this test module
 
@@ -197,8 +196,8 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(
     """`RAYON_NUM_THREADS` (the size of `tokenizers`' thread pool) is the CPU budget over the
     worker count in each worker process, unless the user set it."""
     from colo_data.runtime.budget import cpu_budget
-    from colo_data.workers.processes import WorkerPool
     from colo_data.runtime.lifecycle import Lifecycle
+    from colo_data.workers.processes import WorkerPool
 
     def worker_setting(env: str | None) -> set[str]:
         if env is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -74,7 +75,9 @@ def stopped_near(directory: Path, backend: str, step: int) -> int:
 def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 steps in one go, in process: the run's directory (checkpoints, log)."""
     directory = tmp_path_factory.mktemp("straight")
-    run_to_end(directory, "inprocess")
+    done = run_to_end(directory, "inprocess")
+    (directory / "stdout.txt").write_text(done.stdout)
+    (directory / "stderr.txt").write_text(done.stderr)
     return directory
 
 
@@ -91,6 +94,22 @@ def test_forty_steps_log_a_line_each_and_learn(straight: list[dict[str, float]])
     assert all(line["input_wait_s"] >= 0 and 0 < line["fill"] <= 1 for line in straight)
     first, last = straight[0]["loss"], straight[-1]["loss"]
     assert last < 0.7 * first, f"the loss went from {first} to {last} in {STEPS} steps: the model did not learn"
+
+
+def test_it_prints_a_mean_loss_that_falls_no_blank_line_and_how_to_go_on(straight_run: Path) -> None:
+    """A line every 20 steps with the smoothed loss, which falls (one step's loss is too
+    noisy to tell); no blank line on either stream; at the end, where the checkpoints
+    went and the command that trains on from them."""
+    out, err = ((straight_run / name).read_text().splitlines() for name in ("stdout.txt", "stderr.txt"))
+    assert all(line.strip() for line in out + err), f"a blank line: {out + err}"
+    means = [float(m.group(1)) for line in out if (m := re.match(r"step \d+/\d+: loss ([0-9.]+) \(smoothed\), input wait", line))]
+    assert len(means) == STEPS // 20 and means[-1] < means[0], out
+    assert (
+        out[-2]
+        == f"trained {STEPS} steps; checkpoints in {straight_run / 'checkpoints'}, a line a step in {straight_run / 'log.jsonl'}"
+    )
+    again = f"to train on from step {STEPS}: python examples/train_lm.py --steps {2 * STEPS} "
+    assert out[-1].startswith(again) and f"--checkpoint-dir {straight_run / 'checkpoints'}" in out[-1], out[-1]
 
 
 def test_a_finished_run_run_again_says_there_is_nothing_to_do(straight_run: Path, tmp_path: Path) -> None:
@@ -126,7 +145,7 @@ def test_lineage_of_the_steps_after_a_checkpoint_names_what_the_job_read(straigh
     length and batch size given as --arg): steps 30 and 31, row by row, segment by segment,
     are the records a loader restored from that checkpoint reads next."""
     import colo_data as cd
-    from colo_data.ops.config import load_config
+    from colo_data.config import load_config
     from colo_data.testing import to_numpy
 
     settings = load_config(ROOT / "configs" / "lm.toml")

@@ -18,11 +18,11 @@ import pytest
 from click.testing import CliRunner
 
 import colo_data as cd
-from colo_data.host.host_pipeline import HostPipeline
 from colo_data.cli import main
-from colo_data.ops.config import load_config
-from colo_data.ops.verify import Check, verify
+from colo_data.config import load_config
+from colo_data.host.host_pipeline import HostPipeline
 from colo_data.testing import to_numpy
+from colo_data.verification.verify import Check, verify
 
 COLO_DATA = Path(sys.executable).parent / "colo-data"  # the console script installed next to this Python
 CONFIGS = Path(__file__).parent.parent / "configs"

@@ -15,8 +15,8 @@ import pytest
 
 import colo_data as cd
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops.verify import Check, verify
 from colo_data.pipeline import mix as mix_module
+from colo_data.verification.verify import Check, verify
 
 BATCH = 12
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}

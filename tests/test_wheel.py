@@ -23,7 +23,7 @@ import colo_data as cd
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = {
-    f"colo_data/ops/templates/{name}.yaml" for name in ("multi-controller", "pathways-jobset", "ray-cluster")
+    f"colo_data/deploy/templates/{name}.yaml" for name in ("multi-controller", "pathways-jobset", "ray-cluster")
 }
 SLICE = ("--set", "tpu_type=v6e", "--set", "topology=2x2", "--set", "gcs_scratch=gs://bucket/pathways")
 

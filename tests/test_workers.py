@@ -23,6 +23,7 @@ import pytest
 from pipelines import (
     WORKERS_S,
     BATCH,
+    IdleWorkers,
     InWorkers,
     SlowToStart,
     backend_of,
@@ -138,8 +139,10 @@ def paced(loader: cd.Loader, got: list[dict], busy: bool) -> None:
 def test_a_starting_worker_never_holds_up_the_stream(token_corpus: Path, tmp_path: Path) -> None:
     """Requests go to the workers that are ready: while the second one starts (here, held
     up until the test says go), the stream goes on, made by the first. Before, a starting
-    worker was asked for its shares at once, and the stream stopped for its whole start."""
-    transforms = [idle_records, SlowToStart(tmp_path), cd.pad_or_truncate("tokens", 8)]
+    worker was asked for its shares at once, and the stream stopped for its whole start.
+    The workers' records wait 1 ms each: one worker cannot feed the test's loop, and the
+    policy counts the second."""
+    transforms = [idle_records, IdleWorkers(), SlowToStart(tmp_path), cd.pad_or_truncate("tokens", 8)]
     pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
     more: list[dict] = []
     with cd.Loader(pipeline, hosts=1, backend=cd.InProcess(workers=2)) as loader:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from colo_data.backends.options import NAMES
-from colo_data.ops.config import CONFIG_IS_CODE
+from colo_data.config import CONFIG_IS_CODE
 
 BUILTIN = "configs/demo.toml (built in)"
 WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` names the process that raised it
@@ -22,9 +22,9 @@ WIRE_TAIL = "\n--- raised in "  # where `colo_data.errors.from_wire` names the p
 
 def builtin_config() -> Any:
     """The default CONFIG: what configs/demo.toml holds (a test keeps the two equal)."""
-    from colo_data.ops.config import Config
+    from colo_data.config import Config
 
-    return Config(BUILTIN, "colo_data.ops.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
+    return Config(BUILTIN, "colo_data.demo:pipeline", {"seq_len": 1024, "global_batch_size": 32}, {"workers": "auto"})
 
 
 def _backend(name: str, workers: str | None, config_sidecar: dict[str, Any]) -> Any:
@@ -96,8 +96,8 @@ def bench(
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
+    from colo_data.config import load_config
     from colo_data.errors import ColoDataError, ConfigError
-    from colo_data.ops.config import load_config
 
     try:
         settings = load_config(config) if config else builtin_config()
@@ -108,22 +108,23 @@ def bench(
             raise ConfigError(message if message.startswith(settings.path) else f"{settings.path}: {message}") from error
         # the backend ("auto" asks JAX whether it runs on Pathways) and the loader: once the config is known to be good
         chosen = _backend(backend, workers, settings.sidecar)
-        from colo_data.ops import bench as runner
+        from colo_data.bench.report import as_json, plot, report
+        from colo_data.bench.runs import ENDLESS_STEPS, run_grain, run_loader, steps_to_run
         from colo_data.workers.settings import workers_text
 
         options: dict[str, Any] = {"backend": chosen, "hosts": hosts}
         said = "none (the host's own thread)" if chosen.workers == 0 else workers_text(chosen.workers)
-        total = runner.steps_to_run(pipeline, steps)
-        endless = " (it repeats forever: --steps N for more)" if steps is None and total == runner.ENDLESS_STEPS else ""
+        total = steps_to_run(pipeline, steps)
+        endless = " (it repeats forever: --steps N for more)" if steps is None and total == ENDLESS_STEPS else ""
         header = (
             f"colo-data bench: {settings.path} ({settings.pipeline}); backend {chosen.name}, hosts {hosts or 'default'}, "
             f"workers {said}, {total if total is not None else 'all'} steps{endless}, warm-up {warmup} steps, simulated step "
             f"{step_ms:g} ms"
         )
         click.echo(header)
-        runs = [runner.run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]
+        runs = [run_loader(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000, loader_options=options)]
         if compare == "grain" and not runs[0].interrupted:
-            runs.append(runner.run_grain(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000))
+            runs.append(run_grain(pipeline, steps=steps, warmup=warmup, step_s=step_ms / 1000))
     except ConfigError as error:  # names the key or setting (with the end of the user's code's traceback, if it
         # raised); the process that raised it (a sidecar, a worker) is left out
         raise click.ClickException(str(error).split(WIRE_TAIL, 1)[0]) from error
@@ -132,16 +133,16 @@ def bench(
     except KeyboardInterrupt:  # before the first batch: nothing to report
         click.echo("interrupted before the first batch", err=True)
         sys.exit(128 + signal.SIGINT)
-    click.echo("\n" + runner.report(runs, step_ms))
+    click.echo("\n" + report(runs, step_ms))
     details = {
         "config": settings.path, "pipeline": settings.pipeline, "args": settings.args, "backend": chosen.name,
         "hosts": hosts, "workers": chosen.workers, "warmup": warmup, "steps": steps, "step_time_ms": step_ms, "compare": compare,
     }
     if json_path:
-        Path(json_path).write_text(json.dumps(runner.as_json(runs, details), indent=1) + "\n")
+        Path(json_path).write_text(json.dumps(as_json(runs, details), indent=1) + "\n")
         click.echo(f"wrote {json_path}")
     if plot_path:
-        runner.plot(runs, plot_path, f"{settings.pipeline}, backend {chosen.name}, step {step_ms:g} ms")
+        plot(runs, plot_path, f"{settings.pipeline}, backend {chosen.name}, step {step_ms:g} ms")
         click.echo(f"wrote {plot_path}")
     if any(run.interrupted for run in runs):
         sys.exit(128 + signal.SIGINT)

@@ -23,7 +23,7 @@ def demo(
 
     flags.FLAGS.mark_as_parsed()
     from colo_data import InProcess, Loader
-    from colo_data.ops import demo as demo_data
+    from colo_data import demo as demo_data
 
     t0 = time.perf_counter()
     directory = demo_data.corpus()

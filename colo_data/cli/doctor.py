@@ -22,8 +22,8 @@ import click
 from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory
 from colo_data.cli.sidecar import check_config_ring
+from colo_data.config import CONFIG_IS_CODE, Config, load_config
 from colo_data.errors import ColoDataError, ShmError
-from colo_data.ops.config import CONFIG_IS_CODE, Config, load_config
 from colo_data.runtime.budget import cpu_budget, memory_limit, shm_capacity
 from colo_data.workers.ray_options import RayWorkers
 

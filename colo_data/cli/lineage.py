@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from colo_data.ops.config import CONFIG_IS_CODE
+from colo_data.config import CONFIG_IS_CODE
 
 _TABLE_STEPS = 1024  # steps printed at once (a table is aligned within them)
 
@@ -138,9 +138,9 @@ def lineage(config: str, steps: range, state_path: Path | None, overrides: dict[
     each record's file, row in the file and index (a packed row's segments in order). A
     padded pipeline's steps are computed without reading records; a packed or filtered
     one's are planned from the state's position on (docs/lineage.md)."""
+    from colo_data.config import load_config
     from colo_data.errors import ColoDataError, ConfigError, StateError
-    from colo_data.ops.config import load_config
-    from colo_data.ops.lineage import lineage_steps
+    from colo_data.replay.lineage import lineage_steps
 
     state = _read_state(state_path) if state_path is not None else None
     try:

@@ -1,6 +1,6 @@
 """`colo-data manifest CONFIG --target pathways|multi-controller`: print the Kubernetes
 manifest that deploys CONFIG's pipeline, with `[deploy] ray_nodes` also a KubeRay
-RayCluster for its Ray workers (see `colo_data.ops.manifest`)."""
+RayCluster for its Ray workers (see `colo_data.deploy.manifest`)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import click
 )
 def manifest(config: str, target: str, overrides: tuple[str, ...]) -> None:
     """Print CONFIG's deployment manifest for TARGET as YAML (kubectl apply -f -)."""
+    from colo_data.config import load_config
+    from colo_data.deploy import versions
+    from colo_data.deploy.manifest import parse_override, render, to_yaml
     from colo_data.errors import ColoDataError
-    from colo_data.ops import versions
-    from colo_data.ops.config import load_config
-    from colo_data.ops.manifest import parse_override, render, to_yaml
 
     try:
         objects = render(load_config(config), target, dict(parse_override(text) for text in overrides))

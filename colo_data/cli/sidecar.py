@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import click
 
 from colo_data import defaults
-from colo_data.ops.config import CONFIG_IS_CODE
+from colo_data.config import CONFIG_IS_CODE
 
 if TYPE_CHECKING:
     from colo_data.backends.sidecar.ring_plan import RingPlan
     from colo_data.backends.sidecar.server import SidecarServer
-    from colo_data.ops.config import Config
+    from colo_data.config import Config
 
 
 def _stop(server: SidecarServer | None, signum: int, frame: FrameType | None) -> None:
@@ -93,8 +93,8 @@ def serve(
     flags.FLAGS.mark_as_parsed()
     from colo_data.backends.sidecar.protocol import socket_path as path_of
     from colo_data.backends.sidecar.server import SidecarServer
+    from colo_data.config import load_config
     from colo_data.errors import ColoDataError
-    from colo_data.ops.config import load_config
     from colo_data.workers.settings import workers_from
 
     signal.signal(signal.SIGTERM, functools.partial(_stop, None))

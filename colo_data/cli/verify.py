@@ -1,6 +1,6 @@
 """`colo-data verify CONFIG`: the acceptance run before a large job. It runs CONFIG's
 pipeline briefly with several host counts and prints one PASS/FAIL/SKIP line per check
-(`colo_data.ops.verify`). Exit status: 0 when no check fails, 1 when one does (or the pipeline
+(`colo_data.verification.verify`). Exit status: 0 when no check fails, 1 when one does (or the pipeline
 itself fails while running), 2 when the pipeline cannot be verified as given (a config or
 option error, no index column), as for click's usage errors."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from colo_data.ops.config import CONFIG_IS_CODE
+from colo_data.config import CONFIG_IS_CODE
 
 
 class CannotVerify(click.ClickException):
@@ -60,10 +60,10 @@ def verify(
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
+    from colo_data.config import load_config
     from colo_data.errors import ColoDataError, ConfigError
-    from colo_data.ops.config import load_config
-    from colo_data.ops.verify import run_length
-    from colo_data.ops.verify import verify as run_checks
+    from colo_data.verification.verify import run_length
+    from colo_data.verification.verify import verify as run_checks
 
     try:
         settings = load_config(config)

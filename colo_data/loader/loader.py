@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from time import monotonic, perf_counter
-from typing import Any, Never
+from typing import Any
 
 import jax
 import numpy as np
@@ -24,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec
 from colo_data.backends.base import Backend, GlobalBatch
 from colo_data.backends.options import BackendOptions, resolve
 from colo_data.backends.placement import Placement
-from colo_data.errors import ArgumentError, ConfigError, LoaderBusyError, LoaderClosedError, StateError
+from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
 from colo_data.io.integers import int_setting
 from colo_data.loader.meters import LoaderMeters
@@ -80,27 +79,6 @@ def all_parts(position: Position, local: np.ndarray | None) -> Position:
 
     known = np.where(local, position, -1)  # the others' partitions: theirs to say (all know the phase)
     return np.asarray(multihost_utils.process_allgather(known)).reshape(-1, len(position)).max(axis=0)
-
-
-# the Loader's keywords from before backends were option objects, and what gives them now
-_MOVED = {
-    "workers": "backend=cd.InProcess(workers={0!r}) (or cd.Sidecar(workers={0!r}), cd.Colocated(workers={0!r}))",
-    "sidecar": "backend=cd.Sidecar(address={0!r})",
-    "shm_dir": "backend=cd.Sidecar(shm_dir={0!r})",
-    "slots": "backend=cd.Sidecar(slots={0!r})",
-    "sidecar_timeout": "backend=cd.Sidecar(timeout={0!r})",
-}
-
-
-def _check_keywords(given: Mapping[str, object]) -> None:
-    """An ArgumentError for a keyword the Loader does not take: a removed one (`workers=`,
-    `sidecar=`, ...) names the backend setting that replaces it, any other the keywords
-    there are."""
-    for name, value in given.items():
-        if name in _MOVED:
-            raise ArgumentError(f"Loader({name}={value!r}) was removed: give {_MOVED[name].format(value)}")
-        takes = [p.name for p in inspect.signature(Loader).parameters.values() if p.kind is p.KEYWORD_ONLY]
-        raise ArgumentError(f"Loader({name}=...): no such setting; it takes {', '.join(takes)}")
 
 
 def _closer(part: Any) -> Callable[[float], None]:
@@ -280,10 +258,6 @@ class Loader:
         prefetch: global batches prepared ahead on a background thread (0: none).
         warmup: first steps kept apart from the steady state in `telemetry()`.
         telemetry_export: also write telemetry as JSON lines and/or serve Prometheus metrics.
-        removed: none: the keywords of the transport (`workers`, `sidecar`, `shm_dir`,
-            `slots`, `sidecar_timeout`) are the backend's (`cd.InProcess(workers=2)`,
-            `cd.Sidecar(...)`); given here, an `ArgumentError` (a `ConfigError` and a
-            `TypeError`) names the replacement.
     """
 
     def __init__(
@@ -299,9 +273,7 @@ class Loader:
         prefetch: int = 2,
         warmup: int = 3,
         telemetry_export: TelemetryExport | None = None,
-        **removed: Never,
     ) -> None:
-        _check_keywords(removed)
         warmup = int_setting("warmup", warmup, 0, "first steps kept apart from the steady state")
         clock = StepClock(warmup)  # first: the start-up is counted from here
         prefetch = int_setting("prefetch", prefetch, 0, "global batches prepared ahead")
@@ -439,3 +411,8 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def to_numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A global batch (what a `Loader` yields) with every `jax.Array` copied to host memory."""
+    return {name: np.asarray(array) for name, array in batch.items()}

@@ -356,7 +356,9 @@ def partitions_hint(saved: object, ours: str) -> str:
         return " The state was saved without partitions: give the pipeline partitions=1."
     count, rows = was
     shared = str(saved).endswith(" shared")  # the partitions' kind (`order_name`)
-    if now == was and shared != ours.endswith(" shared"):
+    if now == was and shared == ours.endswith(" shared"):  # the same partitions: another difference is the one
+        return ""
+    if now == was:
         return (
             " The state's partitions took turns of the one order, as a filtered pipeline's do (keep=), and this "
             "pipeline's would each read a slice of their own: give it the keep= it was saved with."

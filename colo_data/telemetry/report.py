@@ -24,6 +24,9 @@ from colo_data.telemetry.counters import (
 from colo_data.telemetry.quality import Quality, QualityCounts, mixture_shares, quality
 
 INPUT_BOUND_SHARE = 0.05  # steady input wait above this share of wall time: input-bound
+# a loop that spends less than this between batches (the median) takes no training step: it waits
+# for input all the time, and the rate it reads at is the pipeline's capacity, not a job's wait
+NO_STEP_S = 1e-4
 
 
 @dataclass(frozen=True)
@@ -247,9 +250,13 @@ def verdict(
     if steady.steps == 0:
         return False, None, f"warming up: {warmup.steps} of {warmup_steps} warm-up steps done, no steady-state steps yet"
     share = steady.input_wait_share
+    stage, limiting = limited
+    if steady.step_p50_s < NO_STEP_S and share >= INPUT_BOUND_SHARE:
+        capacity = f"no training step between batches ({steady.step_p50_s * 1e6:.0f} µs a step outside next()), so the "
+        capacity += f"loop waits for input all the time: the pipeline's capacity is {steady.records_per_s:,.0f} records/s"
+        return True, stage, capacity + (f"; what limits it: {limiting}" if limiting else "")
     if share < INPUT_BOUND_SHARE:
         return False, None, f"not input-bound: wait {share:.1%} of step time"
-    stage, limiting = limited
     if stage is None:
         return True, None, f"input-bound: wait {share:.1%} of step time; host stages not measured on this backend"
     return True, stage, f"input-bound: {limiting}; wait {share:.1%} of step time"

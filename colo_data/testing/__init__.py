@@ -10,12 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from colo_data.loader.loader import Loader
+from colo_data.loader.loader import Loader, to_numpy
 
-
-def to_numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
-    """A global batch with every `jax.Array` copied to host memory."""
-    return {name: np.asarray(array) for name, array in batch.items()}
+__all__ = ["assert_batches_equal", "assert_resumes_identically", "read_all", "to_numpy"]
 
 
 def read_all(loader: Loader, steps: int | None = None) -> list[dict[str, np.ndarray]]:

@@ -16,13 +16,13 @@ import numpy as np
 from colo_data.errors import ConfigError, StateError
 from colo_data.host.chunk import HostChunk
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.ops.skip import reachable
 from colo_data.pipeline.grain_pipeline import GrainPipeline
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
 from colo_data.pipeline.order import Position
 from colo_data.pipeline.state import restore, state_step
 from colo_data.pipeline.transforms import select
+from colo_data.replay.skip import reachable
 from colo_data.runtime.prefetch import close_iterator
 
 # The index column that lineage reads records' names from when the pipeline has none of its own.

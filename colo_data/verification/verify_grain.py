@@ -16,8 +16,8 @@ import numpy as np
 from colo_data.errors import ConfigError, GrainError
 from colo_data.host.dtypes import jax_column
 from colo_data.loader.loader import Loader
-from colo_data.ops.checks import Batch, Check, differing_rows, one_device
 from colo_data.pipeline.grain_pipeline import GrainPipeline
+from colo_data.verification.checks import Batch, Check, differing_rows, one_device
 
 DEFAULT_STEPS = 8  # batches a run, where no --steps is given (a Grain dataset may be endless)
 _END = object()  # the end of a Grain iterator (an element may be None: a GrainError, as in the loader)

@@ -1,6 +1,6 @@
 """Pipeline configs: a TOML file naming a dataset definition (`pipeline = "pkg.module:function"`)
 with the function's keyword arguments under `[args]`, sidecar settings under `[sidecar]` and
-deployment settings under `[deploy]` (read by `colo_data.ops.manifest`). A file holding only
+deployment settings under `[deploy]` (read by `colo_data.deploy.manifest`). A file holding only
 the `pipeline` line is valid and takes every default."""
 
 from __future__ import annotations

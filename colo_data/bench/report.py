@@ -1,242 +1,18 @@
-"""What `colo-data bench` runs and prints: a pipeline through `cd.Loader` with a simulated
-training step, the same logical pipeline through Grain alone for comparison, the report
-table and the plot. The command line itself is `colo_data.cli.bench`."""
+"""The report of `colo-data bench`: the table of throughput and input wait per contender (and
+their ratio), colo-data's stages and hosts, the verdict or the pipeline's capacity, the next
+thing to try; the same as JSON, and the plot."""
 
 from __future__ import annotations
 
-import gc
-import signal
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from types import FrameType
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import grain
-import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tqdm import tqdm
 
-from colo_data.errors import ConfigError
-from colo_data.host.chunk_work import check_batch
-from colo_data.io.columns import from_records
-from colo_data.loader.loader import Loader
-from colo_data.pipeline.kinds import AnyPipeline
-from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED, StepClock
+from colo_data.bench.runs import Run
+from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED
 from colo_data.telemetry.quality import Quality
-from colo_data.telemetry.report import Stage, StepTrace, Telemetry, cpus_text, summarize, who_computes
-
-GRAIN_DEFAULT_WORKERS = None  # grain.DataLoader(worker_count=None): Grain picks os.cpu_count()
-ENDLESS_STEPS = 500  # steps a run reads of a pipeline that repeats forever, unless --steps says
-QUALITY_SAMPLES = 100  # data-quality samples a run takes for the plot (every 10 steps where its length is unknown)
-
-
-@dataclass
-class Run:
-    """One contender's result: its telemetry, its steps one by one, whether Ctrl-C cut it
-    short, and its data quality every few steps (steps done, `Telemetry.quality` then)."""
-
-    name: str
-    telemetry: Telemetry
-    trace: StepTrace
-    interrupted: bool
-    notes: list[str] = field(default_factory=list)
-    quality: list[tuple[int, Quality]] = field(default_factory=list)
-
-
-class _Interrupted:
-    """A first Ctrl-C asks the run to stop after the step in progress (`hit`, which the loop
-    reads), so that it never lands inside the loader's or Grain's own code half-way through
-    a hand-off; a second one interrupts at once. After a Ctrl-C, Ctrl-C stays ignored, so
-    that the clean-up (closing the loader, its sidecars and workers) runs to the end."""
-
-    def __init__(self) -> None:
-        self.hit = False
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-
-    def __enter__(self) -> _Interrupted:
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        signal.signal(signal.SIGINT, signal.SIG_IGN if self.hit else self._previous)
-        return kind is KeyboardInterrupt
-
-
-class _Shielded:
-    """Ctrl-C is ignored inside the block (a clean-up that must finish), then restored."""
-
-    def __enter__(self) -> None:
-        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
-
-
-def steps_to_run(pipeline: AnyPipeline, steps: int | None) -> int | None:
-    """The steps to run: `steps`, else the stream's global batches (one pass over the
-    pipeline's epochs), `ENDLESS_STEPS` where it repeats forever, else None (run to the
-    end: packed and Grain pipelines)."""
-    if steps is not None:
-        return steps
-    if not pipeline.positional:  # a Grain pipeline's datasets say where it ends
-        return None
-    if pipeline.total_records is None:
-        return ENDLESS_STEPS
-    return pipeline.batches_from(0)
-
-
-def _bar(total: int | None, name: str) -> tqdm:
-    return tqdm(total=total, desc=name, unit="step", file=sys.stderr, mininterval=0.5, leave=True)
-
-
-def run_loader(
-    pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float, loader_options: dict[str, Any]
-) -> Run:
-    """Read `steps` global batches through `cd.Loader`, sleeping `step_s` after each one
-    (the simulated training step), with a progress bar, and the data quality
-    `QUALITY_SAMPLES` times (after a step, outside the input wait). Ctrl-C ends the run
-    early; the loader (its sidecars, workers and shared memory) is closed either way."""
-    total = steps_to_run(pipeline, steps)
-    every = max(1, total // QUALITY_SAMPLES) if total else 10
-    loader = Loader(pipeline, warmup=warmup, **loader_options)
-    samples: list[tuple[int, Quality]] = []
-    try:
-        count = 0
-        with _Interrupted() as stop, _bar(total, "colo-data") as bar:
-            for batch in loader:
-                jax.block_until_ready(batch)
-                if step_s:
-                    time.sleep(step_s)  # the simulated training step
-                count += 1
-                bar.update()
-                if count % every == 0:
-                    samples.append((count, loader.telemetry().quality))
-                if count == total or stop.hit:
-                    break
-    finally:
-        with _Shielded():
-            loader.close()  # also takes the last CPU samples
-    return Run("colo-data", loader.telemetry(), loader.step_trace(), stop.hit, quality=samples)
-
-
-class _Indexed:
-    """A record source whose records also carry their index (the pipeline's `index_column`)."""
-
-    def __init__(self, source: Any, index_column: str | None) -> None:
-        self.source, self.index_column = source, index_column
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        record = self.source[index]
-        if self.index_column is not None:
-            record[self.index_column] = np.int64(index)
-        return record
-
-
-class _TransformedBatch:
-    """Grain's batch function for the pipeline: stack the records into columns, then run
-    the pipeline's batch transforms on them, as colo-data does."""
-
-    def __init__(self, transforms: Sequence[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
-        self.transforms = tuple(transforms)
-
-    def __call__(self, records: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
-        columns = from_records(records)
-        for transform in self.transforms:
-            columns = transform(columns)
-        return check_batch(columns, len(records))
-
-
-def grain_loader(pipeline: AnyPipeline) -> tuple[grain.DataLoader, list[str]]:
-    """The same logical pipeline with Grain alone: its `DataLoader` over the pipeline's
-    random-access source, its own global shuffle, the pipeline's transforms on each batch,
-    its default worker count (`worker_count=None`: os.cpu_count())."""
-    if not pipeline.positional:
-        raise ConfigError(
-            "--compare grain: the pipeline is a cd.GrainPipeline, Grain's own already; benchmarks/grain_pipeline.py compares it "
-            "iterated in the trainer's process with the sidecar"
-        )
-    if pipeline.variable_batches:
-        raise ConfigError("--compare grain: packed or filtered pipelines (cd.Pack, keep=) have no Grain equivalent here")
-    order = pipeline.order
-    notes = []
-    if order.shuffle == "block":
-        notes.append("Grain has no block shuffle: it shuffles globally")
-    loader = grain.DataLoader(
-        data_source=_Indexed(pipeline.source, pipeline.index_column),
-        sampler=grain.samplers.IndexSampler(
-            num_records=len(pipeline.source), shuffle=order.shuffle != "none", seed=order.seed, num_epochs=pipeline.epochs
-        ),
-        operations=[
-            grain.transforms.Batch(
-                pipeline.global_batch_size, drop_remainder=True, batch_fn=_TransformedBatch(pipeline.transforms)
-            )
-        ],
-        worker_count=GRAIN_DEFAULT_WORKERS,
-    )
-    notes.insert(0, f"DataLoader(worker_count=None): {loader.multiprocessing_options.num_workers} worker processes")
-    return loader, notes
-
-
-def run_grain(pipeline: AnyPipeline, *, steps: int | None, warmup: int, step_s: float) -> Run:
-    """The Grain equivalent, timed the same way at the trainer: each batch put on the
-    devices (batch dimension sharded over all of them, as the Loader's default)."""
-    total = steps_to_run(pipeline, steps)
-    clock = StepClock(warmup)
-    loader, notes = grain_loader(pipeline)
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    shardings: dict[int, NamedSharding] = {}
-    iterator: Iterator[dict[str, np.ndarray]] | None = None
-    try:
-        with _Interrupted() as stop, _bar(total, "Grain") as bar:
-            iterator = iter(loader)
-            while clock.count != total and not stop.hit:
-                start = time.perf_counter()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    break
-                placed = {
-                    name: jax.device_put(a, shardings.setdefault(a.ndim, NamedSharding(mesh, PartitionSpec("data"))))
-                    for name, a in batch.items()
-                }
-                jax.block_until_ready(placed)
-                done = time.perf_counter()
-                clock.batch_bytes = clock.batch_bytes or sum(a.nbytes for a in batch.values())
-                clock.record(start, done, pipeline.global_batch_size)
-                if step_s:
-                    time.sleep(step_s)
-                bar.update()
-    finally:
-        with _Shielded():
-            del iterator  # Grain stops its worker processes when its iterator is collected
-            gc.collect()
-    telemetry = summarize(
-        backend="grain",
-        clock=clock,
-        prefetch=0,
-        queue_depth_known=False,
-        handoff=[0.0] * 3 * len(STAGES),
-        handoff_at_warmup=None,
-        infos=[],
-        now=[],
-        at_warmup_hosts=None,
-        shared_thread=False,
-    )
-    return Run("Grain", telemetry, StepTrace.of(clock), stop.hit, notes)
-
-
-# ---------------------------------------------------------------------------------------------
-# The report
+from colo_data.telemetry.report import HostSide, Stage, Telemetry, cpus_text, who_computes
 
 
 def _ms(seconds: float) -> str:
@@ -289,12 +65,25 @@ def worker_line(stages: Sequence[Stage]) -> str:
 CPU_STAGES = ("order", "read", "transform", "batch")  # the host stages that are CPU work (read: unless it waits for I/O)
 
 
+# a CPU budget whose thread or workers keep less than this share of it busy waits rather than
+# computes: more CPUs would not help it, more workers (which overlap the waits) would
+BUSY = 0.25
+
+
+def _busy(host: HostSide) -> float | None:
+    """The CPUs a host's workers (or, with none, its own thread) keep busy; None where not
+    measured."""
+    return None if host.worker_cpu is None else host.worker_cpu * host.workers
+
+
 def next_step(telemetry: Telemetry) -> str | None:
     """The one thing to try next where the stage that limits the pipeline can be given more:
     a read that mostly waits for I/O more reads in flight; CPU work with CPU to spare worker
-    processes (`--workers auto`); CPU work that its thread and workers already fill every
-    host's CPU budget with, Ray workers, the CPUs of other machines. None where nothing here
-    would help (the hand-off, a stage not measured) and where the workers are Ray's already."""
+    processes (`--workers auto`), also where the work waits rather than computes (its CPUs
+    less than `BUSY` busy); CPU work whose thread and workers fill the CPU budget, Ray
+    workers, the CPUs of other machines. None where nothing here would help (the hand-off, a
+    stage not measured), where the worker policy counts the workers (its sentence says why)
+    and where the workers are Ray's already."""
     hosts, stage = telemetry.hosts, telemetry.limit_stage
     if not hosts or stage not in CPU_STAGES:
         return None
@@ -315,7 +104,7 @@ def next_step(telemetry: Telemetry) -> str | None:
     if spare and not any(h.workers_most for h in hosts):
         return (
             f"next: the {label} stage is CPU work on the host's own thread, and its CPU budget of {budget} has room for "
-            "worker processes: --workers auto (in code, workers=\"auto\" on cd.InProcess or cd.Sidecar; --backend sidecar "
+            'worker processes: --workers auto (in code, workers="auto" on cd.InProcess or cd.Sidecar; --backend sidecar '
             "runs the host beside the trainer with the config's [sidecar] workers)"
         )
     if spare and any(h.worker_processes and h.workers >= h.workers_most for h in hosts):
@@ -325,11 +114,22 @@ def next_step(telemetry: Telemetry) -> str | None:
         )
     if spare:  # workers allowed, and the worker policy counts fewer: its sentence says why
         return None
+    busy = _busy(host)
+    if busy is not None and host.cpu_budget and busy < BUSY * host.cpu_budget:  # the CPUs are not what it lacks
+        if any(h.workers_most for h in hosts):
+            return None  # the worker policy counts the workers of work that waits: its sentence says why
+        return (
+            f"next: the {label} stage waits more than it computes (it keeps {busy:.1f} of the CPU budget's {budget} "
+            "busy): worker processes overlap the waits, more of them than CPUs: --workers auto"
+        )
     who = f"{who_computes([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
+    each = " each" if host.worker_processes else ""
+    busy_text = f" (at {host.worker_cpu:.0%} CPU{each})" if host.worker_cpu is not None else ""
     return (
         f"next: the host's CPUs are the limit: its {label} stage is CPU work, and its CPU budget of {budget} is taken by "
-        f"{who}. Ray workers add the CPUs of other machines: --workers 'ray:{{\"address\": \"HEAD:6379\", \"actors\": 2}}' "
-        "(in a config: [sidecar] workers = { ray = \"HEAD:6379\", actors = 2 }); see \"When host CPUs run short: Ray\" "
+        f"{who}{busy_text}. Ray workers add the CPUs of other machines: "
+        f'--workers \'ray:{{"address": "HEAD:6379", "actors": 2}}\' '
+        '(in a config: [sidecar] workers = { ray = "HEAD:6379", actors = 2 }); see "When host CPUs run short: Ray" '
         "in the docs"
     )
 
@@ -393,6 +193,12 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
             ]
         )
     lines += _table(stage_rows, [False, True, True, True, True])
+    read = next((s.seconds for s in stages if s.name == "read"), 0.0)
+    if any(s.name == "decode" and s.items and s.seconds > read for s in stages):
+        lines.append(
+            "(read: decode runs ahead on background threads, beside the other stages, and is not part of the read's "
+            "time: it can exceed it)"
+        )
     lines.append("")
     for host in colo.hosts:
         cpu = f" at {host.worker_cpu:.0%} CPU" if host.worker_cpu is not None else ""

@@ -22,13 +22,12 @@ import numpy as np
 from colo_data.backends.options import InProcess
 from colo_data.errors import ConfigError
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.loader.loader import Loader
-from colo_data.ops.checks import Batch, Check, differing_rows, one_device
-from colo_data.ops.verify_grain import DEFAULT_STEPS, verify_grain
+from colo_data.loader.loader import Loader, to_numpy
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
 from colo_data.pipeline.schedule import DENOMINATOR
-from colo_data.testing import to_numpy
+from colo_data.verification.checks import Batch, Check, differing_rows, one_device
+from colo_data.verification.verify_grain import DEFAULT_STEPS, verify_grain
 
 _KEEP_CHUNK = 4096  # records read at once to learn which ones the pack's `keep` rejects
 _PLACES_SHOWN = 4

@@ -1,5 +1,5 @@
 """Kubernetes manifests for a colo-data deployment, rendered from the YAML templates in
-`colo_data/ops/templates/` (package data) and a config's `[sidecar]` and `[deploy]`
+`colo_data/deploy/templates/` (package data) and a config's `[sidecar]` and `[deploy]`
 tables: a Pathways JobSet whose TPU hosts run colo-data in the colocated-Python sidecar,
 or an Indexed Job of multi-controller JAX pods with a colo-data sidecar next to each
 trainer; with `[deploy] ray_nodes`, beside either, a KubeRay RayCluster whose actors
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import yaml
 
 from colo_data import defaults
+from colo_data.config import Config
+from colo_data.deploy import versions
 from colo_data.errors import ColoDataError, ConfigError
-from colo_data.ops import versions
-from colo_data.ops.config import Config
 from colo_data.workers.ray_options import RayWorkers
 from colo_data.workers.settings import Workers, workers_text
 
@@ -337,7 +337,7 @@ def _documents(name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
     path = TEMPLATES / name
     if not path.is_file():
         raise ConfigError(
-            f"no manifest template at {path}: the templates ship inside the colo-data package (colo_data/ops/templates/, "
+            f"no manifest template at {path}: the templates ship inside the colo-data package (colo_data/deploy/templates/, "
             "package data); this installation lacks them, so reinstall colo-data (pip install --force-reinstall colo-data)"
         )
     return [_fill(document, values) for document in yaml.safe_load_all(path.read_text())]

@@ -1,1 +1,0 @@
-"""Operations tools: config files, Kubernetes manifests, bench, verify, the demo corpus, pinned versions."""
