@@ -75,4 +75,8 @@ def test_the_makefile_installs_from_the_lock() -> None:
     assert "sync -q --locked --inexact" in makefile and "sync -q --locked --extra test --compile-bytecode" in makefile
     assert re.search(r"^\.venv/\.installed-bench|\$\(VENV\)/\.installed-bench: pyproject\.toml uv\.lock", makefile, re.M)
     assert "pip install -q -r requirements/$*.txt -e ." in makefile  # SETUP=pip
-    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("make test")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M), "CI runs the README's test command"
+    # and then checks the set-up as the README gives it: after `make test`, `make bench` and
+    # `make train` install nothing, and the README's next line puts `colo-data` on PATH
+    assert "make -q .venv/.installed-bench .venv/.installed-train" in ci and "source .venv/bin/activate" in ci
