@@ -284,7 +284,7 @@ def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
     # the worker policy's sentence says why it counts what it counts, or with none allowed, workers
     assert said("transform", workers=2, processes=True, cpu=0.0, workers_most=2) is None
     waits = said("transform", cpu=0.1, cpu_budget=1.0)
-    assert waits and "waits more than it computes (it keeps 0.1 of the CPU budget's 1.0 busy)" in waits, waits
+    assert waits and "waits more than it computes (it keeps 0.1 of its 1.0 CPUs busy)" in waits, waits
     assert "--workers auto" in waits and "Ray" not in waits, waits
     reads = said("read")
     assert reads and "waits for I/O 80% of its time" in reads and "io_concurrency" in reads, reads

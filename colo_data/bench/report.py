@@ -119,8 +119,8 @@ def next_step(telemetry: Telemetry) -> str | None:
         if any(h.workers_most for h in hosts):
             return None  # the worker policy counts the workers of work that waits: its sentence says why
         return (
-            f"next: the {label} stage waits more than it computes (it keeps {busy:.1f} of the CPU budget's {budget} "
-            "busy): worker processes overlap the waits, more of them than CPUs: --workers auto"
+            f"next: the {label} stage waits more than it computes (it keeps {busy:.1f} of its {budget} CPUs busy): "
+            "worker processes overlap the waits, more of them than CPUs: --workers auto"
         )
     who = f"{who_computes([host])} and the host's own thread" if host.worker_processes else "the host's own thread"
     each = " each" if host.worker_processes else ""
