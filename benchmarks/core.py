@@ -96,7 +96,7 @@ def colo_per_record(directory: Path, backend: str) -> Iterator[int]:
 
 def colo_packed(directory: Path) -> Iterator[int]:
     """colo-data with cd.Pack: records packed into rows of 1024 tokens (records counted as
-    the stream positions consumed, not rows)."""
+    the positions consumed, not rows)."""
     pipeline = cd.Pipeline(
         source=cd.ArrowSource(str(directory), columns=["id", "tokens"]),
         order=cd.Order(shuffle="block", seed=0),

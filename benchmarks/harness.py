@@ -142,9 +142,9 @@ def measure(run: Callable[[], Iterator[int]], batches: int | None = None, cpu: C
     first `batches` are read; a run cut short is closed after its timing."""
     clock = cpu if cpu is not None else ProcessTreeCpu()
     t0 = time.perf_counter()
-    stream = run()
+    counts = run()
     records, first, first_s = 0, 0, 0.0
-    for count, n in enumerate(itertools.islice(stream, batches), 1):
+    for count, n in enumerate(itertools.islice(counts, batches), 1):
         if not records:
             first, first_s = n, time.perf_counter() - t0
         records += n
@@ -153,8 +153,8 @@ def measure(run: Callable[[], Iterator[int]], batches: int | None = None, cpu: C
     wall = time.perf_counter() - t0
     clock.sample()
     used = clock.used()
-    if isinstance(stream, Generator):
-        stream.close()
+    if isinstance(counts, Generator):
+        counts.close()
     return {
         "records": records,
         "seconds": wall,

@@ -3,7 +3,7 @@ with its own Ray actor (`cd.RayWorkers(actors=1)`), or all sharing one pool of 1
 (`--pool 16`: `cd.RayWorkers(actors=16, pool=...)`), against one local Ray cluster.
 
 Each host pipeline runs on a thread of its own, as a sidecar's producer does, so that each
-makes its decisions on its own stream, as 64 sidecars would. The per-record work is a sleep
+makes its decisions on its own feed, as 64 sidecars would. The per-record work is a sleep
 (`PAUSE_S` a record, in workers.py's light pipeline): it stands for work on CPUs of the
 cluster's own, which this 2-CPU machine does not have, so that the actors pay; what is
 measured is how one cluster serves 64 hosts at once. Once every host's actor has made

@@ -203,7 +203,7 @@ def one_host_of(
         "first_batch_s": first_s,
         "fill": filled / max(1, count * len(first.columns.get("segment_ids", [0])) * SEQ_LEN),
     }
-    if kind == "thousand":  # a padded pipeline: its state is one stream position
+    if kind == "thousand":  # a padded pipeline: its state is one position
         out["state_bytes"] = len(json.dumps(make_state(pipeline, count * pipeline.global_batch_size)))
     return out
 

@@ -166,7 +166,7 @@ def render(runs: harness.Runs, rounds: int, wall: float, cgroup_skipped: str | N
             f"Steady state after {handoff.WARMUP} warm-up batches; "
             f"rows = {handoff.ROWS}, source `take` is a stub. Baseline: single-thread `numpy.copyto` of the same "
             "size into 4 rotating destinations (the ring's memory pattern: the goal's baseline) and, for reference, "
-            "into 1 destination (cache-resident at 8 MiB, which no stream of batches is). "
+            "into 1 destination (cache-resident at 8 MiB, which no run of batches is). "
             "`ShmRing.write alone`: the sidecar's slot copy (same threads) measured in this process, without "
             "the sidecar.",
             "",

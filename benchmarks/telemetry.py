@@ -138,7 +138,7 @@ def cost_accounting() -> dict[str, float]:
 
     pipeline = demo.pipeline(demo.corpus(), seq_len=SEQ_LEN, global_batch_size=BATCH)
     host = HostPipeline(pipeline)
-    indices = host.stream_indices(host.work.stream(0, host.chunk))
+    indices = host.indices_at(host.work.positions(0, host.chunk))
     table = pipeline.source.take(indices)
     chunk = host.work.compute(0, host.chunk).columns
     clock, stages, meter = StepClock(3), StageTimes(), CpuMeter("thread")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from colo_data import defaults
 from colo_data.errors import ColoDataError, ConfigError
-from colo_data.io.integers import as_int
+from colo_data.setting_checks import as_int
 from colo_data.workers.settings import workers_from
 
 if TYPE_CHECKING:

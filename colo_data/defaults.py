@@ -16,7 +16,7 @@ PARTITIONS = 16
 PARTITION_ROWS = 16
 CHUNK_RECORDS = 512  # records of one host computed per call, at most, so that per-call costs are shared
 LOCAL_SIDECAR_DIR_PREFIX = "colo-data-sidecar-"  # a trainer's own sidecar's socket directory, in the temp dir
-# A sidecar that works (opens a stream, computes a batch) sends a heartbeat this often when
+# A sidecar that works (opens a session, computes a batch) sends a heartbeat this often when
 # it has nothing else to send; a trainer that hears nothing for `cd.Sidecar(timeout=...)`
 # (SIDECAR_TIMEOUT_S by default) while it waits takes the sidecar for frozen.
 HEARTBEAT_S = 1.0

@@ -171,9 +171,7 @@ def read_while_given_up(loader: cd.Loader, quiet_s: float = 2.0, watched_s: floa
     """The loader's batches (as numpy) until its pool has made records, then until it has
     made no more for `quiet_s` seconds (its trial over, the chunks it had in hand taken:
     `deadline_s` at most, as a pool that is kept goes on making them), then for `watched_s`
-    seconds more, over which it must make none: it is given up. For a loader made under
-    the `long_pool_retry` fixture: on a machine that other work keeps busy, the chunks in
-    hand can take most of the 10 s after which a pool is asked again."""
+    seconds more, over which it must make none: it is given up."""
     import time
 
     from colo_data.testing import to_numpy

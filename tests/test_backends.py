@@ -18,7 +18,7 @@ import pytest
 
 import colo_data as cd
 from colo_data.backends.options import auto_backend
-from colo_data.backends.base import Backend, GlobalBatch
+from colo_data.backends.base import GlobalBatch, Transport
 from colo_data.backends.options import BackendOptions, resolve
 from colo_data.testing import assert_batches_equal, read_all
 
@@ -103,7 +103,7 @@ def test_addresses_must_match_the_hosts_of_this_process(token_corpus: Path, monk
 
 @dataclass(frozen=True)
 class Counting:
-    """A backend of its own: the in-process transport, counting the streams it opens."""
+    """A backend of its own: the in-process transport, noting each position it opens at."""
 
     workers: int = 0
     name: ClassVar[str] = "counting"
@@ -113,7 +113,7 @@ class Counting:
     def host_count(self, mesh: Any, requested: int | None) -> int:
         return 2 if requested is None else requested
 
-    def start(self, pipeline: cd.Pipeline, placement: Any, prefetch: int, owner: Any) -> Backend:
+    def start(self, pipeline: cd.Pipeline, placement: Any, prefetch: int, owner: Any) -> Transport:
         transport = cd.InProcess(workers=self.workers).start(pipeline, placement, prefetch, owner)
         opened = self.opened
 

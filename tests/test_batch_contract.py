@@ -1,5 +1,5 @@
 """The first batch fixes every column's dtype and row shape (issue 12, finding 7): a later
-batch that differs is a TransformError naming the column, the stream position and both
+batch that differs is a TransformError naming the column, the position and both
 shapes, on every backend, not a batch that changes type silently (in process) or a ring
 error the user cannot act on (sidecar)."""
 
@@ -48,7 +48,7 @@ def test_a_column_whose_shape_changes_after_the_first_batch_is_an_error(
     with pytest.raises(cd.errors.TransformError) as raised:
         got.extend(loader)
     message = str(raised.value)
-    at = re.search(r"at stream position (\d+)", message)
+    at = re.search(r"at position (\d+)", message)
     assert at and "['tokens']" in message, message
     size = pipeline.global_batch_size
     assert int(at.group(1)) == len(got) * size > 0, (message, len(got))  # where the last batch handed on ended

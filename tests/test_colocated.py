@@ -128,9 +128,9 @@ def test_resume_from_every_state(token_corpus: Path) -> None:
 def test_endless_stream_crosses_epochs_and_stops_early(token_corpus: Path) -> None:
     pipeline = make_pipeline(token_corpus, epochs=None)
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
-        stream = hosts.batches(7 * BATCH)
-        got = [to_numpy(next(stream)) for _ in range(6)]  # positions 84..155: epochs 0 and 1
-        stream.close()
+        batches = hosts.batches(7 * BATCH)
+        got = [to_numpy(next(batches)) for _ in range(6)]  # positions 84..155: epochs 0 and 1
+        batches.close()
     assert_batches_equal(reference(pipeline, 7 * BATCH, 6), got, "across epochs")
 
 
@@ -170,14 +170,14 @@ def test_workers_run_in_the_colocated_object_and_close_stops_them(
     pipeline = make_pipeline(token_corpus, epochs=None, transforms=[idle_host, cd.pad_or_truncate("tokens", 8)])
     before = _children()
     hosts = ColocatedHosts(pipeline, mesh_of(jax.devices()[:1]), workers=2)
-    stream = hosts.batches(0)
+    batches = hosts.batches(0)
     got, deadline = [], time.monotonic() + 60
     while len(_children() - before) < 2 or len(got) < 12:  # a fork server and a worker at least
         assert time.monotonic() < deadline, "the host's workers never started"
-        got.append(to_numpy(next(stream)))
-    got += [to_numpy(next(stream)) for _ in range(24)]  # and make some of these
+        got.append(to_numpy(next(batches)))
+    got += [to_numpy(next(batches)) for _ in range(24)]  # and make some of these
     assert 2 <= len(_children() - before) <= 3  # the fork server and its workers, still running: the stream is endless
-    stream.close()
+    batches.close()
     hosts.close()
     deadline = time.monotonic() + 10
     while _children() - before and time.monotonic() < deadline:
@@ -196,7 +196,7 @@ def _children() -> set[int]:
 
 def _live_host_objects() -> int:
     gc.collect()
-    return sum(isinstance(o, colocated._HostSide) for o in gc.get_objects())
+    return sum(isinstance(o, colocated._ColocatedHost) for o in gc.get_objects())
 
 
 def test_close_releases_the_colocated_objects_and_batches_reopens(token_corpus: Path) -> None:
@@ -225,7 +225,7 @@ def test_transform_error_passes_through_and_the_hosts_keep_serving(token_corpus:
     where no batch holds record 0, is served."""
     pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), bad_record_0])
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
-        failed = r"bad_record_0.*on host 0 of 4, batch at stream position 0.*ValueError: bad record 0"
+        failed = r"bad_record_0.*on host 0 of 4, batch at position 0.*ValueError: bad record 0"
         with pytest.raises(cd.errors.TransformError, match=failed):
             next(hosts.batches(0))
         rest = [to_numpy(b) for b in hosts.batches(BATCH)]
@@ -300,10 +300,10 @@ def test_warnings_of_a_hosts_work_reach_the_trainer_naming_the_host(token_corpus
     carrying."""
     pipeline = make_pipeline(token_corpus, "none", transforms=[cd.pad_or_truncate("tokens", 8), warn_of_record_4])
     gc.collect()
-    before = [o for o in gc.get_objects() if isinstance(o, colocated._HostSide)]
+    before = [o for o in gc.get_objects() if isinstance(o, colocated._ColocatedHost)]
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
         gc.collect()
-        (side,) = [o for o in gc.get_objects() if isinstance(o, colocated._HostSide) and not any(o is b for b in before)]
+        (side,) = [o for o in gc.get_objects() if isinstance(o, colocated._ColocatedHost) and not any(o is b for b in before)]
         assert not side.carries_warnings
         side.carries_warnings = True
         with warnings.catch_warnings(record=True) as caught:

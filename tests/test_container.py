@@ -75,7 +75,7 @@ def test_doctor_in_a_half_cpu_container_counts_the_quota_not_the_machine(image: 
     doctor = json.loads(report)
     assert int(nproc) == len(os.sched_getaffinity(0)) >= 2, "nproc inside sees the machine's CPUs"
     assert doctor["cpu"]["cpus"] == 0.5 and doctor["cpu"]["quota"] == 0.5, doctor["cpu"]
-    assert doctor["cpu"]["workers"] == 0  # half a CPU: the sidecar's own thread computes the batches
+    assert doctor["cpu"]["workers"] == 0  # half a CPU: Grain's multiprocessing gets no worker process
     assert doctor["cpu"]["source"].startswith("cgroup"), doctor["cpu"]["source"]
     assert doctor["shm"] == {"directory": "/dev/shm", "free_bytes": 64 * 2**20}
     assert doctor["versions"]["colo-data"] == importlib.metadata.version("colo-data")

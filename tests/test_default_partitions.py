@@ -203,7 +203,7 @@ def test_a_filter_that_follows_the_files_runs_with_the_chosen_partitions(domain_
 
 def test_a_filtered_state_names_its_shared_partitions(domain_corpus: Path) -> None:
     """A filtered pipeline's state names its partitions `shared` (part of the order, with
-    their rows); a state of one stream position (one partition's) continues with them, each
+    their rows); a state of one position (one partition's) continues with them, each
     partition taking its next kept records of the one order after that position. Restored
     into a pipeline whose partitions read slices of their own, or saved with them (by an
     earlier colo-data), a state is a StateError that says which to give."""
@@ -221,7 +221,7 @@ def test_a_filtered_state_names_its_shared_partitions(domain_corpus: Path) -> No
         later = np.asarray(next(loader)["id"])
     # partition k's rows: its first 4 kept records at its positions of the one order from the saved one on
     positions = np.arange(one["position"], one["position"] + 2048)
-    records = pipeline.stream.bind(pipeline.order).stream_indices(positions)  # ids are record indices
+    records = pipeline.stream.bind(pipeline.order).indices_at(positions)  # ids are record indices
     kept = np.isin(records // 64, DOMAINS["two domains"])
     partition = pipeline.partitioning.of(positions)
     expected = np.concatenate([records[kept & (partition == k)][:4] for k in range(16)])

@@ -84,7 +84,7 @@ def test_another_global_batch_size_keeps_exactly_once(token_corpus: Path, new_ba
     seen = indices(before + after)
     assert len(seen) == len(set(seen)) == RECORDS - dropped
     stream = np.concatenate([b["_index"] for b in read_all(cd.Loader(pipeline))] + [np.zeros(0, np.int64)])
-    reference = HostPipeline(pipeline).stream_indices(np.arange(RECORDS // BATCH * BATCH))
+    reference = HostPipeline(pipeline).indices_at(np.arange(RECORDS // BATCH * BATCH))
     np.testing.assert_array_equal(stream, reference)
     np.testing.assert_array_equal(np.array(seen), reference[: RECORDS - dropped], "same records, same order")
     assert loader.get_state()["global_batch_size"] == new_batch

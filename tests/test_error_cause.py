@@ -86,15 +86,15 @@ def assert_printed_once(error: BaseException, frame: str) -> None:
 
 
 def test_a_users_error_in_a_worker_process_arrives_as_its_cause(token_corpus: Path) -> None:
-    """The pool's own stream, which a worker computes for certain (a host pipeline hands its
+    """The pool's own feed, which a worker computes for certain (a host pipeline hands its
     workers chunks only while CPU goes unused: on a busy machine, none)."""
     pipeline = make_pipeline(token_corpus, "none", transforms=[bad_record_7, PAD])
     owner = Lifecycle("test")
     try:
-        stream = WorkerPool(1, owner).stream(cloudpickle.dumps(pipeline), 0, 1, 0)
-        stream.ask(0, 1, 1)
+        feed = WorkerPool(1, owner).feed(cloudpickle.dumps(pipeline), 0, 1, 0)
+        feed.ask(0, 1, 1)
         with pytest.raises(cd.errors.TransformError) as raised:
-            stream.take()
+            feed.take()
     finally:
         owner.close()
     error = raised.value

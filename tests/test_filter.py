@@ -55,18 +55,18 @@ def test_every_accepted_record_once_with_every_column_on_every_backend(token_cor
     assert set(reference[0]) == {"id", "tokens", "_index"}, "every column kept"
     ids = np.concatenate([b["id"] for b in reference])
     assert sorted(ids.tolist()) == list(range(1, RECORDS, 2)), "the accepted records, each once"
-    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).indices_at(np.arange(RECORDS))
     np.testing.assert_array_equal(ids, stream[stream % 2 == 1], "in stream order")
     assert_batches_equal(reference, read_all(loader_on(pipeline, backend, 2)), f"{backend}, 2 hosts")
 
 
 def test_the_state_counts_the_rejected_records_and_restores_on_other_host_counts(token_corpus: Path) -> None:
-    pipeline = filtered(token_corpus, epochs=None, partitions=1)  # one stream position in the state
+    pipeline = filtered(token_corpus, epochs=None, partitions=1)  # one position in the state
     with cd.Loader(pipeline, hosts=1) as loader:
         first = [to_numpy(next(loader)) for _ in range(3)]
         state = loader.get_state()
         rest = [to_numpy(next(loader)) for _ in range(4)]
-    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).indices_at(np.arange(RECORDS))
     taken = np.concatenate([b["_index"] for b in first])
     assert state["position"] == int(np.flatnonzero(stream == taken[-1])[0]) + 1, "the position after the last accepted"
     for hosts, backend in ((2, "inprocess"), (3, "inprocess"), (2, "colocated")):
@@ -82,7 +82,7 @@ def test_a_filtered_mixture_passes_verify(mix_corpora: dict[str, Path]) -> None:
     pipeline = cd.Pipeline(
         source=cd.Mix(components, {"web": 0.5, "code": 0.3, "math": 0.2}), order=cd.Order(shuffle="global", seed=3),
         transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=BATCH, epochs=None, index_column="_index",
-        keep=not_thirds, partitions=1,  # one stream: its batches' stream positions are checked
+        keep=not_thirds, partitions=1,  # one stream: its batches' positions are checked
     )
     checks = {c.name: c for c in cd.verify.verify(pipeline, hosts=(1, 2), steps=8)}
     assert not any(c.failed for c in checks.values()), checks

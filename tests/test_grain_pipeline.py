@@ -313,7 +313,7 @@ def ragged(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
 
 
 def drifting(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
-    """Rows of 4 for the first 4 batches of each host, then rows of 8 (stream position 48 on)."""
+    """Rows of 4 for the first 4 batches of each host, then rows of 8 (position 48 on)."""
     return grain.MapDataset.range(60).map(lambda i: {"x": np.zeros(4 if i < 24 else 8, np.int32)}).batch(6)
 
 
@@ -327,12 +327,12 @@ BAD = {
     "drifting": (
         drifting,
         cd.errors.TransformError,
-        r"host [01] of 2: at stream position 48 .* column\(s\) \['x'\] as \{x: int32\[8\]\}, where the first batch had "
+        r"host [01] of 2: at position 48 .* column\(s\) \['x'\] as \{x: int32\[8\]\}, where the first batch had "
         r"\{x: int32\[4\]\}",
     ),
 }
 # every case on the in-process and colocated backends; through sidecars (4 s each to import Grain), those whose
-# error crosses the socket differently: a host's traceback, the hosts' streams ending apart, a batch that no
+# error crosses the socket differently: a host's traceback, the hosts' feeds ending apart, a batch that no
 # longer fits the ring's slots
 CASES = [(b, c) for b in ("inprocess", "colocated") for c in BAD] + [("sidecar", c) for c in ("raises", "uneven", "drifting")]
 
@@ -354,7 +354,7 @@ def malformed_41(i: int) -> dict[str, np.ndarray]:
 
 
 def failing_map(shard: grain.sharding.ShardOptions) -> grain.MapDataset:
-    """Host 1 of 2 holds the odd records: record 41 is in its batch 3, at stream position 36."""
+    """Host 1 of 2 holds the odd records: record 41 is in its batch 3, at position 36."""
     return grain.MapDataset.range(60)[shard.shard_index :: shard.shard_count].map(malformed_41).batch(6)
 
 
@@ -367,7 +367,7 @@ def test_an_error_in_a_users_map_is_a_grain_error_naming_the_host_and_position(b
         for _ in range(5):
             next(loader)
     message = str(raised.value)
-    where = r"^host 1 of 2: .*global batch 3 \(stream position 36\).*ValueError: record 41 is malformed"
+    where = r"^host 1 of 2: .*global batch 3 \(position 36\).*ValueError: record 41 is malformed"
     assert re.search(where, message), message
     cause = raised.value.__cause__
     assert type(cause) is ValueError and str(cause) == "record 41 is malformed", repr(cause)

@@ -1,14 +1,14 @@
 """The package's layers and its kinds. colo_data's rooms (its folders, and the modules that
 are a room alone) are layers, and a module imports only from its own layer or one below it
 (`LAYERS`, lowest first, as the "Layout" section of docs/development.md tells them): the
-errors and defaults, the runtime, telemetry, io, pipeline, the demo, host, replay, workers,
-config, backends, deploy, the loader, the testing helpers, verification, bench, the façade
-(`colo_data/__init__.py`), the command line. Each room sits just above the highest one it
-imports from. Every import counts, as in the cycle check of `test_imports.py` (which this
-file leaves to it): at module level, inside a function (one that runs late still ties the
-modules together) and under `if TYPE_CHECKING:` (docs/development.md: imports flow one way,
-not even a type checker's import goes back up). A public name taken from the façade counts
-as an import of the module that defines it.
+errors, defaults and setting checks, the runtime, telemetry, io, pipeline, the demo, host,
+replay, workers, config, backends, deploy, the loader, the testing helpers, verification,
+bench, the façade (`colo_data/__init__.py`), the command line. Each room sits just above
+the highest one it imports from. Every import counts, as in the cycle check of
+`test_imports.py` (which this file leaves to it): at module level, inside a function (one
+that runs late still ties the modules together) and under `if TYPE_CHECKING:`
+(docs/development.md: imports flow one way, not even a type checker's import goes back
+up). A public name taken from the façade counts as an import of the module that defines it.
 
 A kind of pipeline, of workers or of backend answers for itself through its protocol
 (`PipelineKind`, `RemoteWorkers`, `BackendOptions`): no module but the one that defines a
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/developme
 
 # lowest first; a module imports from its own layer and the ones before it
 LAYERS = (
-    ("colo_data.errors", "colo_data.defaults"),
+    ("colo_data.errors", "colo_data.defaults", "colo_data.setting_checks"),
     ("colo_data.runtime",),
     ("colo_data.telemetry",),
     ("colo_data.io",),
@@ -103,7 +103,7 @@ def upward_imports(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
 
 def test_the_layer_check_finds_an_import_from_above() -> None:
     graph = {
-        "colo_data.host.shares": [("colo_data.workers.ray_options", 17), ("colo_data.io.integers", 16)],
+        "colo_data.host.shares": [("colo_data.workers.ray_options", 17), ("colo_data.setting_checks", 16)],
         "colo_data.cli.bench": [("colo_data.backends.options", 16)],
         "colo_data.io.arrow_source": [("colo_data.pipeline.order", 51)],
     }
@@ -196,13 +196,13 @@ def private_uses(tree: ast.Module, module: str, known: set[str]) -> Iterator[str
 
 
 def test_the_private_name_check_finds_each_way_of_reaching_one() -> None:
-    known = {"colo_data.host.worker_policy", "colo_data.pipeline.parts", "colo_data.io.integers"}
+    known = {"colo_data.host.worker_policy", "colo_data.pipeline.parts", "colo_data.setting_checks"}
     source = (
         "from colo_data.host.worker_policy import _Means, WorkerPolicy\nfrom colo_data.pipeline import parts\n"
-        "import colo_data.io.integers as integers\nparts._cap(1)\nintegers.as_int(2)\nintegers._digits\nparts.__doc__\n"
+        "import colo_data.setting_checks as checks\nparts._cap(1)\nchecks.as_int(2)\nchecks._digits\nparts.__doc__\n"
     )
     found = sorted(private_uses(ast.parse(source), "colo_data.host.pool_schedule", known))
-    assert found == ["1: colo_data.host.worker_policy._Means", "4: colo_data.pipeline.parts._cap", "6: colo_data.io.integers._digits"]
+    assert found == ["1: colo_data.host.worker_policy._Means", "4: colo_data.pipeline.parts._cap", "6: colo_data.setting_checks._digits"]
     assert not list(private_uses(ast.parse("from colo_data.pipeline import parts\nparts._cap\n"), "colo_data.pipeline.parts", known))
 
 

@@ -97,7 +97,7 @@ def test_a_padded_step_a_million_steps_on_is_the_loaders(token_corpus: Path, mix
 
 
 @pytest.mark.parametrize("shuffle", ["none", "block"])
-def test_steps_past_what_a_stream_position_reaches_are_refused_as_skip_refuses_them(token_corpus: Path, shuffle: str) -> None:
+def test_steps_past_what_a_position_reaches_are_refused_as_skip_refuses_them(token_corpus: Path, shuffle: str) -> None:
     """Batches of 16: a step whose records start past 2**62 is a ConfigError that names the
     steps, as `cd.skip` of that many batches is, where lineage named other records (int64
     wrapped: step 2**60 named step 0's) or raised a raw ValueError; the last step that
@@ -112,7 +112,7 @@ def test_steps_past_what_a_stream_position_reaches_are_refused_as_skip_refuses_t
     )
     last = 2**62 // 16
     for step in (last + 1, 2**59, 2**60, 2**62):
-        past = rf"{step}: {step:,} global batches of 16 records from stream position 0 take the stream to .* past the 2\*\*62"
+        past = rf"{step}: {step:,} global batches of 16 records from position 0 take the stream to .* past the 2\*\*62"
         with pytest.raises(cd.errors.ConfigError, match=rf"steps {step}\.\.{past} .*ask for earlier steps"):
             cd.lineage(pipeline, None, steps=range(step, step + 1))
         with pytest.raises(cd.errors.ConfigError, match=rf"batches={past} .*skip fewer"):

@@ -53,8 +53,8 @@ def test_every_packed_segment_is_the_tokenizers_ids_of_the_record_it_names(text:
     segments, per_batch = _segments(dataclasses.replace(chosen, partitions=1), want, tmp_path, backend)
     plain = demo.lm_pipeline(text, seq_len=LENGTH, global_batch_size=BATCH, shuffle="global")
     order = plain.source.bind(plain.order)
-    components, own = order.positions(np.arange(len(segments)))
-    in_order = [(int(c), int(order.orders[c].stream_indices(np.array([q]))[0])) for c, q in zip(components, own, strict=True)]
+    components, own = order.components_at(np.arange(len(segments)))
+    in_order = [(int(c), int(order.orders[c].indices_at(np.array([q]))[0])) for c, q in zip(components, own, strict=True)]
     for b, (start, stop) in enumerate(zip(per_batch, [*per_batch[1:], len(segments)], strict=True)):
         # a batch holds the mixture's next records (in its rows by fit, not in stream order)
         assert sorted(segments[start:stop]) == sorted(in_order[start:stop]), f"batch {b}: not the mixture's next records"

@@ -101,7 +101,7 @@ def test_every_record_once_and_the_same_batches_for_any_host_count(token_corpus:
     reference = read_all(cd.Loader(pipeline, hosts=1))
     seen = check_rows(reference, token_corpus)
     assert sorted(seen) == list(range(RECORDS)), "every record exactly once"
-    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS)).tolist()
+    stream = HostPipeline(pipeline).indices_at(np.arange(RECORDS)).tolist()
     place = {record: i for i, record in enumerate(stream)}
     taken = 0
     for batch in reference:  # each batch takes the next records of the stream, in its rows in stream order
@@ -190,7 +190,7 @@ def test_an_endless_packed_stream_crosses_epochs(token_corpus: Path) -> None:
     assert len(seen) > RECORDS and state["epoch"] * RECORDS + state["position"] == len(seen), "the state counts them"
     # Bins fill side by side, so rows need not hold records in stream order, but they hold
     # exactly the stream's first len(seen) records: all of epoch 0 and the start of epoch 1.
-    stream = HostPipeline(pipeline).stream_indices(np.arange(len(seen)))
+    stream = HostPipeline(pipeline).indices_at(np.arange(len(seen)))
     assert sorted(seen) == sorted(stream.tolist())
 
 
@@ -204,7 +204,7 @@ def inputs_and_targets(columns: dict) -> dict:
 def grain_first_fit(corpus: Path, pipeline: cd.Pipeline, rows: int) -> list[dict[str, np.ndarray]]:
     """Grain's FirstFitPackIterDataset (one bin a row, bins in order) over the pipeline's
     records in its stream order, batched by `rows`."""
-    stream = HostPipeline(pipeline).stream_indices(np.arange(RECORDS))
+    stream = HostPipeline(pipeline).indices_at(np.arange(RECORDS))
     tokens = tokens_of(corpus)
     records = grain.MapDataset.source([{"inputs": tokens[i], "targets": tokens[i] + 1} for i in stream]).to_iter_dataset()
     packed = grain.experimental.FirstFitPackIterDataset(

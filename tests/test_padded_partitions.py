@@ -78,7 +78,7 @@ def test_a_state_resumes_across_host_counts(token_corpus: Path) -> None:
 
 def test_a_state_resumes_at_any_batch_size_its_partitions_divide(token_corpus: Path) -> None:
     """Saved after 5 batches of 12 (60 records, 5 each of 12 partitions), resumed in
-    batches of 24 (from stream position 60, which batches of 24 do not reach: the
+    batches of 24 (from position 60, which batches of 24 do not reach: the
     partitions turn from there), then saved and resumed again on another host count: each
     partition's records go on exactly where they stood, as one loader at 12 reads them. A
     batch size the 12 partitions do not divide is a StateError that names them, and so is a
@@ -163,7 +163,7 @@ def test_a_partition_origin_given_by_hand_is_refused_where_the_stream_before_it_
     at another batch size reads on from its state, and refuses the stream's start alike."""
     for origin in (16, 48):
         pipeline = endless(token_corpus, global_batch_size=64, partitions=16, partition_origin=origin)
-        match = rf"partition_origin={origin}: stream position 0 comes before it.*give partition_origin=0"
+        match = rf"partition_origin={origin}: position 0 comes before it.*give partition_origin=0"
         with cd.Loader(pipeline) as loader, pytest.raises(cd.errors.ConfigError, match=match):
             next(loader)
         with pytest.raises(cd.errors.ConfigError, match=match):
@@ -183,5 +183,5 @@ def test_a_partition_origin_given_by_hand_is_refused_where_the_stream_before_it_
         restored = loader.pipeline
         assert restored.partition_origin == 12
         next(loader)
-    with pytest.raises(cd.errors.ConfigError, match=r"partition_origin=12: stream position 0 comes before it"):
+    with pytest.raises(cd.errors.ConfigError, match=r"partition_origin=12: position 0 comes before it"):
         cd.lineage(restored, None, steps=range(0, 1))

@@ -163,7 +163,7 @@ def test_a_filter_that_keeps_everything_is_the_padded_pipeline(token_corpus: Pat
     """Partition by partition, a filter that rejects nothing gives each partition its next
     rows: a filtered pipeline's partitions take turns of the one order (`shared`), so these
     are the batches of the pipeline without the filter, of one partition. A state that
-    pipeline saved (one stream position) restores into the filtered one where each
+    pipeline saved (one position) restores into the filtered one where each
     partition stood."""
     padded = make_pipeline(token_corpus, partitions=1, epochs=None)
     filtered = make_pipeline(token_corpus, keep=accept_all, partitions=4, epochs=None)
@@ -174,7 +174,7 @@ def test_a_filter_that_keeps_everything_is_the_padded_pipeline(token_corpus: Pat
             next(loader)
         state = loader.get_state()
     assert "parts" not in state
-    assert_batches_equal(expected[5:], read_all(cd.Loader(filtered, hosts=4, state=state), 7), "from a stream position")
+    assert_batches_equal(expected[5:], read_all(cd.Loader(filtered, hosts=4, state=state), 7), "from a position")
 
 
 def test_a_state_resumed_at_another_batch_size_names_the_one_it_was_saved_at(token_corpus: Path) -> None:

@@ -33,8 +33,8 @@ def test_every_epoch_is_a_permutation(shuffle: str, partitions: int, rows: int) 
         np.testing.assert_array_equal(np.sort(got), np.arange(n))
         some = np.array([5, n - 1, 0, 300, 17])  # any positions, in any order: the same records
         np.testing.assert_array_equal(bound.indices(epoch, some), got[some])
-    stream = np.arange(2 * n + 3 * partitions * rows)
-    records, epochs = bound.stream_indices(stream), bound.stream_epochs(stream)
+    positions = np.arange(2 * n + 3 * partitions * rows)
+    records, epochs = bound.indices_at(positions), bound.epochs_at(positions)
     for epoch in (0, 1):  # each partition in epochs of its own, together each record once
         np.testing.assert_array_equal(np.sort(records[epochs == epoch]), np.arange(n))
 
@@ -44,10 +44,10 @@ def test_one_partition_is_the_plain_order(shuffle: str) -> None:
     """One partition is the order without partitions; file order is file order with any."""
     plain = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES))
     one = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES), Partitioning(1, 12))
-    stream = np.arange(3 * sum(SIZES))
-    np.testing.assert_array_equal(plain.stream_indices(stream), one.stream_indices(stream))
-    many = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES), Partitioning(4, 3)).stream_indices(stream)
-    assert np.array_equal(many, plain.stream_indices(stream)) == (shuffle == "none")
+    positions = np.arange(3 * sum(SIZES))
+    np.testing.assert_array_equal(plain.indices_at(positions), one.indices_at(positions))
+    many = cd.Order(shuffle, seed=5, window=3).bind(np.array(SIZES), Partitioning(4, 3)).indices_at(positions)
+    assert np.array_equal(many, plain.indices_at(positions)) == (shuffle == "none")
 
 
 def _groups_per_host(partitions: int, shuffle: str, hosts: int, batch: int = 48) -> list[set[tuple[int, int]]]:
@@ -59,9 +59,9 @@ def _groups_per_host(partitions: int, shuffle: str, hosts: int, batch: int = 48)
     per_host = batch // hosts
     out = []
     for h in range(hosts):
-        stream = (np.arange(n // batch)[:, None] * batch + h * per_host + np.arange(per_host)).ravel()
-        groups = np.searchsorted(starts, bound.stream_indices(stream), side="right") - 1
-        windows = stream // (8 * 50) if shuffle == "block" else np.zeros_like(stream)
+        positions = (np.arange(n // batch)[:, None] * batch + h * per_host + np.arange(per_host)).ravel()
+        groups = np.searchsorted(starts, bound.indices_at(positions), side="right") - 1
+        windows = positions // (8 * 50) if shuffle == "block" else np.zeros_like(positions)
         out.append(set(zip(windows.tolist(), groups.tolist(), strict=True)))
     return out
 
@@ -135,7 +135,7 @@ def test_a_state_resumes_on_other_host_counts_and_names_the_partitions(token_cor
         state = loader.get_state()
     assert state["order"] == "block:2/4x3 dealt"
     state["order"] = "block:2/4x3"  # as saved before partitions had epochs of their own: other records
-    with pytest.raises(cd.errors.StateError, match=r"shared each shuffle window by stream position.*'block:2/4x3 dealt'"):
+    with pytest.raises(cd.errors.StateError, match=r"shared each shuffle window by global position.*'block:2/4x3 dealt'"):
         cd.Loader(pipeline, state=state)
     state["order"] = "block:2/4x3 own"  # as saved while a partition's windows fell on other row groups each epoch
     with pytest.raises(cd.errors.StateError, match=r"other row groups every epoch.*same row groups \('block:2/4x3 dealt'\).*colo-data that saved it"):

@@ -1,5 +1,5 @@
 """`PooledChunks` and `SlicedChunks` (colo_data/host/pool_schedule.py), the mechanism that
-follows the worker policy's count, with a fake clock, pool and stream, and a policy whose
+follows the worker policy's count, with a fake clock, pool and feed, and a policy whose
 count is scripted (the real `WorkerPolicy`'s chunk sizes; its counts are
 tests/test_worker_policy.py's). Chunks by position: every batch once and in stream order
 whoever made it; this thread's chunks small at first; the pool's requests shared out to the
@@ -88,13 +88,13 @@ class Scripted(WorkerPolicy):
 
 
 def batches(position: int, count: int, by: int) -> HostChunk:
-    """`count` host batches from stream `position`: each row names its batch's position and who made it."""
+    """`count` host batches from `position`: each row names its batch's position and who made it."""
     at = np.repeat(np.arange(position, position + count * SIZE, SIZE), ROWS)
     return HostChunk({"batch": at, "by": np.full(len(at), by)})
 
 
-class Stream:
-    """A pool stream whose first `ready_now` workers are ready (all, once `all_ready`), each
+class Feed:
+    """A pool feed whose first `ready_now` workers are ready (all, once `all_ready`), each
     request done `batch_s` a batch after the one before (or after it was asked, if later),
     shared out among its workers; `take` waits for it."""
 
@@ -131,9 +131,9 @@ class Run:
         end: int | None = None, pool: Pool | None = None,
     ) -> None:  # fmt: skip
         self.clock, self.pool = Clock(), Pool() if pool is None else pool
-        self.here_s, self.pool_s, self.streams, self.opened_at = here_s, pool_s, [], []
+        self.here_s, self.pool_s, self.feeds, self.opened_at = here_s, pool_s, [], []
         self.made_here: list[tuple[int, int, bool]] = []  # (position, batches, read ahead?)
-        self.ready_at_open: int | None = None  # the workers ready when the stream opens (None: all)
+        self.ready_at_open: int | None = None  # the workers ready when the feed opens (None: all)
         self.downstream = Downstream()
         self.policy = Scripted(self.clock, script)
         self.chunks = PooledChunks(
@@ -141,11 +141,11 @@ class Run:
             start=start, end=end, size=SIZE, rows=ROWS, clock=self.clock, spent=self.clock.spent,
         )  # fmt: skip
 
-    def open(self, position: int) -> Stream:
+    def open(self, position: int) -> Feed:
         self.opened_at.append(position)
-        self.streams.append(Stream(self.clock, self.pool_s))
-        self.streams[-1].ready_now = self.ready_at_open
-        return self.streams[-1]
+        self.feeds.append(Feed(self.clock, self.pool_s))
+        self.feeds[-1].ready_now = self.ready_at_open
+        return self.feeds[-1]
 
     def make(self, position: int, count: int, read_ahead: bool) -> HostChunk:
         self.clock.work(count * self.here_s)
@@ -175,11 +175,11 @@ def test_this_thread_makes_small_chunks_first_then_the_pool_every_batch_once_in_
     assert sizes[:4] == [1, 2, 4, 8] and max(sizes) <= most, sizes  # a costly first batch comes soon
     # this thread reads ahead while it makes the chunks, not for the one it makes while the pool takes over
     assert [read_ahead for _, _, read_ahead in run.made_here] == [True] * (len(sizes) - 1) + [False]
-    stream = run.streams[0]
+    feed = run.feeds[0]
     assert run.opened_at == [0]  # opened once, at the start: the pool's fork server starts beside the first chunks
-    assert {workers for _, _, workers in stream.asks} == {3}
-    assert stream.most_in_hand == AHEAD
-    positions = [position for position, _, _ in stream.asks]
+    assert {workers for _, _, workers in feed.asks} == {3}
+    assert feed.most_in_hand == AHEAD
+    positions = [position for position, _, _ in feed.asks]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
 
 
@@ -189,12 +189,12 @@ def test_requests_go_to_the_workers_that_are_ready_as_they_get_ready() -> None:
     ready = {0: 1, 60: 2, 120: 4}  # batches handed on -> workers ready from then
 
     def each(part: HostChunk) -> None:
-        if run.streams:
+        if run.feeds:
             handed = run.policy.batches
-            run.streams[0].ready_now = max(n for at, n in ready.items() if handed >= at)
+            run.feeds[0].ready_now = max(n for at, n in ready.items() if handed >= at)
 
     run.take(600, each)
-    levels = [workers for _, _, workers in run.streams[0].asks]
+    levels = [workers for _, _, workers in run.feeds[0].asks]
     assert levels == sorted(levels) and levels[0] == 1 and levels[-1] == 4, levels
 
 
@@ -214,7 +214,7 @@ def test_the_streams_end_cuts_the_last_requests() -> None:
     parts = list(run.chunks)
     at = np.concatenate([p.columns["batch"] for p in parts])[::ROWS]
     assert (at == np.arange(7 * SIZE, end, SIZE)).all()
-    assert run.streams and all(position + count * SIZE <= end for position, count, _ in run.streams[0].asks)
+    assert run.feeds and all(position + count * SIZE <= end for position, count, _ in run.feeds[0].asks)
     assert not run.chunks.asked  # nothing left in the pool's hands
 
 
@@ -266,7 +266,7 @@ def test_without_a_pool_every_chunk_is_made_here_the_first_small_whatever_a_reco
         assert made[:7] == ramp and set(made[7:-1]) == {most} and made[-1] <= most, (here_s, made[:12])
 
 
-def test_a_remote_pool_opens_its_stream_at_once() -> None:
+def test_a_remote_pool_opens_its_feed_at_once() -> None:
     run = Run(lambda handed: 2 if handed >= 5 else 0, start=5 * SIZE, pool=Pool(remote=True))
     assert run.opened_at == [5 * SIZE]
     at, by = run.take(500)
@@ -292,8 +292,8 @@ def sliced(clock: Clock | None, start: np.ndarray, owned: range | None, here_s: 
         yield columns, np.concatenate([position[:1], position[1 + parts.start : 1 + parts.stop]])
 
 
-class SliceStream:
-    """A pool stream that computes the workers' slices of each request (`Resume`) at once,
+class SliceFeed:
+    """A pool feed that computes the workers' slices of each request (`Resume`) at once,
     done `part_s` a partition a batch after the one before (shared out among the workers);
     its first `ready_now` workers ready (None: all)."""
 
@@ -335,7 +335,7 @@ class SlicedRun:
     def __init__(self, script: Callable[[int], int], start: np.ndarray | None = None, pool: Pool | None = None) -> None:
         self.clock, self.pool = Clock(), Pool() if pool is None else pool
         self.start = np.zeros(1 + PARTS, np.int64) if start is None else start
-        self.streams: list[SliceStream] = []
+        self.feeds: list[SliceFeed] = []
         self.cuts = 0  # times the batches were computed here from a position
         rows = PARTS * PART_ROWS
 
@@ -350,9 +350,9 @@ class SlicedRun:
             start=self.start, owned=range(PARTS), rows=rows, clock=self.clock, spent=self.clock.spent,
         )  # fmt: skip
 
-    def open(self) -> SliceStream:
-        self.streams.append(SliceStream(self.clock, 0.001))
-        return self.streams[-1]
+    def open(self) -> SliceFeed:
+        self.feeds.append(SliceFeed(self.clock, 0.001))
+        return self.feeds[-1]
 
 
 def rows_of(chunks: list[HostChunk]) -> tuple[np.ndarray, np.ndarray]:
@@ -373,7 +373,7 @@ def test_slices_put_together_are_the_batches_of_all_partitions_computed_here() -
     got = list(run.chunks)
     assert len(got) == PART_BATCHES
     assert all((a == b).all() for a, b in zip(rows_of(got), alone(run.start), strict=True))
-    levels = run.streams[0].levels
+    levels = run.feeds[0].levels
     assert {1, 2, 4} <= set(levels), levels
     assert run.cuts == 2  # here from the start, and again after the count fell to none
 
@@ -384,17 +384,17 @@ def test_slices_from_a_position_and_at_most_one_worker_a_partition() -> None:
     got = list(run.chunks)
     assert len(got) == PART_BATCHES - 3
     assert all((a == b).all() for a, b in zip(rows_of(got), alone(start), strict=True))
-    assert set(run.streams[0].levels) == {PARTS}  # as many workers as partitions, not 16
+    assert set(run.feeds[0].levels) == {PARTS}  # as many workers as partitions, not 16
 
 
 def test_a_new_count_of_slices_waits_for_all_its_workers_to_be_ready() -> None:
     run = SlicedRun(lambda handed: 0 if handed < 10 else 4)
     got = []
     for chunk in run.chunks:
-        if run.streams and len(got) < 60:
-            run.streams[0].ready_now = 3  # one of the four is not ready yet: the batches are made here meanwhile
-        elif run.streams:
-            run.streams[0].ready_now = None
+        if run.feeds and len(got) < 60:
+            run.feeds[0].ready_now = 3  # one of the four is not ready yet: the batches are made here meanwhile
+        elif run.feeds:
+            run.feeds[0].ready_now = None
         got.append(chunk)
-    assert set(run.streams[0].levels) == {4}
+    assert set(run.feeds[0].levels) == {4}
     assert all((a == b).all() for a, b in zip(rows_of(got), alone(run.start), strict=True))

@@ -153,9 +153,9 @@ def test_worker_processes_send_their_counts_with_their_shares(corpora: dict[str,
     )
     owner = Lifecycle("test")
     try:
-        stream = WorkerPool(2, owner).stream(cloudpickle.dumps(pipeline), 0, 1, 0)
-        stream.ask(12, 15, 2)  # 15 batches from the second on, shared by both workers
-        chunk = stream.take()
+        feed = WorkerPool(2, owner).feed(cloudpickle.dumps(pipeline), 0, 1, 0)
+        feed.ask(12, 15, 2)  # 15 batches from the second on, shared by both workers
+        chunk = feed.take()
     finally:
         owner.close()
     here = ChunkWork(pipeline)

@@ -399,7 +399,7 @@ def test_actors_killed_mid_stream_lose_and_repeat_no_record(
     cluster: ray_cluster_utils.Cluster, token_corpus: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A SIGKILL of the actors' processes while they compute: their shares in flight are
-    computed again here (Ray restarts them, and they set the stream up again with their next
+    computed again here (Ray restarts them, and they set the feed up again with their next
     share), and the stream is the one of no workers, record for record."""
     ray = cd.RayWorkers(address=cluster.address, actors=2, num_cpus=0.25)
     with cd.Loader(pipeline_of(token_corpus, slow), hosts=1, backend=cd.InProcess(workers=ray)) as loader:

@@ -20,7 +20,7 @@ from colo_data.errors import ConfigError
 from colo_data.resources import CpuBudget, cpu_budget, memory_limit
 from colo_data.cli import main
 from colo_data.runtime.budget import auto_workers, shm_capacity
-from colo_data.workers.settings import WorkerChoice, auto_most, choose_workers
+from colo_data.workers.settings import WAITING_PER_CPU, WorkerChoice, auto_most, choose_workers
 
 from real_cgroup import cpu_cgroup
 from start_gate import tmpfs
@@ -350,7 +350,8 @@ def test_doctor_json_reports_what_this_process_sees(monkeypatch: pytest.MonkeyPa
     out = _doctor("--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert set(report) == {"cpu", "memory_limit", "shm", "jax", "versions", "warnings"}
+    assert set(report) == {"cpu", "memory_limit", "shm", "jax", "versions", "warnings", "workers"}
+    assert report["workers"]["setting"] == "auto" and report["workers"]["most"] == auto_most(cpu_budget())
     assert report["warnings"] == []  # off Pathways there are none
     assert report["cpu"] == dataclasses.asdict(cpu_budget())
     assert report["memory_limit"] == memory_limit()
@@ -368,7 +369,10 @@ def test_doctor_text() -> None:
     lines = out.stdout.splitlines()
     rows = {label: value.strip() for label, value in (line.split("  ", 1) for line in lines)}
     assert rows["cpu budget"] == "0.5 CPUs (COLO_DATA_CPUS=0.5)"
-    assert rows["workers"] == "0"
+    # what a sidecar's "auto" allows on half a CPU (one busy CPU's worth of waiting workers),
+    # as the sidecar says it, and apart, what Grain's multiprocessing gets: none
+    assert rows["workers"].startswith(f"auto: up to {WAITING_PER_CPU} ({WAITING_PER_CPU} a CPU of the budget of 0.5 (COLO_DATA_CPUS=0.5)")
+    assert rows["grain workers"].startswith("0 (")
     assert rows["jax backend"] == "cpu"
     assert rows["jax devices"].startswith("3: ")
     assert rows["pathways proxy"] == "no"

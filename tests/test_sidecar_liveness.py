@@ -122,7 +122,7 @@ def test_a_frozen_sidecar_is_an_error_within_its_timeout_and_a_batch_twice_as_lo
     frozen = make_pipeline(token_corpus, epochs=None)
     with cd.Loader(frozen, backend=cd.Sidecar(shm_dir=str(frozen_shm), workers=0, timeout=TIMEOUT_S)) as loader:
         next(loader)
-        ((_, pid),) = loader._runner.backend._targets
+        ((_, pid),) = loader._runner.transport._targets
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         with pytest.raises(cd.errors.SidecarError) as raised:
@@ -292,11 +292,11 @@ def test_a_peer_that_answers_the_challenge_a_byte_at_a_time_does_not_hold_the_do
         assert challenged.wait(HANG_S), "the sidecar never challenged the peer"
         trainer = SidecarClient(f"unix://{socket}", timeout=HANG_S)  # let in
         assert not dropped.is_set(), "the trainer was let in only once the slow peer was gone"
-        stream = trainer.batches(make_pipeline(token_corpus), 0, 1, 0, copy=True)
+        batches = trainer.batches(make_pipeline(token_corpus), 0, 1, 0, copy=True)
         try:
-            assert next(stream).columns, "the trainer is served"
+            assert next(batches).columns, "the trainer is served"
         finally:
-            stream.close()  # ends the session and the connection
+            batches.close()  # ends the session and the connection
     finally:
         peer.join(len(answer) * 2 + HANG_S)
     assert dropped.is_set() and sent[0] < len(answer), f"the peer sent {sent[0]} of {len(answer)} bytes and was not dropped"

@@ -129,7 +129,7 @@ def test_counts_and_states_past_what_a_position_holds_are_named(token_corpus: Pa
     state the loader reads from. A mixture's positions past it are a StateError too."""
     pipeline = pipeline_of("padded", token_corpus, mix_corpora)
     _, state = read(pipeline, 1)
-    with pytest.raises(cd.errors.ConfigError, match=r"batches=2305843009213693952: .* past the 2\*\*62 that a stream position may reach"):
+    with pytest.raises(cd.errors.ConfigError, match=r"batches=2305843009213693952: .* past the 2\*\*62 that a position may reach"):
         cd.skip(pipeline, state, batches=2**61)
     far = cd.skip(pipeline, state, batches=2**58)  # record 2**61 + 8
     with cd.Loader(pipeline, state=far) as loader:

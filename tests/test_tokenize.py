@@ -212,7 +212,7 @@ def test_each_worker_gets_its_share_of_the_cpus_for_the_tokenizers_threads(
                 source=cd.ArrowSource(str(corpus), columns=["text"]), global_batch_size=4,
                 transforms=[cd.tokenize("text", tokenizer), cd.pad_or_truncate("text", 8)],
             )
-            pool.stream(cloudpickle.dumps(pipeline), 0, 1, 0).ready(2)  # the workers start when a stream asks for them
+            pool.feed(cloudpickle.dumps(pipeline), 0, 1, 0).ready(2)  # the workers start when a feed asks for them
             environs = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in pool.pids]
         finally:
             owner.close()

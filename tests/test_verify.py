@@ -171,7 +171,7 @@ def host_1_of_2_rows(pipeline: cd.Pipeline, batch: int) -> tuple[int, int, dict[
     the records that tell its pieces from other host counts' to the broken transform: rows 6
     and 11, which host 1 of 2 holds both of (hosts 2 and 3 of 4, one each), and row 5, which
     it does not (one host holds it with row 6)."""
-    rows = [int(i) for i in HostPipeline(pipeline).stream_indices(np.arange(BATCH) + batch * BATCH)]
+    rows = [int(i) for i in HostPipeline(pipeline).indices_at(np.arange(BATCH) + batch * BATCH)]
     return rows[6], rows[7], {"mates": [rows[6], rows[11]], "other": rows[5]}
 
 
@@ -183,7 +183,7 @@ def test_cli_passes_on_a_sound_pipeline(workdir: Path, token_corpus: Path) -> No
         "PASS  identical batches: hosts 1, 2, 4 give the same 10 batches, row for row in every column"
     )
     assert found["exactly once"] == (
-        "PASS  exactly once: each record once per epoch over stream positions 0-119: epoch 0, with hosts 1, 2, 4"
+        "PASS  exactly once: each record once per epoch over positions 0-119: epoch 0, with hosts 1, 2, 4"
     )
     assert found["seed order"] == (
         "PASS  seed order: every record comes where seed 7 (shuffle=block:2) puts it, with hosts 1, 2, 4"
@@ -285,7 +285,7 @@ def test_host_counts_that_do_not_divide_the_batch_are_skipped(
         "SKIP  4 hosts", "PASS  identical batches", "PASS  exactly once", "PASS  seed order", "PASS  resume",
     ]
     assert checks[1].detail.startswith("hosts 1, 2, 3 give the same 7 batches")
-    assert checks[2].detail.startswith("each record once per epoch over stream positions 0-41: 42 of epoch 0's 120")
+    assert checks[2].detail.startswith("each record once per epoch over positions 0-41: 42 of epoch 0's 120")
     assert checks[-1].detail.startswith("state after 3 batches with 1 host, restored with 3 hosts")
     with pytest.raises(cd.errors.ConfigError, match=r"hosts=\(4, 5\): none divides global_batch_size=6"):
         verify(pipeline, hosts=(4, 5))
@@ -303,12 +303,12 @@ def test_packed_pipeline_losing_a_record_fails_naming_it(
     workdir: Path, token_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pipeline = build(workdir, monkeypatch, "packed", corpus=str(token_corpus))
-    kept = [int(i) for i in HostPipeline(pipeline).stream_indices(np.arange(RECORDS)) if i % 3]
+    kept = [int(i) for i in HostPipeline(pipeline).indices_at(np.arange(RECORDS)) if i % 3]
     lost = kept[20]
     checks = by_name(verify(build(workdir, monkeypatch, "packed", corpus=str(token_corpus), lose=lost)))
     assert checks["identical batches"].status == "PASS"  # every host count loses it
     assert re.fullmatch(
-        rf"1 host: record {lost} is missing \(the order puts it at stream position \d+, in batch \d+\) "
+        rf"1 host: record {lost} is missing \(the order puts it at position \d+, in batch \d+\) "
         r"\(in all: 0 records too often, 1 missing\) \(fails with hosts 2, 4 too\)",
         checks["exactly once"].detail,
     ), checks["exactly once"].detail
@@ -344,7 +344,7 @@ def test_a_partitioned_pipeline_is_verified_partition_by_partition(
     checks = by_name(verify(build(workdir, monkeypatch, "partitioned", corpus=str(token_corpus), lose=lost)))
     assert checks["identical batches"].status == "PASS"  # every host count loses it
     assert re.fullmatch(
-        rf"1 host: partition 0: record {lost} is missing \(the order puts it at its own stream position \d+\) "
+        rf"1 host: partition 0: record {lost} is missing \(the order puts it at its own position \d+\) "
         r"\(in all: 0 records too often, 1 missing\) \(fails with hosts 2, 4 too\)",
         checks["exactly once"].detail,
     ), checks["exactly once"].detail

@@ -53,11 +53,11 @@ def test_a_sound_mixture_passes_every_check(mix_corpora: dict[str, Path]) -> Non
     found = by_name(checks)
     assert found["identical batches"].detail.startswith("hosts 1, 2, 3 give the same 10 batches")
     assert found["shares"].detail == (
-        "in every prefix of stream positions 0-119 each component is within one record of its share "
+        "in every prefix of positions 0-119 each component is within one record of its share "
         "('web' 32768/65536, 'code' 19661/65536, 'math' 13107/65536), with hosts 1, 2, 3"
     )
     assert found["exactly once"].detail == (
-        "each record once per epoch of its component over stream positions 0-119: 'web' epoch 0, "
+        "each record once per epoch of its component over positions 0-119: 'web' epoch 0, "
         "'code' epoch 0 and 11 of epoch 1's 25, 'math' epochs 0-2 and 3 of epoch 3's 7, with hosts 1, 2, 3"
     )
     assert found["resume"].detail.startswith("state after 5 batches with 1 host, restored with 3 hosts")
@@ -88,7 +88,7 @@ def test_a_relabelled_component_fails_naming_it(mix_corpora: dict[str, Path]) ->
     assert checks["shares"].failed and checks["shares"].detail.startswith("1 host: component 'math' has 0 of the first ")
     exactly_once = checks["exactly once"]
     assert exactly_once.failed and "'code' record" in exactly_once.detail, exactly_once
-    assert "but the order puts it at none of the stream positions 0-71" in exactly_once.detail, exactly_once.detail
+    assert "but the order puts it at none of the positions 0-71" in exactly_once.detail, exactly_once.detail
     assert "'math' record" in exactly_once.detail and " is missing (the order puts it at batch " in exactly_once.detail
     assert checks["seed order"].failed and "where the seed's order has 'math' record" in checks["seed order"].detail
     assert checks["resume"].status == "PASS"
@@ -122,9 +122,9 @@ def test_a_record_lost_on_one_host_count_fails_naming_its_component(mix_corpora:
     mix = pipeline.source
     assert isinstance(mix, cd.Mix)
     order = mix.bind(pipeline.order)
-    components, own = order.positions(np.arange(3 * BATCH + 6, 3 * BATCH + 11))
+    components, own = order.components_at(np.arange(3 * BATCH + 6, 3 * BATCH + 11))
     row = int(np.flatnonzero(components == 0)[0])
-    record = int(order.orders[0].stream_indices(own[row : row + 1])[0])
+    record = int(order.orders[0].indices_at(own[row : row + 1])[0])
     made, rows = 0, 0  # host 1 of 2's batches before the piece that holds batch 3, and that piece's rows
     for piece in HostPipeline(pipeline, 1, 2).chunks(0):
         made, rows = made + piece.rows // (BATCH // 2), piece.rows

@@ -86,27 +86,27 @@ def descendants() -> list[int]:
 
 
 def ready(pool: WorkerPool, payload: bytes, workers: int) -> None:
-    """Start a stream of `payload` on `pool` and wait until its first `workers` have set it up."""
-    stream = pool.stream(payload, 0, 1, 0)
-    assert settle(lambda: stream.ready(workers) == workers, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
+    """Start a feed of `payload` on `pool` and wait until its first `workers` have set it up."""
+    feed = pool.feed(payload, 0, 1, 0)
+    assert settle(lambda: feed.ready(workers) == workers, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
 
 
-def test_workers_are_forked_from_a_server_started_with_the_first_stream_that_preloaded_their_imports(
+def test_workers_are_forked_from_a_server_started_with_the_first_feed_that_preloaded_their_imports(
     token_corpus: Path, tmp_path: Path
 ) -> None:
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(2, owner)
-        assert not psutil.Process().children(), "a server before any stream"
+        assert not psutil.Process().children(), "a server before any feed"
         pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
-        stream = pool.stream(cloudpickle.dumps(pipeline), 0, 1, 0)
+        feed = pool.feed(cloudpickle.dumps(pipeline), 0, 1, 0)
         (server,) = psutil.Process().children()
-        assert not pool.pids, "a worker before the stream asked for one"
-        stream.ready(2)
+        assert not pool.pids, "a worker before the feed asked for one"
+        feed.ready(2)
         maps = Path(f"/proc/{server.pid}/maps")
         assert settle(lambda: "libarrow" in maps.read_text(), WORKERS_S), "the server did not import pyarrow"
         assert "jaxlib" not in maps.read_text() and "xla_extension" not in maps.read_text(), "the server loaded JAX"
-        assert settle(lambda: stream.ready(2) == 2, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
+        assert settle(lambda: feed.ready(2) == 2, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
         seen = [json.loads((tmp_path / f"{pid}.json").read_text()) for pid in pool.pids]
         assert MARK not in " ".join(server.cmdline()), "the server's command line says it is a worker"
         for worker in seen:
@@ -263,6 +263,6 @@ def test_workers_die_with_their_server_and_the_pool_says_so(token_corpus: Path) 
         server.send_signal(signal.SIGKILL)
         assert settle(lambda: not alive(workers)), f"workers outlived their server: {alive(workers)}"
         with pytest.raises(cd.ColoDataError, match=r"a worker process died \(worker 0 was killed by SIGKILL; worker 1 was killed"):
-            pool.stream(payload, 0, 1, 0)
+            pool.feed(payload, 0, 1, 0)
     finally:
         owner.close()

@@ -1,2 +1,2 @@
 """Backends: the option objects a `Loader` takes (`InProcess`, `Sidecar`, `Colocated`) and
-the transports behind one `Backend` protocol."""
+the transports behind one `Transport` protocol."""

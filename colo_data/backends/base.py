@@ -1,6 +1,6 @@
-"""What every transport gives the `Loader`: one small protocol (`Backend`) and the global
-batch it yields (`GlobalBatch`). The in-process and sidecar backends produce host pieces,
-which `assembled` turns into global arrays on the mesh; the colocated backend's hosts
+"""What every transport gives the `Loader`: one small protocol (`Transport`) and the global
+batch it yields (`GlobalBatch`). The in-process and sidecar transports produce host pieces,
+which `assembled` turns into global arrays on the mesh; the colocated transport's hosts
 hand back global arrays themselves."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class GlobalBatch:
 
     Args:
         arrays: column name -> `jax.Array` with the global batch size as leading dimension.
-        end: the stream position after it where the hosts say it (packed batches), or a
+        end: the position after it where the hosts say it (packed batches), or a
             partitioned pipeline's own positions after it (-1: partitions of other
             processes' hosts); None when the batch took exactly one global batch of records.
         states: a Grain pipeline's state of each host (host -> state) after it; None for a
@@ -43,12 +43,13 @@ class GlobalBatch:
     states: dict[int, Any] | None = None
 
 
-class Backend(Protocol):
-    """A transport: where the hosts' pipelines run and how their rows reach this process.
+class Transport(Protocol):
+    """Where the hosts' pipelines run and how their rows reach this process: what a
+    `BackendOptions` starts.
 
-    `open(position, run)` starts a stream of global batches at a stream position; every
-    thread, process and socket it starts belongs to `run`, which the loader closes when the
-    stream ends or restarts. The counters are cumulative over the loader's runs.
+    `open(position, run)` starts the global batches at a position; every thread, process
+    and socket it starts belongs to `run`, which the loader closes when the batches end or
+    restart. The counters are cumulative over the loader's runs.
     `on_trainer_thread`: the hosts' work runs on the thread that calls `next()`."""
 
     name: str
@@ -65,22 +66,22 @@ class Backend(Protocol):
 
 
 def assembled(
-    streams: Sequence[Iterator[HostChunk]], placement: Placement, handoff: StageTimes, wait_for_devices: bool
+    feeds: Sequence[Iterator[HostChunk]], placement: Placement, handoff: StageTimes, wait_for_devices: bool
 ) -> Iterator[GlobalBatch]:
-    """Global batches from the local hosts' streams of pieces (one per host, in
+    """Global batches from the local hosts' feeds of pieces (one per host, in
     `placement.local_hosts` order), with the hand-off time in `handoff`. In JAX's 32-bit
     mode, 64-bit columns are cast to 32 bits when every value fits, else a TransformError
     (`jax_ready`); the mode is read at each batch, on the thread that makes the arrays
     (`jax.enable_x64` as a context holds for one thread only). With `wait_for_devices`,
     each batch is on the devices before the next pieces are asked for (their memory is
-    reused then). The hosts' streams end together, or it is a GrainError (only a Grain
-    pipeline's hosts can end apart). Closes the streams when done or closed."""
+    reused then). The hosts' feeds end together, or it is a GrainError (only a Grain
+    pipeline's hosts can end apart). Closes the feeds when done or closed."""
     local = placement.local_hosts
     rows = placement.global_batch_size * len(local) // placement.hosts
     nbytes = 0
     try:
         while True:
-            got = [next(stream, None) for stream in streams]
+            got = [next(feed, None) for feed in feeds]
             if all(p is None for p in got):
                 return
             pieces = [p for p in got if p is not None]
@@ -90,7 +91,7 @@ def assembled(
                 ended = [h for h, p in zip(local, got, strict=True) if p is None]
                 raise ended_early(ended, [h for h in local if h not in ended])
             start = perf_counter()
-            end = stream_end(local, pieces, placement)
+            end = end_position(local, pieces, placement)
             same_columns(local, [p.columns for p in pieces])
             x64 = jax.enable_x64.value
             columns = {h: jax_ready(p.columns, x64, f"host {h}") for h, p in zip(local, pieces, strict=True)}
@@ -102,13 +103,13 @@ def assembled(
             states = {h: p.states[0] for h, p in zip(local, pieces, strict=True) if p.states}
             yield GlobalBatch(arrays, end, states or None)
     finally:
-        for stream in streams:
-            close_iterator(stream)
+        for feed in feeds:
+            close_iterator(feed)
 
 
-def stream_end(local: Sequence[int], pieces: Sequence[HostChunk], placement: Placement) -> int | np.ndarray | None:
-    """Where the local hosts say the stream stands after a batch: a packed or filtered
-    pipeline's stream position (the same on every host, or a TransformError), a
+def end_position(local: Sequence[int], pieces: Sequence[HostChunk], placement: Placement) -> int | np.ndarray | None:
+    """Where the local hosts say a batch ends: a packed or filtered pipeline's position
+    after it (the same on every host, or a TransformError), a
     partitioned one's own positions (-1: other processes' partitions), else None."""
     if any(isinstance(p.end, np.ndarray) for p in pieces):
         return placement.ends({h: p.end for h, p in zip(local, pieces, strict=True) if isinstance(p.end, np.ndarray)})
@@ -134,7 +135,7 @@ def same_columns(hosts: Sequence[int], pieces: Sequence[HostBatch]) -> None:
 
 
 def ended_early(ended: Sequence[int], going: Sequence[int]) -> GrainError:
-    """The error for hosts whose streams ended while others' went on."""
+    """The error for hosts whose feeds ended while others' went on."""
     return GrainError(
         f"host(s) {list(ended)} came to the end of their data while host(s) {list(going)} had more: every host's "
         "dataset must give the same number of batches (shard with drop_remainder=True, or repeat the dataset and "

@@ -50,7 +50,7 @@ from colo_data.workers.pools import start_pool
 from colo_data.workers.settings import Workers, check_workers, choose_workers
 
 _AXIS = "hosts"
-_LOW_BITS = 31  # a stream position travels as two int32 words: JAX's default has no int64
+_LOW_BITS = 31  # a position travels as two int32 words: JAX's default has no int64
 NOTE_BYTES = 4096  # a host's warnings of one call, as zero-padded JSON: fetched by the trainer each call
 STATE_BYTES = 16384  # a Grain pipeline host's states of one call's batches, as zero-padded JSON
 _MESSAGE_CHARS = 1000  # of one warning's message in a note
@@ -74,13 +74,13 @@ def _decode(words: np.ndarray) -> np.ndarray:
     return (words[..., 0].astype(np.int64) << _LOW_BITS) | words[..., 1].astype(np.int64)
 
 
-class _HostSide:
+class _ColocatedHost:
     """The object that lives in the colocated-Python sidecar: one per host under Pathways,
     one for every host on a CPU-only JAX. A request is an int32 array of shape
-    `(hosts, count, 2)`, sharded over the hosts' CPU devices, holding the stream positions
+    `(hosts, count, 2)`, sharded over the hosts' CPU devices, holding the positions
     of `count` consecutive global batches; the shard a host holds says which host it is.
-    Consecutive requests continue each host's chunk stream (its worker processes and
-    row-group cache); any other position restarts it. The requests of a stream ask for
+    Consecutive requests continue each host's feed of chunks (its worker processes and
+    row-group cache); any other position restarts it. The requests of one feed ask for
     the same count (`ColocatedHosts.batches_per_call`), but the last one. `controller` is
     the controller's `_PROCESS`: in another process (a sidecar's) this object carries each
     host's warnings back in the calls' notes; in the controller's own they show there."""
@@ -90,8 +90,8 @@ class _HostSide:
         self.choice = choose_workers(workers, cpu_budget())
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostShare] = {}
-        self._streams: dict[int, tuple[Position, Iterator[HostChunk], Lifecycle]] = {}
-        self._owner = Lifecycle("colocated host side")
+        self._feeds: dict[int, tuple[Position, Iterator[HostChunk], Lifecycle]] = {}
+        self._owner = Lifecycle("colocated host")
 
     @staticmethod
     def _host(shard: Any, hosts: int) -> int:
@@ -100,35 +100,35 @@ class _HostSide:
 
     def _chunk(self, host: int, hosts: int, position: Position, count: int) -> tuple[HostChunk | None, list[Any] | None]:
         """The host's next `count` batches from `position` as one chunk (None at the stream's
-        end), and for a packed or filtered pipeline the stream position after each of them
+        end), and for a packed or filtered pipeline the position after each of them
         (fewer at the stream's end): its batches take as many records as fit or pass (a
         partitioned one's: its partitions' own positions)."""
         variable = self.pipeline.variable_batches  # each batch ends where the hosts say
-        current = self._streams.get(host)
+        current = self._feeds.get(host)
         key = self._key(host, hosts, position)
         if current is None or not np.array_equal(current[0], key):
             if current is not None:
                 _close(current)
-            if host not in self._pipelines:  # its worker processes are kept across streams
+            if host not in self._pipelines:  # its worker processes are kept across feeds
                 pool = start_pool(self.choice, self._owner)
                 self._pipelines[host] = host_pipeline(self.pipeline, host, hosts, pool)
-            run = self._owner.child(f"host {host} stream")
+            run = self._owner.child(f"host {host} feed")
             share = self._pipelines[host]  # the controller waits while its chunks are computed: its wait for input
             chunks = told(share.chunks(position, run, batches=None if variable else count), share.downstream, True)
             current = (key, chunks, run)
         if not variable:
-            self._streams[host] = (int(position) + count * self.pipeline.global_batch_size, current[1], current[2])
+            self._feeds[host] = (int(position) + count * self.pipeline.global_batch_size, current[1], current[2])
             return next(current[1], None), None
         parts = list(itertools.islice(current[1], count))  # one batch each, with the position after it
         ends = [part.end if isinstance(part.end, np.ndarray) else int(cast(int, part.end)) for part in parts]
-        self._streams[host] = (ends[-1] if ends else key, current[1], current[2])
+        self._feeds[host] = (ends[-1] if ends else key, current[1], current[2])
         if not parts:
             return None, None
         columns = {name: np.concatenate([part.columns[name] for part in parts]) for name in parts[0].columns}
         return HostChunk(columns, ends[-1]), ends
 
     def _key(self, host: int, hosts: int, position: Position) -> Position:
-        """What a host's stream continues from: the position, or a partitioned pipeline's
+        """What a host's feed continues from: the position, or a partitioned pipeline's
         phase and own positions of the host's partitions (what its chunks end at)."""
         if not isinstance(position, np.ndarray):
             return position
@@ -158,7 +158,7 @@ class _HostSide:
         warnings of this call (`_note`), None when this object runs in the controller's
         process, a Grain pipeline's host states: a (hosts, STATE_BYTES) uint8 array, row h
         host h's state after each batch as JSON (None for a native pipeline), and a packed or
-        filtered pipeline's stream position after each batch: a (hosts, batches, 2) int32
+        filtered pipeline's position after each batch: a (hosts, batches, 2) int32
         array (`_encode`; every host plans the same batches; None for other pipelines). Such
         a call may give fewer batches than asked, at the stream's end. In JAX's 32-bit mode a
         64-bit column is cast to 32 bits, or is a TransformError when a value would change."""
@@ -183,11 +183,11 @@ class _HostSide:
         if ended:
             raise ended_early(ended, [h for h, _, c in chunks if c is not None])
         planned = {h: e for h, e in ends.items() if e is not None}
-        if partitioned:  # each host its own partitions' positions; the hosts' fewest batches are the stream's
+        if partitioned:  # each host its own partitions' positions; the hosts' fewest batches are the call's
             count = min(len(e) for e in planned.values())
             chunks = [(h, d, _first_batches(c, count, size // hosts)) for h, d, c in chunks]
         elif len({tuple(e) for e in planned.values()}) > 1:
-            raise SidecarError(f"the hosts planned other batches (their stream positions after each: {planned})")
+            raise SidecarError(f"the hosts planned other batches (their positions after each: {planned})")
         if planned:
             count = len(next(iter(planned.values()))) if not partitioned else count
         per_host = [(h, d, c.columns) for h, d, c in chunks if c is not None]
@@ -196,7 +196,7 @@ class _HostSide:
         ready = []
         for h, d, c in per_host:
             with self._work_of(h, hosts, caught):
-                ready.append((h, d, jax_ready(c, x64, f"host {h}, batches from stream position {positions[h]}")))
+                ready.append((h, d, jax_ready(c, x64, f"host {h}, batches from position {positions[h]}")))
         sharding = _batch_sharding(request)
         out: list[dict[str, jax.Array]] = [{} for _ in range(count)]
         for name, first in ready[0][2].items():
@@ -236,10 +236,10 @@ class _HostSide:
                     caught.setdefault(host, []).extend(records)
 
     def close(self, request: jax.Array) -> jax.Array:
-        """Stop every host stream and the hosts' worker processes; final."""
-        for stream in self._streams.values():
-            _close(stream)
-        self._streams.clear()
+        """Stop every host's feed and the hosts' worker processes; final."""
+        for feed in self._feeds.values():
+            _close(feed)
+        self._feeds.clear()
         self._pipelines.clear()
         self._owner.close()
         return self.open(request)
@@ -253,7 +253,7 @@ def _first_batches(chunk: HostChunk | None, count: int, rows: int) -> HostChunk 
 
 
 def _ends(after: np.ndarray) -> list[Any]:
-    """The stream position after each batch of a call, from the hosts' (hosts, batches)
+    """The position after each batch of a call, from the hosts' (hosts, batches)
     positions (every host plans the same), or a partitioned pipeline's own positions from
     the hosts' (hosts, batches, partitions of a host): the hosts' put together."""
     if after.ndim == 2:
@@ -348,10 +348,10 @@ def _batch_sharding(request: jax.Array) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(_AXIS))
 
 
-def _close(stream: tuple[Position, Iterator[HostChunk], Lifecycle]) -> None:
-    """End a host's chunk stream and whatever it started (worker processes, read-ahead)."""
-    close_iterator(stream[1])
-    stream[2].close()
+def _close(feed: tuple[Position, Iterator[HostChunk], Lifecycle]) -> None:
+    """End a host's feed and whatever it started (worker processes, read-ahead)."""
+    close_iterator(feed[1])
+    feed[2].close()
 
 
 def _as_colo_data_error(e: Exception, hosts: Sequence[jax.Device]) -> ColoDataError:
@@ -416,8 +416,8 @@ class ColocatedHosts:
         # The first call creates the objects. It must succeed: a colocated object lives only
         # as long as a compiled method holds it, and a first call that fails holds nothing
         # (every later call would find no object), so this one cannot fail on the data.
-        # jax types the wrapper `type[object]`, though it takes `_HostSide`'s arguments
-        self._remote = colocated_python_class(_HostSide)(self.pipeline, self.workers, _PROCESS)
+        # jax types the wrapper `type[object]`, though it takes `_ColocatedHost`'s arguments
+        self._remote = colocated_python_class(_ColocatedHost)(self.pipeline, self.workers, _PROCESS)
         try:
             seen = np.asarray(self._call("open", self._request(0, 1)))
         except BaseException:
@@ -430,16 +430,18 @@ class ColocatedHosts:
             )
 
     def batches(self, start_position: Position) -> Iterator[dict[str, jax.Array]]:
-        """Global batches from stream `start_position` on (a trailing partial batch is
+        """Global batches from position `start_position` on (a trailing partial batch is
         dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
         objects after `close()`."""
-        for batch, _, _ in self.stream(start_position):
+        for batch, _, _ in self.batches_and_ends(start_position):
             yield batch
 
-    def stream(self, start_position: Position) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, Position | None]]:
-        """As `batches`, each global batch with a Grain pipeline's host states after it
-        (host -> state; None for a native pipeline) and a packed or filtered pipeline's stream
-        position after it (None for others)."""
+    def batches_and_ends(
+        self, start_position: Position
+    ) -> Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, Position | None]]:
+        """As `batches`, each global batch with where it ends: a Grain pipeline's host states
+        after it (host -> state; None for a native pipeline) and a packed or filtered
+        pipeline's position after it (None for others)."""
         if self._remote is None:
             self._open()
         left = None if isinstance(start_position, np.ndarray) else self.pipeline.batches_from(start_position)
@@ -462,7 +464,7 @@ class ColocatedHosts:
             left = None if left is None else left - count
 
     def close(self) -> None:
-        """Stop the hosts' streams and release the colocated objects."""
+        """Stop the hosts' feeds and release the colocated objects."""
         if self._remote is None:
             return
         try:
@@ -477,8 +479,8 @@ class ColocatedHosts:
         self.close()
 
 
-class ColocatedBackend:
-    """The Pathways transport behind the `Backend` protocol: `ColocatedHosts` computes the
+class ColocatedTransport:
+    """The Pathways transport behind the `Transport` protocol: `ColocatedHosts` computes the
     global batches on the hosts' CPU devices, and each is moved onto the mesh here.
 
     Args:
@@ -499,7 +501,7 @@ class ColocatedBackend:
         owner.add("colocated hosts", lambda timeout: self._hosts.close())
 
     def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
-        return self._placed(self._hosts.stream(position))
+        return self._placed(self._hosts.batches_and_ends(position))
 
     def _placed(
         self, batches: Iterator[tuple[dict[str, jax.Array], dict[int, Any] | None, Position | None]]

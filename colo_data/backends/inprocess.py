@@ -19,7 +19,7 @@ from colo_data.workers.pools import start_pool
 from colo_data.workers.settings import Workers, choose_workers
 
 
-class InProcessBackend:
+class InProcessTransport:
     """The local hosts of `placement`, each a host pipeline of `pipeline` with `workers`
     processes (0: a thread here; `ahead` computes a chunk ahead on it).
 
@@ -49,10 +49,10 @@ class InProcessBackend:
         self._base_cpu: list[tuple[float, float] | None] = [None] * len(self._hosts)
 
     def open(self, position: Position, run: Lifecycle) -> Iterator[GlobalBatch]:
-        streams = [
+        feeds = [
             told(host.chunks(position, run, batches=1), host.downstream, self.on_trainer_thread) for host in self._hosts
         ]
-        batches = assembled(streams, self.placement, self.handoff, wait_for_devices=False)
+        batches = assembled(feeds, self.placement, self.handoff, wait_for_devices=False)
         if not self.choice.count:
             return batches
         self._cpu = CpuMeter("children")

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from colo_data import defaults
 from colo_data.errors import ConfigError
-from colo_data.io.integers import as_int
+from colo_data.setting_checks import as_int
 from colo_data.workers.settings import Workers, check_workers
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-    from colo_data.backends.base import Backend
+    from colo_data.backends.base import Transport
     from colo_data.backends.placement import Placement
     from colo_data.pipeline.kinds import AnyPipeline
     from colo_data.runtime.lifecycle import Lifecycle
@@ -31,7 +31,7 @@ SIDECAR_ENV = "COLO_DATA_SIDECAR"  # comma-separated sidecar addresses, one per 
 @runtime_checkable
 class BackendOptions(Protocol):
     """A backend as a `Loader` takes it: where the hosts' pipelines run. A new backend is
-    one class with these members (and its transport, a `Backend`)."""
+    one class with these members (and its transport, a `Transport`)."""
 
     name: ClassVar[str]
     # where it sends the pipeline, pickled, to run each host's share, in words (None: the trainer runs them)
@@ -47,7 +47,7 @@ class BackendOptions(Protocol):
         `hosts` (None: the backend's own count)."""
         ...
 
-    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Transport:
         """The transport for `pipeline` on `placement`; whatever it starts belongs to
         `owner`. `prefetch` is the Loader's (global batches it keeps ready)."""
         ...
@@ -83,10 +83,10 @@ class InProcess:
     def host_count(self, mesh: Mesh, requested: int | None) -> int:
         return _process_hosts(requested)
 
-    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
-        from colo_data.backends.inprocess import InProcessBackend
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Transport:
+        from colo_data.backends.inprocess import InProcessTransport
 
-        return InProcessBackend(pipeline, placement, self.workers, prefetch > 0, owner)
+        return InProcessTransport(pipeline, placement, self.workers, prefetch > 0, owner)
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ class Sidecar:
     def host_count(self, mesh: Mesh, requested: int | None) -> int:
         return _process_hosts(requested)
 
-    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
-        from colo_data.backends.sidecar.backend import SidecarBackend
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Transport:
+        from colo_data.backends.sidecar.transport import SidecarTransport
 
         local = placement.local_hosts
         addresses = self.addresses()
@@ -162,7 +162,7 @@ class Sidecar:
             )
         copy = any(d.platform == "cpu" for d in placement.mesh.devices.flat)
         settings = (self.shm_dir, self.workers, self.slots)
-        return SidecarBackend(pipeline, placement, addresses, settings, self.timeout, copy, owner)
+        return SidecarTransport(pipeline, placement, addresses, settings, self.timeout, copy, owner)
 
 
 @dataclass(frozen=True)
@@ -194,10 +194,10 @@ class Colocated:
             )
         return found
 
-    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Backend:
+    def start(self, pipeline: AnyPipeline, placement: Placement, prefetch: int, owner: Lifecycle) -> Transport:
         import pathwaysutils
 
-        from colo_data.backends.colocated import ColocatedBackend
+        from colo_data.backends.colocated import ColocatedTransport
 
         if placement.only is not None:
             raise ConfigError(
@@ -205,7 +205,7 @@ class Colocated:
                 "devices, which run together; run one host alone with backend='inprocess' or 'sidecar'"
             )
         pathwaysutils.initialize()  # a no-op off Pathways
-        return ColocatedBackend(pipeline, placement, self.workers, owner)
+        return ColocatedTransport(pipeline, placement, self.workers, owner)
 
 
 def on_pathways() -> bool:

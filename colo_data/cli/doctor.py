@@ -21,11 +21,12 @@ import click
 
 from colo_data import defaults
 from colo_data.backends.sidecar.shm import check_directory
-from colo_data.cli.sidecar import check_config_ring
+from colo_data.cli.sidecar import check_config_ring, hosts_option, slots_option
 from colo_data.config import CONFIG_IS_CODE, Config, load_config
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.runtime.budget import cpu_budget, memory_limit, shm_capacity
 from colo_data.workers.ray_options import RayWorkers
+from colo_data.workers.settings import choose_workers, workers_from
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
@@ -40,18 +41,13 @@ SCRATCH_ENV = "COLO_DATA_PATHWAYS_SCRATCH"
 @click.option(
     "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR", help="The sidecar's shared-memory directory [config, else /dev/shm]."
 )
-@click.option(
-    "--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Slots of the ring [config, else 4]."
-)
-@click.option(
-    "--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS",
-    help="The trainer's host count [1: the largest ring].",
-)
+@slots_option("Slots of the ring [config, else 4].")
+@hosts_option("The trainer's host count [1: the largest ring].")
 @click.option(
     "--ray",
     "ray_address",
     default=None,
-    help="Check the Ray cluster of cd.RayWorkers at this address (\"auto\", HOST:PORT, ray://HOST:PORT) [the config's "
+    help='Check the Ray cluster of cd.RayWorkers at this address ("auto", HOST:PORT, ray://HOST:PORT) [the config\'s '
     "[sidecar] workers, if Ray workers].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of aligned text.")
@@ -66,6 +62,7 @@ def doctor(
         options = settings.sidecar if settings else {}
         directory = shm_dir or options.get("shm_dir", defaults.SHM_DIR)
         report = _report(directory, settings.deploy if settings else {})
+        report["workers"] = _workers(options.get("workers", "auto"))
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
         ray = RayWorkers(address=ray_address) if ray_address is not None else RayWorkers.of(options.get("workers"))
@@ -116,7 +113,11 @@ def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
 
     needed = workers.actors * workers.num_cpus * (1 if workers.pool else hosts)
     finding: dict[str, Any] = {
-        "address": workers.address, "hosts": hosts, "pool": workers.pool, "actors_need_cpus": needed, "error": None
+        "address": workers.address,
+        "hosts": hosts,
+        "pool": workers.pool,
+        "actors_need_cpus": needed,
+        "error": None,
     }
     try:
         connected = connect(workers.address, workers.connect_timeout)
@@ -128,8 +129,21 @@ def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
     finally:
         if connected:
             ray.shutdown()
-    return {**finding, "reachable": True, "ray": ray.__version__, "python": platform.python_version(), "nodes": len(nodes),
-            "cpus": cpus}
+    return {
+        **finding,
+        "reachable": True,
+        "ray": ray.__version__,
+        "python": platform.python_version(),
+        "nodes": len(nodes),
+        "cpus": cpus,
+    }
+
+
+def _workers(setting: Any) -> dict[str, Any]:
+    """The most worker processes (or Ray actors) the config's `[sidecar] workers` (else
+    "auto") allows a sidecar on this budget, and why, as the sidecar itself would say."""
+    choice = choose_workers(workers_from(setting, "[sidecar] workers"), cpu_budget())
+    return {"setting": str(setting), "most": choice.count, "why": choice.reason}
 
 
 def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -240,7 +254,8 @@ def _text(report: dict[str, Any]) -> str:
         ("cpu budget", f"{cpu['cpus']:g} CPUs ({cpu['source']})"),
         ("affinity mask", f"{cpu['affinity']} CPUs"),
         ("cgroup cpu quota", quota),
-        ("workers", str(cpu["workers"])),
+        ("workers", report["workers"]["why"]),
+        ("grain workers", f"{cpu['workers']} (grain_multiprocessing_options: a CPU of the budget each, less one)"),
         ("memory limit", memory),
         (f"shm {shm['directory']}", f"{_bytes(shm['free_bytes'])} free" + (" (UNUSABLE: see below)" if "error" in shm else "")),
         ("jax backend", jax_info["backend"] or f"unavailable: {jax_info['error']}"),

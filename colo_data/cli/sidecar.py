@@ -7,13 +7,16 @@ from __future__ import annotations
 import functools
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from colo_data import defaults
 from colo_data.config import CONFIG_IS_CODE
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from colo_data.backends.sidecar.ring_plan import RingPlan
@@ -40,6 +43,16 @@ def _octal(ctx: click.Context, param: click.Parameter, value: str) -> int:
     return mode
 
 
+def slots_option(text: str) -> Callable[[F], F]:
+    """`--slots`: the ring's slots, as `sidecar serve` and `doctor` take it."""
+    return click.option("--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help=text)
+
+
+def hosts_option(text: str) -> Callable[[F], F]:
+    """`--hosts`: the trainer's host count, which sizes the ring, as `sidecar serve` and `doctor` take it."""
+    return click.option("--hosts", type=click.IntRange(min=1), default=1, envvar="COLO_DATA_HOSTS", help=text)
+
+
 @click.group()
 def sidecar() -> None:
     """The per-host sidecar process."""
@@ -51,28 +64,25 @@ def sidecar() -> None:
     "--socket", "socket_path", required=True, envvar="COLO_DATA_SOCKET", help="Unix socket path to listen on (unix:// optional)."
 )
 @click.option(
-    "--shm-dir", default=None, envvar="COLO_DATA_SHM_DIR",
+    "--shm-dir",
+    default=None,
+    envvar="COLO_DATA_SHM_DIR",
     help="Memory-backed directory for the batch ring [config, else /dev/shm].",
 )
 @click.option(
     "--workers",
     default=None,
     envvar="COLO_DATA_WORKERS",
-    help="Worker processes: a number, 'auto' (from the CPU budget), or Ray actors: 'ray' or 'ray:{\"actors\": 4}' "
-    "(docs/ray.md).",
+    help="Worker processes: a number, 'auto' (from the CPU budget), or Ray actors: 'ray' or 'ray:{\"actors\": 4}' (docs/ray.md).",
 )
+@slots_option("Batches in the shared-memory ring [4].")
+@hosts_option("The trainer's host count, for the start-up check that CONFIG's ring fits [1: the largest ring].")
 @click.option(
-    "--slots", type=click.IntRange(min=2), default=None, envvar="COLO_DATA_SLOTS", help="Batches in the shared-memory ring [4]."
-)
-@click.option(
-    "--hosts",
-    type=click.IntRange(min=1),
-    default=1,
-    envvar="COLO_DATA_HOSTS",
-    help="The trainer's host count, for the start-up check that CONFIG's ring fits [1: the largest ring].",
-)
-@click.option(
-    "--socket-mode", default="600", show_default=True, envvar="COLO_DATA_SOCKET_MODE", callback=_octal,
+    "--socket-mode",
+    default="600",
+    show_default=True,
+    envvar="COLO_DATA_SOCKET_MODE",
+    callback=_octal,
     help="The socket's permissions, octal; its key file gets the owner's and group's read bits of them.",
 )
 @click.option("--exit-with", type=int, default=None, hidden=True, help="Exit when this pid (the trainer) exits.")

@@ -344,7 +344,7 @@ def _documents(name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def to_yaml(objects: list[dict[str, Any]], header: str) -> str:
-    """The objects as one YAML stream (what `kubectl apply -f -` reads), after `header`
+    """The objects as one multi-document YAML (what `kubectl apply -f -` reads), after `header`
     as comment lines."""
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump_all(objects, sort_keys=False)

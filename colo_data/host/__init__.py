@@ -1,2 +1,2 @@
-"""One host's share of the pipeline: chunk work (order, read, transform, batch), the
-streaming `HostPipeline`, packing, and each pipeline kind's host share."""
+"""One host's share of the pipeline: chunk work (order, read, transform, batch),
+`HostPipeline` (its feed of chunks), packing, and each pipeline kind's host share."""

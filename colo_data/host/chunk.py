@@ -40,7 +40,7 @@ class HostChunk:
 
     Args:
         columns: the batches' columns, equal lengths.
-        end: the stream position after the chunk's last batch, where the batches do not
+        end: the position after the chunk's last batch, where the batches do not
             each take a global batch of records (packed pipelines), or a partitioned one's
             own positions of the host's partitions after it; None otherwise.
         stages: stage counters (`StageTimes.values`) a worker process measured for it.

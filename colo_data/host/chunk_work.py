@@ -1,8 +1,8 @@
 """Chunk work: host h of H's rows of a run of consecutive global batches, computed from the
-pipeline and a stream position alone (order, read, transforms, batch). Being a pure
+pipeline and a position alone (order, read, transforms, batch). Being a pure
 function of position is what lets the work run anywhere (on the host's own thread, in a
 worker process, on another machine) and still come back in the one global order. A
-worker process imports this module, not `HostPipeline`'s streaming machinery."""
+worker process imports this module, not the machinery of `HostPipeline`."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Resume(NamedTuple):
     """Where a worker's slice of a partitioned pipeline's host partitions is computed from:
     the pipeline's position `start` (`colo_data.pipeline.parts`), `skip` batches on, the
     host's partitions cut into `parts` slices (`slices.cut`; a worker computes the slice its
-    `Share` numbers). A worker continues its slice's stream while the requests follow on;
+    `Share` numbers). A worker continues its slice's feed while the requests follow on;
     any other is computed from `start` again, the same batches."""
 
     start: np.ndarray
@@ -51,17 +51,17 @@ class Resume(NamedTuple):
     parts: int
 
 
-class PoolStream(Protocol):
-    """One stream's chunks computed by a pool: asked for by position, handed back whole, in
-    the order they were asked for."""
+class PoolFeed(Protocol):
+    """A feed: one host pipeline's chunks computed by a pool, asked for by position and
+    handed back whole, in the order they were asked for."""
 
     def ready(self, workers: int) -> int:
-        """How many of the pool's first `workers` workers have set the stream up (their
+        """How many of the pool's first `workers` workers have set the feed up (their
         chunks come without that wait), starting those not started yet."""
         ...
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
-        """Ask for the chunk of `count` global batches at stream `position` (a partitioned
+        """Ask for the chunk of `count` global batches at `position` (a partitioned
         pipeline's: `Resume`), shared out to `workers` of the pool's workers."""
         ...
 
@@ -76,11 +76,11 @@ class ChunkPool(Protocol):
 
     @property
     def count(self) -> int:
-        """The workers a stream may use now, at most (a shared pool's share changes as hosts
+        """The workers a feed may use now, at most (a shared pool's share changes as hosts
         come and go)."""
         ...
 
-    remote: bool  # its workers use CPUs that are not the host's (a cluster's): its stream opens at once
+    remote: bool  # its workers use CPUs that are not the host's (a cluster's): its feed opens at once
 
     budget: float  # the host's CPU budget (CPUs)
 
@@ -90,10 +90,10 @@ class ChunkPool(Protocol):
         CPUs are not the host's."""
         ...
 
-    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> PoolStream:
-        """A stream of host `host` of `hosts` of the pickled pipeline `payload`, set up in the
-        background (and warmed at stream `position`, near where its first chunks will be
-        asked). A pool serves one stream at a time: a new one ends the last."""
+    def feed(self, payload: bytes, host: int, hosts: int, position: int) -> PoolFeed:
+        """A feed of host `host` of `hosts` of the pickled pipeline `payload`, set up in the
+        background (and warmed at `position`, near where its first chunks will be
+        asked). A pool serves one feed at a time: a new one ends the last."""
         ...
 
     def close(self) -> None:
@@ -149,7 +149,7 @@ def _nested_hint(levels: list[list[int]]) -> str:
 
 
 class ChunkWork:
-    """Host `host` of `hosts` of `pipeline`: its rows `rows` of each global batch g (stream
+    """Host `host` of `hosts` of `pipeline`: its rows `rows` of each global batch g (global
     positions `g*B + rows`), and the computation of any run of them. `stages` adds up the
     time, records and bytes of each stage, per chunk; `quality` the data-quality counts of
     the rows it builds (and of its share of a filter's verdicts)."""
@@ -160,13 +160,13 @@ class ChunkWork:
         self.stages = StageTimes()
         self.quality = QualityCounts()
         self._order: BoundStream | None = None
-        self._asked = (0, 0)  # stream positions of the last chunk read and the end of its read-ahead
+        self._asked = (0, 0)  # positions of the last chunk read and the end of its read-ahead
         self._read_once = False  # a chunk was read: the read-ahead may start before the next one's reads
         self._read_seen: tuple[float, ...] | None = None  # the source's read_stats at the last count
 
     @property
     def order(self) -> BoundStream:
-        """The pipeline's stream bound to its order: stream positions -> records."""
+        """The pipeline's stream bound to its order: positions -> records."""
         if self._order is None:
             self._order = self.pipeline.stream.bind(self.pipeline.order, self.pipeline.partitioning)
         return self._order
@@ -180,20 +180,20 @@ class ChunkWork:
             return 1
         return max(1, defaults.CHUNK_RECORDS // len(self.rows))
 
-    def stream(self, batch_position: int, count: int) -> np.ndarray:
-        """Stream positions of this host's rows of `count` consecutive global batches, the
-        first at stream position `batch_position`."""
+    def positions(self, batch_position: int, count: int) -> np.ndarray:
+        """Positions of this host's rows of `count` consecutive global batches, the
+        first at position `batch_position`."""
         size = self.pipeline.global_batch_size
         starts = batch_position + self.rows.start + size * np.arange(count, dtype=np.int64)[:, None]
         return (starts + np.arange(len(self.rows))).ravel()
 
-    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        """Global record indices at stream positions `stream` (any epochs)."""
-        return self.order.stream_indices(stream)
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """Global record indices at positions `positions` (any epochs)."""
+        return self.order.indices_at(positions)
 
-    def _share_rows(self, stream: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
-        """Places (in `stream`, ascending) of the records that are worker `share`'s."""
-        ranks = self.order.stream_group_ranks(stream, indices)
+    def _share_rows(self, positions: np.ndarray, indices: np.ndarray, share: Share) -> np.ndarray:
+        """Places (in `positions`, ascending) of the records that are worker `share`'s."""
+        ranks = self.order.group_ranks_at(positions, indices)
         in_order = np.argsort(ranks, kind="stable")
         n, k, w = len(in_order), share.workers, share.worker
         return np.sort(in_order[w * n // k : (w + 1) * n // k])
@@ -220,9 +220,9 @@ class ChunkWork:
         self._asked = (batch_position, max(stop, begin))
         if begin >= stop:
             return
-        stream = self.stream(begin, (stop - begin) // size)
-        indices = self.stream_indices(stream)
-        source.prefetch(indices if share is None else indices[self._share_rows(stream, indices, share)])
+        positions = self.positions(begin, (stop - begin) // size)
+        indices = self.indices_at(positions)
+        source.prefetch(indices if share is None else indices[self._share_rows(positions, indices, share)])
 
     @property
     def draws(self) -> bool:
@@ -245,11 +245,10 @@ class ChunkWork:
 
     def warmed(self, position: int) -> ChunkWork:
         """This work, with one global batch at `position` computed and dropped: a worker's
-        first chunk paid for its lazy imports, file opens and first decodes (the light
-        pipeline of benchmarks/workers.py: 110 ms, then 2 ms a chunk) while the host waited
-        for it. A worker warms before it says it is ready, with CPU that went unused. An
-        error here is left to the chunk that meets it. A partitioned pipeline's slices are
-        not known yet: nothing is warmed."""
+        first chunk paid for its lazy imports, file opens and first decodes (many times
+        what a chunk costs after it) while the host waited for it. A worker warms before it
+        says it is ready, with CPU that went unused. An error here is left to the chunk that
+        meets it. A partitioned pipeline's slices are not known yet: nothing is warmed."""
         if self.pipeline.partitioned:
             return self
         with contextlib.suppress(Exception):
@@ -266,7 +265,7 @@ class ChunkWork:
         quality: QualityCounts | None = None,
     ) -> HostChunk:
         """This host's rows of `count` consecutive global batches (one after the other), the
-        first starting at stream `batch_position`, or with `share` those of them whose row
+        first starting at `batch_position`, or with `share` those of them whose row
         groups are that worker's (the chunk's `places` say where they belong; it has no
         columns when there are none). The stage timings go to `stages`, the data-quality
         counts to `quality` (default: this work's). `read_ahead=False` leaves the decoding
@@ -274,16 +273,15 @@ class ChunkWork:
         `slices.compute`'s."""
         stages = self.stages if stages is None else stages
         t0 = perf_counter()
-        stream = self.stream(batch_position, count)
-        indices = self.stream_indices(stream)
-        rows = None if share is None else self._share_rows(stream, indices, share)
+        positions = self.positions(batch_position, count)
+        indices = self.indices_at(positions)
+        rows = None if share is None else self._share_rows(positions, indices, share)
         if rows is not None:
             indices = indices[rows]
         t1 = perf_counter()
         stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
         # The first chunk's reads go first, its read-ahead after them: on object storage the
-        # read-ahead's requests held up the first batch's (1,000 objects at +100 ms, with a
-        # dataset index, S3: the first batch at 2.1 s after 197 requests; read first, 1.2 s after 78)
+        # read-ahead's requests would hold up the first batch's
         if read_ahead and self._read_once:
             self.read_ahead(batch_position, count, share)
         if not len(indices):
@@ -296,7 +294,7 @@ class ChunkWork:
         stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)
         self.count_reads(stages)
         columns.update(self.pipeline.stream.record_columns(indices, self.pipeline.index_column))
-        keys = self.order.record_keys(stream if rows is None else stream[rows], indices) if self.draws else None
+        keys = self.order.record_keys(positions if rows is None else positions[rows], indices) if self.draws else None
         return HostChunk(self.transformed(columns, batch_position, stages, keys, quality), places=rows)
 
     def transformed(
@@ -344,17 +342,17 @@ class ChunkWork:
         except SystemExit as e:  # would end the sidecar or the trainer: the transform's error, named
             raise TransformError(
                 f"transform {transform!r} called sys.exit({e.code!r}) on host {self.host} of {self.hosts}, batch at "
-                f"stream position {position}: a transform returns the batch or raises an exception; it must not "
+                f"position {position}: a transform returns the batch or raises an exception; it must not "
                 f"exit the process it runs in\n{traceback.format_exc()}"
             ) from None
         except Exception as e:
             raise TransformError(
-                f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at stream position "
+                f"transform {transform!r} failed on host {self.host} of {self.hosts}, batch at position "
                 f"{position}: {type(e).__name__}: {e}"
             ) from e  # its traceback is the cause's, printed once (across a boundary too: `errors.to_wire`)
         if not isinstance(out, Mapping):
             raise TransformError(
-                f"transform {transform!r} returned {type(out).__name__}, not a dict of columns (batch at stream "
+                f"transform {transform!r} returned {type(out).__name__}, not a dict of columns (batch at "
                 f"position {position}): a transform returns the batch, e.g. `return {{**batch, 'x': ...}}`"
             )
         return out
@@ -362,7 +360,7 @@ class ChunkWork:
     def prepared(
         self, transform: Callable[[Columns], Columns], columns: Columns, position: int, keys: np.ndarray | None
     ) -> Columns:
-        """`cd.Pack(prepare=...)`'s transform on records read for packing, from stream
+        """`cd.Pack(prepare=...)`'s transform on records read for packing, from
         `position` on (their `record_keys`): as `_apply`, and it must keep one row per record."""
         rows = len(next(iter(columns.values())))
         out = self._apply(transform, columns, position, keys)
@@ -370,6 +368,6 @@ class ChunkWork:
             if len(column) != rows:
                 raise TransformError(
                     f"cd.Pack(prepare=...): {transform!r} made column {name!r} {len(column)} rows long from {rows} "
-                    f"records (stream position {position}); a prepare transform keeps one row per record"
+                    f"records (position {position}); a prepare transform keeps one row per record"
                 )
         return out

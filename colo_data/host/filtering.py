@@ -2,7 +2,7 @@
 next `global_batch_size` records of the stream that `keep` accepts, every column kept; the
 rejected ones in between are consumed, never placed. Every host evaluates `keep` on the
 whole batch's records (H hosts H times) to agree on where the batch ends, and builds only
-its own rows; the batch's end is a stream position like any other, so a state restores on
+its own rows; the batch's end is a position like any other, so a state restores on
 any host count."""
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def with_index(work: ChunkWork, table: pa.Table, indices: np.ndarray) -> pa.Tabl
 
 
 def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[HostBatch, int]]:
-    """Host `work.host`'s rows of each filtered global batch from stream `start_position`
-    on, transformed, with the stream position after the batch. A trailing batch of fewer
+    """Host `work.host`'s rows of each filtered global batch from `start_position`
+    on, transformed, with the position after the batch. A trailing batch of fewer
     accepted records than a global batch is dropped, as an unfiltered stream's is. Only the
     accepted records are kept between reads; in an endless stream, a `keep` that rejects
     too many records in a row is a TransformError (`check_accepting`)."""
@@ -111,7 +111,7 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
     total = pipeline.total_records
     position, read = start_position, start_position  # the batch's first position; the first not read yet
     tables: list[pa.Table] = []  # the accepted records read, in stream order
-    places: list[np.ndarray] = []  # their stream positions
+    places: list[np.ndarray] = []  # their positions
     rejected = 0  # records rejected in a row, up to the last read
     while True:
         have = sum(len(p) for p in places)
@@ -128,8 +128,8 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
             check_accepting(work, rejected, f"the stream, up to position {read}")
             continue
         window, at = pa.concat_tables(tables) if len(tables) > 1 else tables[0], np.concatenate(places)
-        stream = at[first_row:stop_row]
-        keys = work.order.record_keys(stream, work.stream_indices(stream)) if work.draws else None
+        positions = at[first_row:stop_row]
+        keys = work.order.record_keys(positions, work.indices_at(positions)) if work.draws else None
         mine = table_to_columns(window.slice(first_row, stop_row - first_row))
         end = int(at[size - 1]) + 1
         accepted = np.zeros(end - position, bool)
@@ -141,28 +141,28 @@ def filtered_batches(work: ChunkWork, start_position: int) -> Iterator[tuple[Hos
 
 
 def _read(work: ChunkWork, first: int, stop: int, total: int | None) -> pa.Table:
-    """Stream positions `[first, stop)`'s records with the index columns, the read after
+    """Positions `[first, stop)`'s records with the index columns, the read after
     them started (a source that reads ahead)."""
     ahead = stop + (stop - first) if total is None else min(stop + (stop - first), total)
     return read_at(work, np.arange(first, stop, dtype=np.int64), np.arange(stop, ahead, dtype=np.int64))
 
 
-def read_at(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> pa.Table:
-    """The records at stream positions `stream` with the index columns; a source that reads
+def read_at(work: ChunkWork, positions: np.ndarray, ahead: np.ndarray) -> pa.Table:
+    """The records at positions `positions` with the index columns; a source that reads
     ahead starts on `ahead`'s meanwhile."""
-    indices, table = taken(work, stream, ahead)
+    indices, table = taken(work, positions, ahead)
     return with_index(work, table, indices)
 
 
-def taken(work: ChunkWork, stream: np.ndarray, ahead: np.ndarray) -> tuple[np.ndarray, pa.Table]:
-    """The record indices at stream positions `stream` and their records, read (the order
+def taken(work: ChunkWork, positions: np.ndarray, ahead: np.ndarray) -> tuple[np.ndarray, pa.Table]:
+    """The record indices at positions `positions` and their records, read (the order
     and read stages counted); a source that reads ahead starts on `ahead`'s meanwhile."""
     t0 = perf_counter()
-    indices = work.stream_indices(stream)
+    indices = work.indices_at(positions)
     t1 = perf_counter()
     source = work.pipeline.source
     if isinstance(source, ReadAhead) and len(ahead):  # the next read's row groups decode meanwhile
-        source.prefetch(work.stream_indices(ahead))
+        source.prefetch(work.indices_at(ahead))
     table = source.take(indices)
     work.stages.add(ORDER, t1 - t0, len(indices), indices.nbytes)
     work.stages.add(READ, perf_counter() - t1, len(indices), table.nbytes)

@@ -59,7 +59,7 @@ class GrainHost:
         return 0, "no workers of colo-data's: a Grain dataset runs its own (mp_prefetch)"
 
     def chunks(self, start_position: int, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
-        """This host's batches from stream `start_position` on (0, or where the pipeline's
+        """This host's batches from `start_position` on (0, or where the pipeline's
         `resume` state points), one a chunk, each with its Grain state in `states`.
 
         Raises:
@@ -68,11 +68,11 @@ class GrainHost:
         run = Lifecycle(f"Grain host {self.host} of {self.hosts}") if owner is None else owner
         # every batch with the first one's columns, dtypes and row shapes, as a native pipeline's
         size = self.pipeline.global_batch_size
-        stream = same_schema(self._batches(start_position), start_position, self.host, self.hosts, len(self.rows), size)
+        feed = same_schema(self._batches(start_position), start_position, self.host, self.hosts, len(self.rows), size)
         if self.ahead:
             self.cpu = CpuMeter("thread")
-            stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-grain-host{self.host}")
-        return stream if owner is not None else owning(stream, run)
+            feed = Prefetcher(metered(feed, self.cpu), 1, run, f"colo-data-grain-host{self.host}")
+        return feed if owner is not None else owning(feed, run)
 
     def _where(self) -> str:
         return f"host {self.host} of {self.hosts}"
@@ -139,7 +139,7 @@ class GrainHost:
                 )
         elif start_position != 0:
             raise StateError(
-                f"{self._where()}: a Grain pipeline starts at its beginning or at a saved state, not at stream position "
+                f"{self._where()}: a Grain pipeline starts at its beginning or at a saved state, not at position "
                 f"{start_position}: continue with cd.Loader(pipeline, state=loader.get_state())"
             )
         iterator = iter(dataset)
@@ -179,7 +179,7 @@ class GrainHost:
             ) from e
 
     def _next_batch(self, iterator: Iterator[Any], position: int) -> HostBatch | None:
-        """The next host batch, the one of the global batch at stream `position`: an element,
+        """The next host batch, the one of the global batch at `position`: an element,
         or `len(rows)` records stacked; None at the end (a trailing partial batch of records
         is dropped)."""
         rows = len(self.rows)
@@ -221,7 +221,7 @@ class GrainHost:
         except Exception as e:
             size = self.pipeline.global_batch_size
             raise GrainError(
-                f"{self._where()}: the Grain dataset raised, making global batch {position // size} (stream position "
+                f"{self._where()}: the Grain dataset raised, making global batch {position // size} (position "
                 f"{position}): {type(e).__name__}: {e}\nFix it in the dataset's code (its traceback: this error's "
                 "cause) or the record it names."
             ) from e

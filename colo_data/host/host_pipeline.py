@@ -1,5 +1,5 @@
-"""`HostPipeline`: one host's share of every global batch, as a stream of chunks from a
-stream position on. Its one door is `chunks` (and `kept`, for a tool that asks which records
+"""`HostPipeline`: one host's share of every global batch, as a feed of chunks from a
+position on. Its one door is `chunks` (and `kept`, for a tool that asks which records
 the filters take). The work of each chunk (`ChunkWork`) is computed here, a chunk ahead on
 a thread of its own, or shared out to a pool of worker processes as many as
 `WorkerPolicy` counts, so only batches cross the process boundary; packed pipelines are
@@ -14,7 +14,7 @@ import numpy as np
 
 from colo_data.errors import TransformError
 from colo_data.host.chunk import HostChunk, column_schema, schema_change, split_rows
-from colo_data.host.chunk_work import ChunkPool, ChunkWork, PoolStream
+from colo_data.host.chunk_work import ChunkPool, ChunkWork, PoolFeed
 from colo_data.host.filtering import filtered_batches, kept, with_index
 from colo_data.host.packing import packed_batches
 from colo_data.host.partitioned import partitioned_batches
@@ -40,15 +40,14 @@ class HostPipeline:
         host: this host's index along the mesh's data axis.
         hosts: the host count.
         pool: worker processes that compute the chunks (None: this process). A pool is
-            started by its owner (a loader, a sidecar) and outlives the streams.
+            started by its owner (a loader, a sidecar) and outlives the feeds.
         ahead: make the next chunk (here, or take it from the pool) on a thread of its own
             while this one is handed out (else a consumer that prefetches a few batches runs
-            dry while a chunk is computed: 5% input wait at a 2 ms step on the demo
-            pipeline); `cpu` samples that thread's CPU time.
+            dry while a chunk is computed); `cpu` samples that thread's CPU time.
 
     `stages` adds up the time, records and bytes of each stage, per chunk, also of the
     chunks that worker processes made; `worker_stages` those of each worker's shares alone;
-    `quality` the data-quality counts of all of them. `policy` is the last stream's worker
+    `quality` the data-quality counts of all of them. `policy` is the last feed's worker
     count and its reason; `downstream` takes what the consumer of the chunks spends on
     them on the thread that computes them.
     """
@@ -74,14 +73,14 @@ class HostPipeline:
         return self.work.chunk
 
     def workers_now(self) -> tuple[int, str]:
-        """The workers the last stream's policy counts now, and why in one sentence."""
+        """The workers the last feed's policy counts now, and why in one sentence."""
         if self.pool is None or self.policy is None:
-            return 0, "no workers: none configured (workers=0)" if self.pool is None else "no workers yet: no stream"
+            return 0, "no workers: none configured (workers=0)" if self.pool is None else "no workers yet: no batch asked for"
         return self.policy.count, self.policy.reason
 
-    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        """Global record indices at stream positions `stream` (any epochs)."""
-        return self.work.stream_indices(stream)
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """Global record indices at positions `positions` (any epochs)."""
+        return self.work.indices_at(positions)
 
     def kept(self, indices: np.ndarray) -> np.ndarray | None:
         """The filters' verdicts (the pipeline's `keep` and its pack's) on the records at
@@ -91,26 +90,26 @@ class HostPipeline:
         return kept(self.work, table_to_columns(table), len(indices))
 
     def chunks(self, start_position: Position, owner: Lifecycle | None = None, batches: int | None = None) -> Iterator[HostChunk]:
-        """This host's batches from stream `start_position` on, stacked along the rows,
+        """This host's batches from `start_position` on, stacked along the rows,
         `batches` host batches a chunk (the stream's last may hold fewer: a padded pipeline's
         chunks are then computed in multiples of it; None: as computed, from 1 to `chunk`
         batches, or more from a pool). The threads and processes computing them belong to `owner`; with
         none, to the iterator, which stops them when it is exhausted or closed.
 
         A column whose dtype or row shape changes from one chunk to a later one is a
-        TransformError (naming the column, the stream position and both), on every
+        TransformError (naming the column, the position and both), on every
         backend, not a batch that changes type.
         """
         run = Lifecycle(f"host {self.host} of {self.hosts} chunks") if owner is None else owner
         size = self.pipeline.global_batch_size
         computed = self._computed(start_position, run, batches or 1)
-        stream = same_schema(computed, start_position, self.host, self.hosts, len(self.rows), size)
+        feed = same_schema(computed, start_position, self.host, self.hosts, len(self.rows), size)
         if self.ahead:
             self.cpu = CpuMeter("thread")
-            stream = Prefetcher(metered(stream, self.cpu), 1, run, f"colo-data-host{self.host}", self.downstream.trainer_waited)
+            feed = Prefetcher(metered(feed, self.cpu), 1, run, f"colo-data-host{self.host}", self.downstream.trainer_waited)
         if batches is not None:
-            stream = split_rows(stream, len(self.rows) * batches)
-        return stream if owner is not None else owning(stream, run)
+            feed = split_rows(feed, len(self.rows) * batches)
+        return feed if owner is not None else owning(feed, run)
 
     def _computed(self, start: Position, owner: Lifecycle, granule: int) -> Iterator[HostChunk]:
         """The chunks as computed: here (small at first, then up to `chunk` batches at a
@@ -119,7 +118,7 @@ class HostPipeline:
         read-ahead. Packed batches are planned in stream order, one at a time, here (the pool
         is not used for them), and so are filtered ones; a partitioned pipeline's partitions
         each at their own pace, from their position `start` (`colo_data.pipeline.parts`; or
-        theirs at a stream position)."""
+        theirs at a position)."""
         source = self.pipeline.source
         if isinstance(source, ReadAhead):
             owner.add("row-group read-ahead", source.stop_read_ahead)
@@ -128,7 +127,7 @@ class HostPipeline:
             if self.pool is not None and len(self.pipeline.partitioning.owned(self.host, self.hosts)) > 1:
                 return self._sliced(self.pool, at)
             return (HostChunk(columns, ends) for columns, ends in partitioned_batches(self.work, at))
-        start_position = int(start)  # one stream position: the pipeline is not partitioned
+        start_position = int(start)  # one position: the pipeline is not partitioned
         if self.pipeline.pack is not None:
             return self._packed(start_position)
         if self.pipeline.keep is not None:
@@ -137,7 +136,7 @@ class HostPipeline:
         return self._pooled(self.pool, start_position, total, granule)
 
     def _new_policy(self, most: int) -> WorkerPolicy:
-        """The worker-count policy of a new stream, with `most` workers at most."""
+        """The worker-count policy of a new feed, with `most` workers at most."""
         pool = self.pool
         limits = WorkerLimits(0.0, 0) if pool is None else WorkerLimits(pool.budget, most, pool.remote)
         self.policy = WorkerPolicy(limits, len(self.rows))
@@ -147,7 +146,7 @@ class HostPipeline:
         """Chunks made here, and by as many of the pool's workers as the policy counts
         (`PooledChunks`)."""
         size = self.pipeline.global_batch_size
-        yield from PooledChunks(  # made at the first chunk asked for, as the stream's policy measures from then
+        yield from PooledChunks(  # made at the first chunk asked for, as the feed's policy measures from then
             pool,
             self._new_policy(0 if pool is None else pool.count),
             lambda position: self._open_pool(position),
@@ -162,11 +161,11 @@ class HostPipeline:
             granule=granule,
         )
 
-    def _open_pool(self, position: int) -> PoolStream:
-        """The pool's stream of this host's chunks, near stream `position` (the workers start
+    def _open_pool(self, position: int) -> PoolFeed:
+        """The pool's feed of this host's chunks, near `position` (the workers start
         when they are asked for)."""
         assert self.pool is not None
-        return self.pool.stream(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
+        return self.pool.feed(cloudpickle.dumps(self.pipeline), self.host, self.hosts, position)
 
     def _took(self, part: HostChunk) -> None:
         """The stage and data-quality counters a chunk from the pool carries, added to this host's."""
@@ -187,7 +186,7 @@ class HostPipeline:
         """A partitioned pipeline's batches with a pool: its partitions made here, or cut into
         slices that the pool's workers compute (`SlicedChunks`), as the policy counts them."""
         owned = self.pipeline.partitioning.owned(self.host, self.hosts)
-        yield from SlicedChunks(  # made at the first chunk asked for, as the stream's policy measures from then
+        yield from SlicedChunks(  # made at the first chunk asked for, as the feed's policy measures from then
             pool,
             self._new_policy(min(pool.count, len(owned))),
             lambda: self._open_pool(0),
@@ -201,7 +200,7 @@ class HostPipeline:
         )
 
     def _packed(self, start_position: int) -> Iterator[HostChunk]:
-        """Packed host batches, transformed, each with the stream position after it."""
+        """Packed host batches, transformed, each with the position after it."""
         assert self.pipeline.pack is not None
         position = start_position
         for columns, end in packed_batches(self.work, self.pipeline.pack, start_position):
@@ -234,7 +233,7 @@ def same_schema(
                 first = schema
             elif schema != first:
                 changed, had, now = schema_change(first, schema)
-                where = f"stream position {position}" if isinstance(position, int) else f"batch {batches} of the run"
+                where = f"position {position}" if isinstance(position, int) else f"batch {batches} of the run"
                 raise TransformError(
                     f"host {host} of {hosts}: at {where} the transforms gave column(s) "
                     f"{changed} as {now}, where the first batch had {had}. The first batch fixes every column's "

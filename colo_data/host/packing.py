@@ -1,11 +1,11 @@
 """Sequence packing and record filtering with exactly-once across host counts.
 
 A packed global batch is `rows` rows of `length` tokens. Records, in stream order from the
-batch's first stream position, fill row 0 until the next one does not fit (its tokens or
+batch's first position, fill row 0 until the next one does not fit (its tokens or
 the row's `max_segments`), then row 1, and so on; records that `keep` rejects are passed
 over. The plan depends only on the records' lengths, so every host computes the same plan
 for the whole global batch (reading the lengths of all its records) and builds only its own
-rows. The batch's end is a stream position like any other: a state saved after it restores
+rows. The batch's end is a position like any other: a state saved after it restores
 on any host count, with any batch size, and every kept record lands in exactly one row."""
 
 from __future__ import annotations
@@ -208,14 +208,14 @@ class Records(NamedTuple):
     values: dict[str, np.ndarray]
 
 
-def read_records(work: ChunkWork, pack: Pack, stream: np.ndarray, ahead: np.ndarray) -> Records:
-    """The records at stream positions `stream`, read, prepared (`pack.prepare`), measured
+def read_records(work: ChunkWork, pack: Pack, positions: np.ndarray, ahead: np.ndarray) -> Records:
+    """The records at positions `positions`, read, prepared (`pack.prepare`), measured
     and judged by `keep`; a source that reads ahead starts on `ahead`'s meanwhile."""
-    indices, table = taken(work, stream, ahead)
+    indices, table = taken(work, positions, ahead)
     columns = table_to_columns(table)
     t2 = perf_counter()
-    keys = work.order.record_keys(stream, indices) if draws(pack.prepare) else None
-    first = int(stream[0]) if len(stream) else 0
+    keys = work.order.record_keys(positions, indices) if draws(pack.prepare) else None
+    first = int(positions[0]) if len(positions) else 0
     for transform in pack.prepare:  # e.g. cd.tokenize: the packed column's lengths come after it
         columns = work.prepared(transform, columns, first, keys)
     if pack.prepare:
@@ -257,8 +257,8 @@ def _extend(work: ChunkWork, window: Window, count: int, total: int | None) -> b
 
 
 def packed_batches(work: ChunkWork, pack: Pack, start_position: int) -> Iterator[tuple[Columns, int]]:
-    """Host `work.host`'s rows of each packed global batch from stream `start_position` on,
-    with the stream position after the batch. The stream ends with its last records, in a
+    """Host `work.host`'s rows of each packed global batch from `start_position` on,
+    with the position after the batch. The stream ends with its last records, in a
     batch that may not be full."""
     pipeline = work.pipeline
     rows, first_row, stop_row = pipeline.global_batch_size, work.rows.start, work.rows.stop

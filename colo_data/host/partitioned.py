@@ -1,6 +1,6 @@
 """Partitioned packed and filtered pipelines: each partition reads, filters and packs its
 own records, at its own pace, into its own rows of every global batch. Partition k's own
-stream is the stream positions `Partitioning.stream(k, [0, 1, ...])` (its own row groups
+stream is the global positions `Partitioning.global_positions(k, [0, 1, ...])` (its own row groups
 under the block and global orders; a filtered pipeline's partitions take turns of the one
 order instead, `Partitioning.shared`); its i-th batch is its next `rows` packed rows, or its
 next `rows` records that `keep` accepts. A host computes only the partitions it owns, with
@@ -31,7 +31,7 @@ from colo_data.telemetry.counters import BATCH
 _BATCHES_AHEAD = 16  # a filtered partition reads its records of this many batches at most at once
 class _Mine:
     """The partitions host `work.host` owns (or a slice of them), their own streams' lengths
-    (None: endless), and the stream positions of any of their own positions."""
+    (None: endless), and the global positions of any of their own positions."""
 
     def __init__(self, work: ChunkWork, owned: range | None = None) -> None:
         pipeline = work.pipeline
@@ -59,8 +59,10 @@ class _Mine:
         return first + count if self.totals is None else min(first + count, int(self.totals[i]))
 
     def positions(self, spans: list[tuple[int, int, int]]) -> np.ndarray:
-        """The stream positions of own positions `[first, stop)` of each (i, first, stop)."""
-        pieces = [self.parts.stream(self.partitions[i], np.arange(first, stop, dtype=np.int64)) for i, first, stop in spans]
+        """The global positions of own positions `[first, stop)` of each (i, first, stop)."""
+        pieces = [
+            self.parts.global_positions(self.partitions[i], np.arange(first, stop, dtype=np.int64)) for i, first, stop in spans
+        ]
         return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
 
@@ -177,21 +179,21 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
                 rejected[i] = rejected_run(accepted, rejected[i])
                 check_accepting(work, rejected[i], f"partition {mine.partitions[i]}, up to its own position {stop}")
             short = [i for i in short if sum(len(p) for p in places[i]) < rows]
-        batch, stream, ends = [], [], []
+        batch, pieces, ends = [], [], []
         for i in range(count):
             window, accepted_at = pa.concat_tables(tables[i]), np.concatenate(places[i])
             batch.append(window.slice(0, rows))
-            stream.append(mine.parts.stream(mine.partitions[i], accepted_at[:rows]))
+            pieces.append(mine.parts.global_positions(mine.partitions[i], accepted_at[:rows]))
             ends.append(int(accepted_at[rows - 1]) + 1)
             tables[i], places[i] = [window.slice(rows)], [accepted_at[rows:]]
-        positions = np.concatenate(stream)
+        positions = np.concatenate(pieces)
         counted = mine.counted()  # the partitions' records this batch consumed (a shared one's by one host only)
         consumed = sum(end - start for end, start, count in zip(ends, own.tolist(), counted, strict=True) if count)
         work.quality.judged(int(consumed), rows * sum(counted))
         table = pa.concat_tables(batch)
         if mine.kept is not None:  # a partition shared with a neighbouring host: this host's rows of it
             positions, table = positions[mine.kept], table.slice(mine.kept.start, mine.kept.stop - mine.kept.start)
-        keys = work.order.record_keys(positions, work.stream_indices(positions)) if work.draws else None
+        keys = work.order.record_keys(positions, work.indices_at(positions)) if work.draws else None
         columns = table_to_columns(table)
         yield work.transformed(columns, int(positions[0]), keys=keys), parts.start(ends)
         own = np.array(ends)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from colo_data.host.chunk import HostBatch, HostChunk
-from colo_data.host.chunk_work import ChunkPool, PoolStream, Resume
+from colo_data.host.chunk_work import ChunkPool, PoolFeed, Resume
 from colo_data.host.worker_policy import WorkerPolicy
 from colo_data.runtime.prefetch import close_iterator
 from colo_data.runtime.thread_time import ThreadTime
@@ -28,8 +28,8 @@ AHEAD = 3  # requests in the pool's hands: each is shared out to every worker in
 
 
 class Downstream:
-    """The consumer of a host's chunks, as the chunk stream sees it: the seconds it spent
-    working on them on the stream's own thread (a sidecar writes them into shared memory and
+    """The consumer of a host's chunks, as the feed sees it: the seconds it spent
+    working on them on the feed's own thread (a sidecar writes them into shared memory and
     announces them there), which are not time spent waiting for room; and, where the
     consumer tells them (None where it does not), the seconds the trainer waited for input
     and the records it took."""
@@ -74,20 +74,20 @@ def _due(pool: ChunkPool | None, policy: WorkerPolicy) -> int:
 
 
 class PooledChunks:
-    """Chunks from stream position `start` to `end` (None: forever), made here or by `pool`
+    """Chunks from position `start` to `end` (None: forever), made here or by `pool`
     as `policy` says.
 
     Args:
-        pool: the pool (None: every chunk is made here, sized by `policy`). Its stream
+        pool: the pool (None: every chunk is made here, sized by `policy`). Its feed
             opens at once: what its workers need (a fork server, Ray actors) starts beside
             this thread's first chunks.
         policy: the count of workers and the chunks' sizes.
-        open_stream: the pool's stream from a position on (its workers start when asked).
+        open_feed: the pool's feed from a position on (its workers start when asked).
         make: a chunk made here: (position, batches, read ahead?) -> chunk.
         took: what to do with a chunk the pool made before it is handed on (its counters).
         waited: the time (seconds) this thread waited for one of the pool's chunks, and its rows.
         downstream: the consumer's own work on this thread.
-        start, end: stream positions (records).
+        start, end: positions (records).
         size: records a global batch.
         rows: host rows a batch.
         granule: every chunk's batches are a multiple of this (but at the stream's end),
@@ -100,7 +100,7 @@ class PooledChunks:
         self,
         pool: ChunkPool | None,
         policy: WorkerPolicy,
-        open_stream: Callable[[int], PoolStream],
+        open_feed: Callable[[int], PoolFeed],
         make: Callable[[int, int, bool], HostChunk],
         took: Callable[[HostChunk], None],
         waited: Callable[[float, int], None],
@@ -117,7 +117,7 @@ class PooledChunks:
         self._pool, self._policy, self._make, self._took, self._waited = pool, policy, make, took, waited
         self._downstream, self._end, self._size, self._rows, self._clock = downstream, end, size, rows, clock
         self._granule, self._spent = granule, spent
-        self.stream: PoolStream | None = open_stream(start) if pool is not None else None
+        self.feed: PoolFeed | None = open_feed(start) if pool is not None else None
         if pool is not None:
             pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.position = start  # of the next chunk handed on
@@ -142,16 +142,16 @@ class PooledChunks:
     def _steer(self, count: int) -> None:
         """Follow the policy's count: share new requests out to the workers asked for that
         are ready, keep `AHEAD` requests in the pool's hands."""
-        self.level = self.stream.ready(min(count, self._pool.count)) if count and self.stream and self._pool else 0
+        self.level = self.feed.ready(min(count, self._pool.count)) if count and self.feed and self._pool else 0
         if self.level and self.frontier is None:  # the pool takes over after one more chunk made here meanwhile
             self.frontier, self._request = self.position + self._here * self._size, 0
         while self.level and len(self.asked) < AHEAD and self._left(self.frontier):
-            assert self.stream is not None and self.frontier is not None
+            assert self.feed is not None and self.frontier is not None
             self._request = self._policy.request_batches(self.level, self._request or self._here)
             count = self._count(self.frontier, self._whole(self._request))
             if count < 1:
                 break
-            self.stream.ask(self.frontier, count, self.level)
+            self.feed.ask(self.frontier, count, self.level)
             self.asked.append((self.frontier, count))
             self.frontier += count * self._size
 
@@ -161,9 +161,9 @@ class PooledChunks:
         if not self.asked and not self.level:  # the pool is not in use: this thread makes the chunks
             self.frontier = None
         if self.asked and self.asked[0][0] == self.position:
-            assert self.stream is not None
+            assert self.feed is not None
             self.asked.popleft()
-            part, waited = _taken(self.stream, self._spent)
+            part, waited = _taken(self.feed, self._spent)
             self._waited(waited, part.rows)
             self._took(part)
             if part.cost is not None:
@@ -205,7 +205,7 @@ class SlicedChunks:
 
     Args:
         pool, policy, took, waited, downstream: as `PooledChunks`'.
-        open_stream: the pool's stream (its workers start when asked).
+        open_feed: the pool's feed (its workers start when asked).
         batches: the host's batches computed here from a position on, each with the
             position after it (`partitioned_batches`).
         start: the pipeline's position (`colo_data.pipeline.parts`).
@@ -219,7 +219,7 @@ class SlicedChunks:
         self,
         pool: ChunkPool,
         policy: WorkerPolicy,
-        open_stream: Callable[[], PoolStream],
+        open_feed: Callable[[], PoolFeed],
         batches: Callable[[np.ndarray], Iterator[tuple[HostBatch, np.ndarray]]],
         took: Callable[[HostChunk], None],
         waited: Callable[[float, int], None],
@@ -234,7 +234,7 @@ class SlicedChunks:
         self._pool, self._policy, self._batches, self._spent = pool, policy, batches, spent
         self._took, self._waited, self._downstream = took, waited, downstream
         self._owned, self._rows, self._clock = owned, rows, clock
-        self.stream = open_stream()  # opened now, as `PooledChunks` opens its
+        self.feed = open_feed()  # opened now, as `PooledChunks` opens its
         pool.cpus_used()  # measured from here: the first decision knows what else uses the budget
         self.current = np.array(start, np.int64)  # the pipeline's position where the stream stands
         self.level = self.delivered = 0  # the workers that compute slices; batches handed on
@@ -249,7 +249,7 @@ class SlicedChunks:
         try:
             while True:
                 wanted = min(_due(self._pool, self._policy), len(owned), self._pool.count)
-                if wanted != self.level and (not wanted or self.stream.ready(wanted) == wanted):
+                if wanted != self.level and (not wanted or self.feed.ready(wanted) == wanted):
                     self._cut_again(wanted)
                 made, pooled, pool_wait = self._here_batch() if not self.level else self._joined_chunk()
                 for columns, end in made:
@@ -280,7 +280,7 @@ class SlicedChunks:
         requests in the pool's hands taken (their counters kept) and dropped."""
         while self.asked:
             self.asked.popleft()
-            self._took(self.stream.take())
+            self._took(self.feed.take())
         close_iterator(self._here)
         self.level, self.origin, self._request = level, self.delivered, 0
         self.frontier, self.origin_position = self.delivered, self.current.copy()
@@ -291,11 +291,11 @@ class SlicedChunks:
         end), `AHEAD` requests kept in the pool's hands; and how long this thread waited."""
         while len(self.asked) < AHEAD:
             count = self._request = self._policy.request_batches(self.level, self._request or 1)
-            self.stream.ask(Resume(self.origin_position, self.frontier - self.origin, self.level), count, self.level)
+            self.feed.ask(Resume(self.origin_position, self.frontier - self.origin, self.level), count, self.level)
             self.asked.append(count)
             self.frontier += count
         self.asked.popleft()
-        part, waited = _taken(self.stream, self._spent)
+        part, waited = _taken(self.feed, self._spent)
         self._waited(waited, part.rows if part.columns else 0)
         self._took(part)
         if part.cost is not None:
@@ -314,11 +314,11 @@ def batches_of(part: HostChunk, rows: int) -> list[tuple[HostBatch, np.ndarray]]
     return out
 
 
-def _taken(stream: PoolStream, spent: Callable[[], ThreadTime]) -> tuple[HostChunk, float]:
+def _taken(feed: PoolFeed, spent: Callable[[], ThreadTime]) -> tuple[HostChunk, float]:
     """The pool's next chunk, and the seconds this thread waited for it: off its CPU (the
     workers' shares not there yet), not putting them together, which is its own work."""
     before = spent()
-    part = stream.take()
+    part = feed.take()
     took = spent().since(before)
     return part, max(0.0, took.work - took.cpu)
 

@@ -1,6 +1,6 @@
 """Slices of a host's partitions for its worker pool: a partitioned packed or filtered
 pipeline's work is shared out by partitions, a slice of them to each worker (`cut`), and
-a worker goes on ahead with its slice on its own (`SliceStream`), asked by `Resume`s;
+a worker goes on ahead with its slice on its own (`SliceFeed`), asked by `Resume`s;
 since each partition's rows depend on its own records only, the batches are the same for
 any slicing."""
 
@@ -27,15 +27,15 @@ def cut(owned: range, workers: int, part: int) -> range:
     return range(owned.start + part * count // workers, owned.start + (part + 1) * count // workers)
 
 
-class SliceStream:
+class SliceFeed:
     """A worker's slice of a host's partitions (`cut`), computed on as the pool is asked for
-    it (`compute` with a `Resume`): it continues its stream while the
-    requests follow on, and computes it from the start again (the same batches) when one does
-    not (another slicing, a lost worker's share computed elsewhere)."""
+    it (`compute` with a `Resume`): it goes on from where it stands while the requests
+    follow on, and computes it from the start again (the same batches) when one does not
+    (another slicing, a lost worker's share computed elsewhere)."""
 
     def __init__(self, work: ChunkWork) -> None:
         self.work = work
-        self._at: tuple[Resume, int] | None = None  # the stream's request (skip: made so far), and its slice
+        self._at: tuple[Resume, int] | None = None  # the feed's request (skip: made so far), and its slice
         self._batches: Iterator[tuple[HostBatch, np.ndarray]] = iter(())
 
     def compute(self, resume: Resume, count: int, stages: StageTimes, part: int, quality: QualityCounts) -> HostChunk:
@@ -70,21 +70,21 @@ class SliceStream:
         return HostChunk(columns, end, places=places)
 
 
-_STREAMS: weakref.WeakKeyDictionary[ChunkWork, SliceStream] = weakref.WeakKeyDictionary()  # a worker's, by its work
+_FEEDS: weakref.WeakKeyDictionary[ChunkWork, SliceFeed] = weakref.WeakKeyDictionary()  # a worker's, by its work
 
 
 def compute(work: ChunkWork, position: int | Resume, count: int, share: Share, read_ahead: bool = True) -> HostChunk:
-    """What a worker computes when asked: `work.compute` at a stream position, or for a
-    partitioned pipeline's `Resume` the slice that `share` numbers (its `SliceStream`,
+    """What a worker computes when asked: `work.compute` at a position, or for a
+    partitioned pipeline's `Resume` the slice that `share` numbers (its `SliceFeed`,
     kept as long as `work`); the chunk carries its stage and data-quality counters, and
     what it cost this thread."""
     began = ThreadTime.now()
     stages, quality = StageTimes(), QualityCounts()
     if isinstance(position, Resume):
-        stream = _STREAMS.get(work)
-        if stream is None:
-            stream = _STREAMS[work] = SliceStream(work)
-        chunk = stream.compute(position, count, stages, share.worker, quality)
+        feed = _FEEDS.get(work)
+        if feed is None:
+            feed = _FEEDS[work] = SliceFeed(work)
+        chunk = feed.compute(position, count, stages, share.worker, quality)
     else:
         chunk = work.compute(position, count, stages, share, read_ahead, quality)
     spent = ThreadTime.now().since(began)

@@ -38,7 +38,7 @@ from colo_data import defaults
 from colo_data.host.fading_means import FadingMeans
 from colo_data.host.worker_words import Terms, sentence
 
-DECIDE_S = 0.25  # seconds between decisions (the first: `FIRST_S` after the stream starts)
+DECIDE_S = 0.25  # seconds between decisions (the first: `FIRST_S` after the feed starts)
 FIRST_S = 0.1
 INPUT_WAIT = 0.01  # the trainer waits for input more than this share of the time: it would take more
 FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time

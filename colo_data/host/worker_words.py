@@ -51,8 +51,8 @@ def _bound(terms: Terms) -> str:
         return f"the host's thread hands on at most {_rate(terms.best)} ({_ms(terms.h)} a record)"
     if terms.best == terms.most / terms.t:
         return f"{_workers(terms.most)} is the most allowed"
-    used = f"{terms.cpus:.3g} CPUs busy: the budget of {terms.budget:g} less the trainer's and others'"
-    return f"{_rate(terms.best)} keeps {used}"
+    left = f"the {terms.cpus:.3g} CPUs that the trainer and others leave of the budget of {terms.budget:g}"
+    return f"{left} deliver at most {_rate(terms.best)}"
 
 
 def _rate(records_per_s: float) -> str:

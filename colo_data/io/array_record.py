@@ -1,6 +1,6 @@
 """`ArrayRecordSource`: ArrayRecord files as a random-access record source, read many
 records at a time and parsed in batches. Grain's `ArrayRecordDataSource` is read one record
-per `__getitem__` in Python (about 5k records/s); ArrayRecord's own batched read
+per `__getitem__` in Python; ArrayRecord's own batched read
 (`ArrayRecordReader.read(indices)`) fetches a list of records in parallel C++ with the GIL
 released, and `parse` turns the whole list into columns at once. Worker processes and
 sidecars that read it import ArrayRecord's reader only (no Grain, no JAX)."""

@@ -43,12 +43,12 @@ from colo_data.io.files import (
 )
 from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.gather import gather
-from colo_data.io.integers import int_setting
 from colo_data.io.listing import default_retries, inspect_all, listed, split_uri, why_nothing
 from colo_data.io.redact import redacted
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.rowgroup_cache import RowGroupCache
 from colo_data.io.shared_metadata import read_once
+from colo_data.setting_checks import int_setting
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
 """A dataset index: one file in a directory of data files (`_colo_data_index.json`) holding
 what making a source otherwise reads from every file's metadata: the files, their sizes,
 versions and times of last writing, their row groups' row counts and their schemas. A
-source reads it in one or two requests instead of one or two per file (1,000 objects at
-+100 ms a request took 14 s to index without it), after checking it against the one
+source reads it in one or two requests instead of one or two per file, after checking it against the one
 listing it makes anyway: a file added, removed or changed since the index was written is a
 `StaleIndexError`, and nothing is read past it."""
 
@@ -123,8 +122,8 @@ def read_index(fs: pafs.FileSystem, found: Found, retries: int) -> DatasetIndex:
     most = _MAX_BYTES + _MAX_BYTES_A_FILE * len(found.files)
 
     def read() -> bytes:
-        with fs.open_input_stream(path) as stream:
-            return bytes(stream.read(most + 1))
+        with fs.open_input_stream(path) as handle:
+            return bytes(handle.read(most + 1))
 
     fix = f"Write it again (`colo-data index {uri[: -len(INDEX_NAME) - 1]}`, or cd.write_index), or remove it."
     if isinstance(fs, pafs.LocalFileSystem):

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from colo_data.errors import ConfigError
-from colo_data.io.integers import int_setting
+from colo_data.setting_checks import int_setting
 
 log = logging.getLogger(__name__)
 

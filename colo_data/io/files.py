@@ -88,6 +88,17 @@ def open_reader(
     return reader, handle
 
 
+def _unreadable_metadata(error: BaseException, path: str, fmt: str) -> ResourceError | CorruptFileError:
+    """The error for `fmt` metadata at `path` that could not be read: the process ran out of
+    resources (`out_of_resources`), or else the file is damaged."""
+    resources = out_of_resources(error, path)
+    if resources is not None:
+        return resources
+    return CorruptFileError(
+        f"{path}: cannot read the {fmt} metadata ({error}). The file is truncated or damaged: rewrite or remove it."
+    )
+
+
 def out_of_resources(error: BaseException, path: str) -> ResourceError | None:
     """The error for a read that failed because the process ran out of file descriptors or
     memory (not because of the file), or None for any other failure."""
@@ -235,12 +246,7 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
     except (pa.ArrowException, OSError) as e:
         if transient(e) or isinstance(e, SourceError):
             raise
-        resources = out_of_resources(e, path)
-        if resources is not None:
-            raise resources from e
-        raise CorruptFileError(
-            f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
-        ) from e
+        raise _unreadable_metadata(e, path, fmt) from e
     local_handle: pa.NativeFile | None = None
     try:
         if not remote:
@@ -252,12 +258,7 @@ def inspect_file(fs: pafs.FileSystem, path: str, kept: dict[str, Kept] | None = 
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         if remote and transient(e):
             raise
-        resources = out_of_resources(e, path)
-        if resources is not None:
-            raise resources from e
-        raise CorruptFileError(
-            f"{path}: cannot read the {fmt} metadata ({e}). The file is truncated or damaged: rewrite or remove it."
-        ) from e
+        raise _unreadable_metadata(e, path, fmt) from e
     finally:
         if local_handle is not None:  # the metadata is read: no local file stays open
             local_handle.close()

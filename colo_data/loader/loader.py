@@ -20,12 +20,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from colo_data.backends.base import Backend, GlobalBatch
+from colo_data.backends.base import GlobalBatch, Transport
 from colo_data.backends.options import BackendOptions, resolve
 from colo_data.backends.placement import Placement
 from colo_data.errors import ConfigError, LoaderBusyError, LoaderClosedError, StateError
 from colo_data.host.dtypes import check_index_column
-from colo_data.io.integers import int_setting
 from colo_data.loader.meters import LoaderMeters
 from colo_data.loader.picklable import check_picklable
 from colo_data.pipeline import parts
@@ -34,18 +33,19 @@ from colo_data.pipeline.order import Position
 from colo_data.pipeline.state import make_state, restore, state_step
 from colo_data.runtime.lifecycle import DEFAULT_TIMEOUT_S, Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
+from colo_data.setting_checks import int_setting
 from colo_data.telemetry.counters import StepClock
 from colo_data.telemetry.export import TelemetryExport
 from colo_data.telemetry.export import start as start_exporters
 from colo_data.telemetry.report import StepTrace, Telemetry, with_mixture
 
 
-def _end_stream(stream: Iterator[GlobalBatch], timeout: float) -> None:
-    """End a batch stream read on the consumer's thread (no prefetch), running its
-    `finally` blocks now; when the consumer is inside it (a close from another thread), the
-    run's other parts end it."""
+def _end_batches(batches: Iterator[GlobalBatch], timeout: float) -> None:
+    """End the batches read on the consumer's thread (no prefetch), running their
+    `finally` blocks now; when the consumer is inside them (a close from another thread),
+    the run's other parts end them."""
     try:
-        close_iterator(stream)
+        close_iterator(batches)
     except ValueError:
         pass
 
@@ -94,14 +94,14 @@ class _Runner:
     def __init__(
         self,
         pipeline: AnyPipeline,
-        backend: Backend,
+        transport: Transport,
         owner: Lifecycle,
         meters: LoaderMeters,
         prefetch: int,
         position: Position,
         step: int | None,
     ) -> None:
-        self.pipeline, self.backend, self.owner, self.meters = pipeline, backend, owner, meters
+        self.pipeline, self.transport, self.owner, self.meters = pipeline, transport, owner, meters
         self.prefetch = prefetch
         self.position = position
         self.step = step  # global batches delivered since the stream's start (None: not known)
@@ -118,19 +118,19 @@ class _Runner:
         self.closing = False  # `close()` has begun, maybe on another thread than a waiting `next()`
 
     def start(self) -> None:
-        """Start a run at the current position: the backend's stream, prefetched."""
+        """Start a run at the current position: the transport's batches, prefetched."""
         if self.export is not None and not self.exporters:
             self.exporters = start_exporters(self.export, self.telemetry)
             for exporter in self.exporters:
                 self.owner.add(f"telemetry exporter {type(exporter).__name__}", _closer(exporter))
         self.meters.start()
         self.run = self.owner.child("run")
-        stream = self.backend.open(self.position, self.run)
+        batches = self.transport.open(self.position, self.run)
         if self.prefetch:
-            self.prefetcher = Prefetcher(stream, self.prefetch, self.run)
+            self.prefetcher = Prefetcher(batches, self.prefetch, self.run)
         else:  # read on the consumer's thread: the run ends it (also at exit, not at the interpreter's teardown)
-            self.run.add("the batch stream", functools.partial(_end_stream, stream))
-        self.batches = self.prefetcher or stream
+            self.run.add("the batches", functools.partial(_end_batches, batches))
+        self.batches = self.prefetcher or batches
 
     def telemetry(self) -> Telemetry:
         """The meters' telemetry, with a mixture's records per component since `first` and
@@ -155,7 +155,7 @@ class _Runner:
     @contextlib.contextmanager
     def jumping(self) -> Iterator[None]:
         """Hold the loader for `set_state`: a LoaderBusyError while another thread is in
-        `next()`, whose stream a jump would end under it."""
+        `next()`, whose batches a jump would end under it."""
         if not self._reading.acquire(blocking=False):
             raise LoaderBusyError(
                 "set_state while another thread is in next() on this Loader: the waiting batch belongs to the old "
@@ -185,7 +185,7 @@ class _Runner:
         try:
             batch = next(self.batches)
         except BaseException as e:
-            if self.closing:  # what stopped the stream was the close, whatever the stream's own error says
+            if self.closing:  # what stopped the batches was the close, whatever their own error says
                 raise LoaderClosedError(
                     "the Loader was closed (by another thread) while next() waited for a batch"
                 ) from e
@@ -213,7 +213,7 @@ class _Runner:
         late: list[str] = []
         if self.run is not None:
             late = self.run.close(timeout)
-            self.backend.run_ended()
+            self.transport.run_ended()
         self.run, self.batches, self.prefetcher = None, None, None
         return late
 
@@ -388,8 +388,8 @@ class Loader:
                 self._transport_parts = runner.owner.child("transport")
                 self.pipeline = runner.pipeline = rebased
                 transport = self.backend.start(rebased, self.placement, runner.prefetch, self._transport_parts)
-                runner.backend = transport
-                runner.meters.replace_backend(transport)
+                runner.transport = transport
+                runner.meters.replace_transport(transport)
                 runner.host_states = host_states
 
     def close(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:

@@ -13,9 +13,9 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar, Literal
 
 from colo_data.errors import ConfigError, StateError
-from colo_data.io.integers import as_int
 from colo_data.pipeline.order import Position
 from colo_data.pipeline.state_format import FORMAT
+from colo_data.setting_checks import as_int
 
 KIND = "grain"
 # Grain's ElasticIterator state: the same on every host, valid for any host count
@@ -44,7 +44,7 @@ class GrainPipeline:
     global_batch_size: int
     records: bool = False
     # Set by `resumed`: each host's saved entry (`{"data": fingerprint, "workers": mp_prefetch's, "state": Grain's}`, None
-    # for a host that starts at its beginning) and the stream position (records) they continue from.
+    # for a host that starts at its beginning) and the position (records) they continue from.
     resume: tuple[dict[str, Any] | None, ...] | None = dataclasses.field(default=None, repr=False)
     resume_position: int = dataclasses.field(default=0, repr=False)
 
@@ -57,7 +57,7 @@ class GrainPipeline:
     variable_batches = False
     partitioned = False
     position_partitioning = None
-    # its records are its datasets' own, not a function of a stream position that colo-data computes
+    # its records are its datasets' own, not a function of a position that colo-data computes
     positional: ClassVar[Literal[False]] = False
 
     def __post_init__(self) -> None:
@@ -74,7 +74,7 @@ class GrainPipeline:
             raise ConfigError(f"records={self.records!r}: True (elements are records) or False (host batches)")
 
     def at(self, position: int) -> int:
-        """The stream position itself: a Grain pipeline has one."""
+        """The position itself: a Grain pipeline has one."""
         return position
 
     def batches_from(self, position: int) -> int | None:
@@ -110,8 +110,8 @@ class GrainPipeline:
         }
 
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[GrainPipeline, int]:
-        """This pipeline set to continue from `state` on `hosts` hosts, and the stream
-        position it continues from. Each host checks its data's fingerprint when it starts.
+        """This pipeline set to continue from `state` on `hosts` hosts, and the position it
+        continues from. Each host checks its data's fingerprint when it starts.
 
         Raises:
             StateError: not a Grain pipeline's state, another batch size, or another host
@@ -126,7 +126,7 @@ class GrainPipeline:
         if not (isinstance(saved, list) and saved and all(s is None or (isinstance(s, dict) and "state" in s) for s in saved)):
             raise StateError(f"the Grain loader state has hosts={saved!r}: not one entry per host")
         if not (isinstance(position, int) and position >= 0):
-            raise StateError(f"the Grain loader state has position={position!r}: not a stream position")
+            raise StateError(f"the Grain loader state has position={position!r}: not a global position (records delivered)")
         if state.get("global_batch_size") != self.global_batch_size:
             raise StateError(
                 f"the Grain loader state was saved with global_batch_size={state.get('global_batch_size')!r}, this "

@@ -30,7 +30,7 @@ class PipelineKind(Protocol):
 
     @property
     def positional(self) -> bool:
-        """Whether every record is a function of its stream position, computed by colo-data
+        """Whether every record is a function of its position, computed by colo-data
         (source, order, index): what `skip`, `lineage`, `verify`'s record checks and worker
         pools need. A literal of each kind, so that a check of it narrows `AnyPipeline`."""
         ...
@@ -44,13 +44,13 @@ class PipelineKind(Protocol):
         ...
 
     def state_at(self, position: Position, hosts: int, host_states: dict[int, Any]) -> dict[str, Any]:
-        """The loader state after stream `position` on `hosts` hosts, whose own states at
+        """The loader state after `position` on `hosts` hosts, whose own states at
         the last batch delivered are `host_states` (where the kind has them)."""
         ...
 
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[Self, Position]:
-        """This pipeline set to continue from `state` on `hosts` hosts, and the stream
-        position it continues from; a StateError when the state is not one of its own."""
+        """This pipeline set to continue from `state` on `hosts` hosts, and the position it
+        continues from; a StateError when the state is not one of its own."""
         ...
 
     def continues(self, running: object) -> bool:
@@ -64,6 +64,6 @@ class PipelineKind(Protocol):
         ...
 
     def mixture_records(self, first: Position, position: Position) -> tuple[dict[str, int], tuple[int, ...]] | None:
-        """A mixture's records of each component from stream position `first` to
+        """A mixture's records of each component from position `first` to
         `position`, and the weights' shares; None for any other stream."""
         ...

@@ -1,4 +1,4 @@
-"""`Mix`: several named sources read as one endless stream, interleaved by weight. Stream
+"""`Mix`: several named sources read as one endless stream, interleaved by weight. Global
 position p maps in O(1) to (component, the component's own position) through a periodic
 schedule of `DENOMINATOR` slots, in which every prefix gives each component its weight's
 share to within one record. Each component runs through its own epochs in the pipeline's
@@ -59,7 +59,7 @@ class Mix:
             their sum must be a finite float (about 1.8e308 at most).
         component_column: a column holding each row's component (its place in
             `components`, int32).
-        start: where these weights took effect: the stream position and each component's
+        start: where these weights took effect: the global position and each component's
             position there. Set when a state is restored (`rebased`), not by hand.
     """
 
@@ -218,7 +218,7 @@ class Mix:
         return MixOrder(self, order, partitioning)
 
     def rebased(self, position: int, component_positions: list[int]) -> Mix:
-        """This mixture with its weights taking effect at stream `position`, where each
+        """This mixture with its weights taking effect at global `position`, where each
         component has delivered `component_positions` records."""
         return Mix(
             dict(zip(self.names, self.sources, strict=True)),
@@ -260,7 +260,7 @@ class Mix:
                 )
         if partitions > 1 and self.start is not None:
             raise ConfigError(
-                f"partitions={pipeline.partitioning.partitions} over a cd.Mix rebased at stream position "
+                f"partitions={pipeline.partitioning.partitions} over a cd.Mix rebased at position "
                 f"{self.start[0]}: a partitioned mixture's weights are the ones it started with"
             )
         if pipeline.epochs is not None:
@@ -275,7 +275,7 @@ class Mix:
             )
 
     def state(self, pipeline: PipelineView, position: Position) -> dict[str, Any]:
-        """The stream position, where it falls in the schedule's period (`phase`), and each
+        """The global position, where it falls in the schedule's period (`phase`), and each
         component's name, data fingerprint and records delivered there (a partitioned
         packed or filtered pipeline: its partitions' own positions, `parts`)."""
         start = self.start[0] if self.start is not None else 0
@@ -403,8 +403,8 @@ class Mix:
 
 
 class MixOrder:
-    """A `Mix` bound to the pipeline's order: stream positions -> mixture record indices.
-    With partitions, a component's own position is a stream position of its partitioned
+    """A `Mix` bound to the pipeline's order: global positions -> mixture record indices.
+    With partitions, a component's own position is a global position of its partitioned
     order (`Partitioning(P, 1)`: partition k's i-th record of the component is `i * P + k`;
     of its one order where the partitions are `shared`)."""
 
@@ -436,16 +436,16 @@ class MixOrder:
         periods, within = np.divmod(slot, DENOMINATOR)
         return periods * self._shares[component] + np.searchsorted(self._slots[component], within)
 
-    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The component of each stream position, and that component's own position."""
-        stream = np.asarray(stream, dtype=np.int64)
+    def components_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The component of each global position, and that component's own position."""
+        positions = np.asarray(positions, dtype=np.int64)
         if self._parts is None:
-            periods, slots = np.divmod(stream - self._start, DENOMINATOR)
+            periods, slots = np.divmod(positions - self._start, DENOMINATOR)
             comps = self._comp[slots]
             return comps, self._begin[comps] + periods * self._shares[comps] + self._rank[slots]
-        partition = self._parts.of(stream)
+        partition = self._parts.of(positions)
         shift = partition * self._parts.rows  # partition k's schedule begins k * rows slots on
-        periods, slots = np.divmod(self._parts.before(stream, partition) + shift, DENOMINATOR)
+        periods, slots = np.divmod(self._parts.before(positions, partition) + shift, DENOMINATOR)
         comps = self._comp[slots]
         own = periods * self._shares[comps] + self._rank[slots]
         for c in np.unique(comps):
@@ -454,7 +454,7 @@ class MixOrder:
         return comps, own * self._parts.partitions + partition
 
     def component_positions(self, position: Position) -> list[int]:
-        """Records each component has delivered before stream `position` (a partitioned
+        """Records each component has delivered before global `position` (a partitioned
         packed or filtered pipeline's position: before its partitions' own positions)."""
         if self._parts is None:
             periods, slot = divmod(int(position) - self._start, DENOMINATOR)
@@ -465,36 +465,36 @@ class MixOrder:
         shift = every * self._parts.rows
         return [int((self._before(c, shift + own) - self._before(c, shift)).sum()) for c in range(len(self._shares))]
 
-    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        comps, own = self.positions(stream)
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        comps, own = self.components_at(positions)
         out = np.empty(len(comps), dtype=np.int64)
         for c in np.unique(comps):
             mask = comps == c
-            out[mask] = self.mix.offsets[c] + self.orders[c].stream_indices(own[mask])
+            out[mask] = self.mix.offsets[c] + self.orders[c].indices_at(own[mask])
         return out
 
     def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
         indices = np.empty(len(own), np.int64)
         for c in np.unique(components):
             mine = components == c
-            indices[mine] = self.orders[c].stream_indices(own[mine])
+            indices[mine] = self.orders[c].indices_at(own[mine])
         return indices
 
-    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        components, own = self.positions(stream)
+    def record_keys(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        components, own = self.components_at(positions)
         epochs = np.empty_like(own)
         for c in np.unique(components):
             mask = components == c
-            epochs[mask] = self.orders[c].stream_epochs(own[mask])
+            epochs[mask] = self.orders[c].epochs_at(own[mask])
         local = self.mix.locate(indices)[1]
         return np.stack([components.astype(np.int64) + 1, epochs, local], axis=1)
 
-    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        comps, own = self.positions(stream)
+    def group_ranks_at(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        comps, own = self.components_at(positions)
         ranks = np.empty(len(comps), dtype=np.int64)
         count = len(self.orders)
         for c in np.unique(comps):
             mask = comps == c
             local = indices[mask] - self.mix.offsets[c]
-            ranks[mask] = self.orders[c].stream_group_ranks(own[mask], local) * count + c
+            ranks[mask] = self.orders[c].group_ranks_at(own[mask], local) * count + c
         return ranks

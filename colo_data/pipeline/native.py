@@ -15,13 +15,13 @@ import numpy as np
 from colo_data import defaults
 from colo_data.errors import ConfigError, StateError
 from colo_data.io.columns import Columns
-from colo_data.io.integers import as_int
 from colo_data.io.record_source import Source, as_source
 from colo_data.pipeline import parts
 from colo_data.pipeline.order import Order, Partitioning, Position
 from colo_data.pipeline.pack import Pack
 from colo_data.pipeline.stream import Stream, order_name, same_order, saved_partitions, stream_of
 from colo_data.pipeline.transforms import BatchTransform
+from colo_data.setting_checks import as_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +66,7 @@ class Pipeline:
             then reads the row groups its records fall in, as with one partition. A
             pipeline restored from a state takes the state's partitions where it names
             none.
-        partition_origin: set by a restore, not by hand: the stream position from which a
+        partition_origin: set by a restore, not by hand: the position from which a
             padded pipeline's partitions take rows of this batch size
             (`Partitioning.origin`, a multiple of `partitions` below
             `global_batch_size`), where a state saved at another batch size continues; 0
@@ -84,7 +84,7 @@ class Pipeline:
     keep: Callable[[Columns], np.ndarray] | None = None
     partitions: int | None = None
     partition_origin: int = 0
-    # every record a function of its stream position: skip, lineage, verify's record checks and worker pools apply
+    # every record a function of its position: skip, lineage, verify's record checks and worker pools apply
     positional: ClassVar[Literal[True]] = True
 
     def __post_init__(self) -> None:
@@ -158,7 +158,7 @@ class Pipeline:
     @property
     def position_partitioning(self) -> Partitioning | None:
         """The partitions a position holds one entry for (`partitioned`); None when it is
-        one stream position."""
+        one position."""
         return self.partitioning if self.partitioned else None
 
     def with_source(self, source: Any) -> Pipeline:
@@ -172,7 +172,7 @@ class Pipeline:
 
     @property
     def total_records(self) -> int | None:
-        """Stream positions in the whole stream, or None when it repeats forever: `epochs`
+        """Positions in the whole stream, or None when it repeats forever: `epochs`
         times the source's records; with partitions of their own epochs (`own_epochs`), the
         shortest partition's epochs, `epochs * (len // partitions)` positions of each (the
         longer partitions' last records are dropped, as a partial batch is)."""
@@ -245,7 +245,7 @@ class Pipeline:
             )
 
     def state_at(self, position: Position, hosts: int, host_states: dict[int, Any]) -> dict[str, Any]:
-        """The loader state after stream `position`, its stream's to say (and a packed
+        """The loader state after `position`, its stream's to say (and a packed
         pipeline's packing, which `cd.lineage` needs to name the rows of later steps); the
         same on every host, so `hosts` and `host_states` play no part."""
         state = self.stream.state(self, position)
@@ -254,7 +254,7 @@ class Pipeline:
     def resumed(self, state: dict[str, Any], hosts: int) -> tuple[Pipeline, Position]:
         """This pipeline rebased to continue from `state` (a `cd.Mix` where its components
         left off; the state's partitions where it names none, counted from where the state
-        stands in rows of this batch size), and the stream position it continues from, on
+        stands in rows of this batch size), and the position it continues from, on
         any host count.
 
         Raises:
@@ -302,13 +302,13 @@ class Pipeline:
         return None
 
     def mixture_records(self, first: Position, position: Position) -> tuple[dict[str, int], tuple[int, ...]] | None:
-        """A mixture's records of each component delivered from stream position `first` to
+        """A mixture's records of each component delivered from position `first` to
         `position`, and the weights' shares; None when the source is not a mixture."""
         counts = self.stream.component_records(self, first, position)
         return None if counts is None else (counts, self.stream.shares or ())
 
     def batches_from(self, position: int) -> int | None:
-        """Full global batches left in the stream from a stream position (a trailing partial
+        """Full global batches left in the stream from a position (a trailing partial
         batch is dropped), or None when the stream repeats forever or its batches take a
         variable number of records (packed, filtered).
 
@@ -352,7 +352,7 @@ def resumed_origin(pipeline: Pipeline, position: int) -> int:
     parts = pipeline.partitioning
     if position % parts.partitions:
         raise StateError(
-            f"the loader state stands at stream position {position}, which its {parts.partitions} partitions cannot "
+            f"the loader state stands at position {position}, which its {parts.partitions} partitions cannot "
             f"have taken evenly (each partition takes its rows of every batch): it was not saved at a batch "
             "boundary; restore it at the batch size it was saved at"
         )

@@ -10,13 +10,13 @@ from typing import Literal
 import numpy as np
 
 from colo_data.errors import ConfigError
-from colo_data.io.integers import as_int
 from colo_data.pipeline.permute import partition_keys, permute, permute_within
+from colo_data.setting_checks import as_int
 
 Shuffle = Literal["none", "global", "block"]
 _DEALT = 2**63  # the spawn key of a partitioned block order's dealing of row groups: no epoch's (those are < 2**63)
-# Where a stream stands: records delivered (a stream position), or for a partitioned packed
-# or filtered pipeline each partition's own records consumed (`Partitioning.stream`)
+# Where the stream stands: records delivered (the global position), or for a partitioned
+# packed or filtered pipeline each partition's own records consumed (`Partitioning.own`)
 Position = int | np.ndarray
 _SHUFFLES = ("none", "global", "block")
 
@@ -82,32 +82,32 @@ class Partitioning:
     origin: int = 0
     shared: bool = False
 
-    def of(self, stream: np.ndarray) -> np.ndarray:
-        """The partition of each stream position."""
-        return ((stream - self.origin) // self.rows) % self.partitions
+    def of(self, positions: np.ndarray) -> np.ndarray:
+        """The partition of each global position."""
+        return ((positions - self.origin) // self.rows) % self.partitions
 
-    def before(self, stream: np.ndarray | int, partition: np.ndarray) -> np.ndarray:
-        """How many positions of `partition` come before stream position `stream` (element
+    def before(self, positions: np.ndarray | int, partition: np.ndarray) -> np.ndarray:
+        """How many positions of `partition` come before global position `positions` (element
         by element). ConfigError for a position before `origin`: the turns before it were
         of another batch size, which a restored pipeline does not know, and read here they
         would fall on other records (negative positions of the partitions)."""
-        if self.origin and np.any(np.asarray(stream) < self.origin):
+        if self.origin and np.any(np.asarray(positions) < self.origin):
             raise ConfigError(
-                f"partition_origin={self.origin}: stream position {int(np.min(stream)):,} comes before it. A restore sets "
+                f"partition_origin={self.origin}: position {int(np.min(positions)):,} comes before it. A restore sets "
                 "it where the partitions of a padded pipeline resumed at another batch size than its state's take rows "
                 "of the new one from, and the stream before it is not that pipeline's to read: give partition_origin=0 "
                 "(the pipeline as made) to read from the stream's start, or restore the state"
             )
-        span, shifted = self.rows * self.partitions, stream - self.origin
+        span, shifted = self.rows * self.partitions, positions - self.origin
         taken = (shifted // span) * self.rows + np.clip(shifted % span - partition * self.rows, 0, self.rows)
         return taken + self.origin // self.partitions
 
     def own(self, position: int) -> np.ndarray:
-        """Each partition's own position at stream position `position`: its positions before it."""
+        """Each partition's own position at global position `position`: its positions before it."""
         return self.before(position, np.arange(self.partitions, dtype=np.int64))
 
-    def stream(self, partition: np.ndarray | int, own: np.ndarray) -> np.ndarray:
-        """The stream positions of `partition`'s own positions `own` (its i-th position in
+    def global_positions(self, partition: np.ndarray | int, own: np.ndarray) -> np.ndarray:
+        """The global positions of `partition`'s own positions `own` (its i-th position in
         the stream is its own position i)."""
         own = np.asarray(own, dtype=np.int64) - self.origin // self.partitions
         turns = (own // self.rows) * (self.rows * self.partitions)
@@ -154,7 +154,7 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> np.random.SeedSequence:
 
 
 class GlobalOrder:
-    """`Order` bound to a source's row-group layout: maps stream positions to record indices.
+    """`Order` bound to a source's row-group layout: maps global positions to record indices.
 
     Args:
         order: the order to apply.
@@ -217,39 +217,39 @@ class GlobalOrder:
     def _global_seed(self, epoch: int) -> int:
         return int(epoch_seed(self.order.seed, epoch).generate_state(1, dtype=np.uint64)[0])
 
-    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        """Record index at each stream position (epoch after epoch, each in its own order;
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """Record index at each global position (epoch after epoch, each in its own order;
         with partitions of their own epochs, each partition's).
 
         Args:
-            stream: positions in the stream of epochs, `>= 0`.
+            positions: global positions, in the stream of epochs, `>= 0`.
         """
-        stream = np.asarray(stream, dtype=np.int64)
-        indices = np.empty_like(stream)
+        positions = np.asarray(positions, dtype=np.int64)
+        indices = np.empty_like(positions)
         if self._own is not None:
-            partition = self._own.of(stream)
-            epochs, within = np.divmod(self._own.before(stream, partition), self._own.epoch_records(self._len, partition))
+            partition = self._own.of(positions)
+            epochs, within = np.divmod(self._own.before(positions, partition), self._own.epoch_records(self._len, partition))
             for epoch, mask in _by_epoch(epochs):
                 indices[mask] = self._own_indices(epoch, partition[mask], within[mask])
             return indices
-        epochs, positions = np.divmod(stream, self._len)
+        epochs, within = np.divmod(positions, self._len)
         for epoch, mask in _by_epoch(epochs):
-            indices[mask] = self.indices(epoch, positions[mask])
+            indices[mask] = self.indices(epoch, within[mask])
         return indices
 
-    def stream_epochs(self, stream: np.ndarray) -> np.ndarray:
-        """The epoch of each stream position (with partitions of their own epochs, its
+    def epochs_at(self, positions: np.ndarray) -> np.ndarray:
+        """The epoch of each global position (with partitions of their own epochs, its
         partition's)."""
-        stream = np.asarray(stream, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
         if self._own is None:
-            return stream // self._len
-        partition = self._own.of(stream)
-        return self._own.before(stream, partition) // self._own.epoch_records(self._len, partition)
+            return positions // self._len
+        partition = self._own.of(positions)
+        return self._own.before(positions, partition) // self._own.epoch_records(self._len, partition)
 
-    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        """`group_ranks` of the records at stream positions `stream` (any epochs)."""
+    def group_ranks_at(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """`group_ranks` of the records at global positions `positions` (any epochs)."""
         ranks = np.empty_like(indices)
-        for epoch, mask in _by_epoch(self.stream_epochs(stream)):
+        for epoch, mask in _by_epoch(self.epochs_at(positions)):
             ranks[mask] = self.group_ranks(epoch, indices[mask])
         return ranks
 
@@ -394,7 +394,7 @@ class GlobalOrder:
 
 
 def _by_epoch(epochs: np.ndarray) -> list[tuple[int, np.ndarray | slice]]:
-    """The epochs among stream positions' `epochs`, each with where its positions are."""
+    """The epochs among global positions' `epochs`, each with where its positions are."""
     if not len(epochs) or (epochs == epochs[0]).all():  # the usual case: one epoch
         return [(int(epochs[0]) if len(epochs) else 0, slice(None))]
     return [(int(e), epochs == e) for e in np.unique(epochs)]

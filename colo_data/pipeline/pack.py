@@ -10,7 +10,7 @@ import numpy as np
 
 from colo_data.errors import ConfigError
 from colo_data.io.columns import Columns
-from colo_data.io.integers import as_int
+from colo_data.setting_checks import as_int
 
 SEGMENT_IDS = "segment_ids"
 POSITIONS = "positions"

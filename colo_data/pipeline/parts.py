@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from colo_data.errors import StateError
-from colo_data.io.integers import as_int
 from colo_data.pipeline.state_format import MAX_POSITION
+from colo_data.setting_checks import as_int
 
 _WIDTHS = (1, 2, 4, 8)
 

@@ -78,7 +78,7 @@ def permute_within(positions: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np
     """Each position's image under a keyed bijection of its own range `[0, n[i])` (keys
     `keys[:, i]`): the 8-round Feistel network of `permute`, element by element, so that
     positions of many partitions, each with its own range and key, are permuted in one
-    vectorised pass (a loop over 1,024 partitions cost 58 ms per 512 positions).
+    vectorised pass, not a loop over the partitions.
 
     Args:
         positions: positions, each in `[0, n[i])`.

@@ -1,4 +1,4 @@
-"""A mixture's schedule: weights as whole slots of a period of `DENOMINATOR` stream
+"""A mixture's schedule: weights as whole slots of a period of `DENOMINATOR`
 positions, and the periodic order of the components' slots, in which every prefix gives
 each component its share to within one record."""
 

@@ -20,29 +20,29 @@ Kind = TypeVar("Kind", bound=PipelineKind)
 
 def make_state(
     pipeline: PipelineKind,
-    stream_position: Position,
+    position: Position,
     hosts: int = 1,
     host_states: dict[int, Any] | None = None,
     step: int | None = None,
 ) -> dict[str, Any]:
-    """The state after `stream_position` records of the stream have been delivered.
+    """The state after `position` records of the stream have been delivered.
 
     Args:
         pipeline: the pipeline the stream comes from; its identity is saved for the check.
-        stream_position: records of the stream delivered so far, over all epochs (a
+        position: records of the stream delivered so far, over all epochs (a
             partitioned pipeline: each partition's own records).
         hosts: the host count (a Grain pipeline's state is one per host).
         host_states: a Grain pipeline's host states at the last batch delivered.
         step: global batches delivered since the stream's start, which `cd.lineage`
             counts steps by; None when not known (left out).
     """
-    state = pipeline.state_at(stream_position, hosts, host_states or {})
+    state = pipeline.state_at(position, hosts, host_states or {})
     return state if step is None else {**state, "step": step}
 
 
 def state_step(pipeline: PipelineKind, state: dict[str, Any] | None, position: Position) -> int | None:
     """Global batches delivered from the stream's start up to `state` (None: the start, 0),
-    which restored to stream `position`. A state that records none (saved before colo-data
+    which restored to `position`. A state that records none (saved before colo-data
     counted steps): a padded or Grain pipeline's position over the batch size it was saved
     with, when it is this pipeline's; otherwise None (not known).
 
@@ -64,7 +64,7 @@ def state_step(pipeline: PipelineKind, state: dict[str, Any] | None, position: P
 
 
 def restore(pipeline: Kind, state: dict[str, Any], hosts: int = 1) -> tuple[Kind, Position]:
-    """The pipeline to continue with and the stream position a state points at. For a
+    """The pipeline to continue with and the position a state points at. For a
     `cd.Mix` the pipeline is rebased so that every component continues where the state
     left it: in the same interleaving under the same weights, and from there on under new
     ones; a Grain pipeline carries each host's Grain state to continue from.
@@ -86,6 +86,6 @@ def restore(pipeline: Kind, state: dict[str, Any], hosts: int = 1) -> tuple[Kind
 
 
 def restore_position(pipeline: PipelineKind, state: dict[str, Any]) -> Position:
-    """The stream position a state points at, after checking that it belongs to `pipeline`
+    """The position a state points at, after checking that it belongs to `pipeline`
     (as `restore`)."""
     return restore(pipeline, state)[1]

@@ -5,7 +5,7 @@ shuffle (`colo_data.pipeline.permute`)."""
 from __future__ import annotations
 
 FORMAT = "colo-data/2"
-# The furthest stream position (or partition position) a state may hold: an int64 with room
+# The furthest position (or partition position) a state may hold: an int64 with room
 # above it for the arithmetic of the batches that follow (a made-up state past it is refused).
 MAX_POSITION = 2**62
 

@@ -1,5 +1,5 @@
 """What a pipeline's source makes of its stream. A source read alone (`Single`) and a
-`cd.Mix` answer the same questions, `Stream`'s: which record each stream position holds
+`cd.Mix` answer the same questions, `Stream`'s: which record each position holds
 (the bound order), the columns that name a record, the loader state, what a default verify
 run reads and how it names a record, and the records of each component. The rest of
 colo-data asks the pipeline's stream and never which kind of source it has; a new kind of
@@ -74,31 +74,31 @@ class PipelineView(Protocol):
 
 
 class BoundStream(Protocol):
-    """A stream bound to the pipeline's order: stream positions -> records. A record is
+    """A stream bound to the pipeline's order: global positions -> records. A record is
     (component, its index within the component); a single source has one component."""
 
     @property
     def locality(self) -> int: ...
 
-    def stream_indices(self, stream: np.ndarray) -> np.ndarray:
-        """The source's record index at each stream position."""
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """The source's record index at each global position."""
         ...
 
-    def stream_group_ranks(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def group_ranks_at(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Each record's row group's rank in its epoch's reading order (worker shares)."""
         ...
 
-    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The component of each stream position, and that component's own position."""
+    def components_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The component of each global position, and that component's own position."""
         ...
 
     def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
         """The record index within its component at each (component, own position)."""
         ...
 
-    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def record_keys(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Each record's (component + 1, the component's epoch, index within the component)
-        at stream positions `stream` (the source's records `indices`): what seeds
+        at global positions `positions` (the source's records `indices`): what seeds
         `cd.random_map`'s draws, the same on every host."""
         ...
 
@@ -163,7 +163,7 @@ class Stream(Protocol):
         ...
 
     def verify_end(self, pipeline: PipelineView) -> int:
-        """The stream position a default verify run reads to."""
+        """The position a default verify run reads to."""
         ...
 
     def first_epochs(self) -> str:
@@ -186,17 +186,17 @@ def stream_of(source: Any) -> Stream:
 
 class SingleOrder(GlobalOrder):
     """One source's `GlobalOrder` as a `BoundStream`: one component, whose own position is
-    the stream position."""
+    the global position."""
 
-    def positions(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        stream = np.asarray(stream, dtype=np.int64)
-        return np.zeros(len(stream), np.int64), stream
+    def components_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        positions = np.asarray(positions, dtype=np.int64)
+        return np.zeros(len(positions), np.int64), positions
 
     def own_indices(self, components: np.ndarray, own: np.ndarray) -> np.ndarray:
-        return self.stream_indices(own)
+        return self.indices_at(own)
 
-    def record_keys(self, stream: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        return np.stack([np.zeros_like(stream), self.stream_epochs(stream), indices], axis=1)
+    def record_keys(self, positions: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        return np.stack([np.zeros_like(positions), self.epochs_at(positions), indices], axis=1)
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ class Single:
         if position > MAX_POSITION:
             raise StateError(
                 f"loader state has epoch={epoch}, position={within}: record {position:,} of the stream, past the "
-                "2**62 that a stream position may reach (a damaged or made-up state)"
+                "2**62 that a position may reach (a damaged or made-up state)"
             )
         return pipeline, pipeline.at(position)  # partitioned: each partition's records before it
 
@@ -331,7 +331,7 @@ def same_order(pipeline: PipelineView, saved: object, ours: str) -> bool:
     pipeline's partitions take their own records in turn whatever their rows a batch, so
     its rows (`x rows` in `/P x rows`) may differ: it resumes at any batch size its
     partitions divide (`Partitioning.origin`). Shared partitions over one source
-    (`Partitioning.shared`) keep one partition's order of records, so a state of one stream
+    (`Partitioning.shared`) keep one partition's order of records, so a state of one global
     position (its order without partitions) is theirs too: each partition continues after
     its records before that position."""
     if saved == ours:
@@ -383,12 +383,12 @@ def partitions_hint(saved: object, ours: str) -> str:
 def check_older_order(saved: object, ours: str) -> None:
     """StateError when a state's order name (`saved`) is one an earlier colo-data gave a
     partitioned order whose positions name other records now: partitions that shared each
-    window by stream position (`block:W/PxR`, `global/PxR`), or block windows that put a
+    window by global position (`block:W/PxR`, `global/PxR`), or block windows that put a
     partition on other row groups each epoch (`block:W/PxR own`)."""
     name = str(saved)
     if re.fullmatch(r"(block:\d+|global)/\d+x\d+", name):
         was = (
-            "whose partitions shared each shuffle window by stream position; this colo-data gives each partition "
+            "whose partitions shared each shuffle window by global position; this colo-data gives each partition "
             "epochs of its own"
         )
     elif re.fullmatch(r"block:\d+/\d+x\d+ own", name):

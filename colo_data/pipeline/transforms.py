@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from colo_data.errors import TransformError
 from colo_data.io.columns import Column, Columns, from_records, to_records
-from colo_data.io.integers import as_int
+from colo_data.setting_checks import as_int
 
 BatchTransform = Callable[[Columns], Columns]
 

@@ -1,5 +1,5 @@
 """`lineage`: which source records made each row of given global steps, for the question a
-loss spike raises (what was in step 48,211?). A padded pipeline's step N is stream positions
+loss spike raises (what was in step 48,211?). A padded pipeline's step N is positions
 `[N*B, (N+1)*B)` bound to the order, so its lineage is arithmetic and reads no record; a
 packed or filtered pipeline's steps take as many records as fit or as `keep` passes, so its
 lineage plans them (reading and preparing the records from the state's position on, as one
@@ -29,7 +29,7 @@ from colo_data.runtime.prefetch import close_iterator
 _INDEX = "_lineage_index"
 
 
-# A padded pipeline's steps are named this many records at a time, so that a long range streams in bounded memory.
+# A padded pipeline's steps are named this many records at a time, so that a long range needs bounded memory.
 _BLOCK_RECORDS = 1 << 16
 
 
@@ -59,7 +59,7 @@ def lineage_steps(
 
     Raises:
         ConfigError: `steps` is not a range of steps >= 0, it reaches past a finite
-            stream's end or past the 2**62 records a stream position may reach (as
+            stream's end or past the 2**62 records a position may reach (as
             `cd.skip`), or the pipeline is a `cd.GrainPipeline` (its records carry no
             index that colo-data can follow).
         StateError: `state` is not one of `pipeline`'s, it records no step (a packed or
@@ -110,7 +110,7 @@ def lineage_steps(
 
 
 def _counted(pipeline: Pipeline, position: int, first: int, steps: range) -> Iterator[dict[str, Any]]:
-    """A padded pipeline's steps: their stream positions, bound to the order, named
+    """A padded pipeline's steps: their positions, bound to the order, named
     `_BLOCK_RECORDS` records at a time."""
     size = pipeline.global_batch_size
     order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
@@ -118,8 +118,8 @@ def _counted(pipeline: Pipeline, position: int, first: int, steps: range) -> Ite
     for at in range(0, len(steps), per_block):
         block = steps[at : at + per_block]
         starts = position + (np.asarray(block, dtype=np.int64) - first) * size
-        stream = (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
-        named = pipeline.stream.record_columns(order.stream_indices(stream), _INDEX)
+        positions = (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
+        named = pipeline.stream.record_columns(order.indices_at(positions), _INDEX)
         origins = pipeline.stream.record_origins(named, _INDEX)
         for i, step in enumerate(block):
             yield {"step": step, "rows": [[origin] for origin in origins[i * size : (i + 1) * size]]}

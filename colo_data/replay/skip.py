@@ -11,13 +11,13 @@ from typing import Any
 
 from colo_data.errors import ConfigError
 from colo_data.host.host_pipeline import HostPipeline
-from colo_data.io.integers import int_setting
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
 from colo_data.pipeline.order import Position
 from colo_data.pipeline.state import make_state, restore, state_step
 from colo_data.pipeline.state_format import MAX_POSITION
 from colo_data.runtime.prefetch import close_iterator
+from colo_data.setting_checks import int_setting
 
 
 def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def skip(pipeline: Pipeline, state: dict[str, Any] | None, batches: int) -> dict
 
 
 def _after(pipeline: Pipeline, position: Position, batches: int) -> int:
-    """The stream position `batches` padded batches after `position`."""
+    """The position `batches` padded batches after `position`."""
     left = pipeline.batches_from(int(position))
     if left is not None and batches > left:
         raise _past_the_end(batches, left)
@@ -60,15 +60,15 @@ def _after(pipeline: Pipeline, position: Position, batches: int) -> int:
 
 
 def reachable(pipeline: Pipeline, position: int, batches: int, asked: str, instead: str) -> int:
-    """The stream position `batches` padded global batches after stream `position`, which
+    """The position `batches` padded global batches after `position`, which
     `cd.skip` gives a state at and `cd.lineage` names a step from: a ConfigError that names
     what was `asked` and says what to do `instead` where it passes `MAX_POSITION` (the
     int64 arithmetic of the records' positions past it wraps round to other records)."""
     after = position + batches * pipeline.global_batch_size
     if after > MAX_POSITION:
         raise ConfigError(
-            f"{asked}: {batches:,} global batches of {pipeline.global_batch_size} records from stream position "
-            f"{position:,} take the stream to record {after:,}, past the 2**62 that a stream position may reach; {instead}"
+            f"{asked}: {batches:,} global batches of {pipeline.global_batch_size} records from position "
+            f"{position:,} take the stream to record {after:,}, past the 2**62 that a position may reach; {instead}"
         )
     return after
 

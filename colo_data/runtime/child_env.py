@@ -14,8 +14,8 @@ import sys
 
 import pyarrow as pa
 
-# Settings for processes that only move and transform data, measured on the demo pipeline
-# (benchmarks/startup.py): about a third of a light pipeline's CPU time went to them.
+# Settings for processes that only move and transform data: without them a light pipeline
+# spends a large share of its CPU time on what they switch off (benchmarks/startup.py).
 PROCESS_DEFAULTS = {
     # numpy asks for transparent huge pages for arrays of 4 MiB and more: every new batch
     # buffer then faults in 2 MiB pages that the kernel zeroes (or compacts memory for).
@@ -91,8 +91,7 @@ def child_env(threads: int | None = None) -> dict[str, str]:
     under the names the user has not set. `threads` (a worker's share of the CPU budget)
     sizes the Rayon pool of Rust libraries such as `tokenizers` (`RAYON_NUM_THREADS`, also
     only where unset): each process's pool would otherwise take every CPU, so N workers
-    ran N times as many tokenizer threads as CPUs (2 workers on 2 CPUs: 0.58x the
-    records/s of one thread each, benchmarks/lm.py's pipeline)."""
+    would run N times as many tokenizer threads as CPUs, slower than one thread each."""
     settings = process_settings()
     if threads is not None:
         settings["RAYON_NUM_THREADS"] = str(threads)

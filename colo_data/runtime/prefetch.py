@@ -92,7 +92,7 @@ class Prefetcher(Generic[T]):
                 item = self._queue.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                if self._stop.is_set():  # closed, maybe from another thread: the stream ends here
+                if self._stop.is_set():  # closed, maybe from another thread: the iteration ends here
                     self._done = True
                     raise StopIteration from None
         if self._waited is not None:

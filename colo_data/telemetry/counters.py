@@ -34,7 +34,7 @@ WORKER_STAGES = (ORDER, READ, TRANSFORM, BATCH)  # the stages that worker proces
 # `decode` is time decoding row groups, mostly on background threads (items: row groups).
 READ_PARTS = (IO_WAIT, DECODE)
 # Time the host waited for chunks of its worker processes (items: records they made): how
-# much of the stream the workers made, and how long the host stood idle for them. The
+# many of the records the workers made, and how long the host stood idle for them. The
 # workers' own stages are counted in the stages above. `transfer` is the part of that wait
 # spent fetching the shares of Ray actors (`cd.RayWorkers`) from Ray's object store, once
 # computed (items: their records, bytes: their bytes).

@@ -7,7 +7,7 @@ costs a round trip, and requests fail (resets, 503s, hangs). The proxy gives bot
 and the real pyarrow clients, on a machine without netem: it delays client-to-server data as netem
 delays packets, and answers chosen requests with a fault instead of forwarding them. It runs in a
 child process (this file run as a script), not on a thread: pyarrow's GCS file opens its download
-stream while holding the GIL (`NativeFile.closed` does it), so a proxy in the reader's own process
+while holding the GIL (`NativeFile.closed` does it), so a proxy in the reader's own process
 would deadlock it. moto and gcp-storage-emulator are test extras, launched only by the functions here.
 """
 

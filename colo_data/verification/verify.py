@@ -97,7 +97,7 @@ def verify(
 
 def _partitioned_checks(pipeline: Pipeline, runs: list[_Run], difference: str | None, resume: Check) -> list[Check]:
     """The checks of a partitioned packed or filtered pipeline, whose partitions each read
-    their own stream at their own pace (`Partitioning.stream`): each partition's rows of the
+    their own stream at their own pace (`Partitioning.global_positions`): each partition's rows of the
     batches hold its own records, each once per its own epoch and in its own stream's order
     (less what the keep rejects), up to where its packing plans or batches reached."""
     order = f"every record comes where seed {pipeline.order.seed} (shuffle={pipeline.order.describe()}) puts it"
@@ -159,7 +159,7 @@ def _partitions(pipeline: Pipeline, run: _Run) -> list[tuple[_Run, _Expected]]:
             own_end=own_end,
             plan_batches=pipeline.plan_batches if pipeline.pack is not None else 1,
         )
-        expected = _expected_at(pipeline, parts.stream(k, np.arange(own_end, dtype=np.int64)))
+        expected = _expected_at(pipeline, parts.global_positions(k, np.arange(own_end, dtype=np.int64)))
         if pipeline.pack is not None:
             sub.stream = expected.keys(expected.delivered(own_end))
         out.append((sub, expected))
@@ -257,25 +257,25 @@ class _Run:
 
     @property
     def ends(self) -> list[int]:
-        """The stream position after each batch."""
+        """The position after each batch."""
         return [_position(state) for state in self.states[1:]]
 
     @property
     def end(self) -> int:
-        """The stream position after the run: its records come from positions `[0, end)`
+        """The position after the run: its records come from positions `[0, end)`
         (a partition's run: its own positions)."""
         return self.own_end if self.own_end is not None else _position(self.states[-1])
 
 
 def _position(state: dict[str, Any]) -> int:
-    """The stream position a loader state (`colo_data.state.make_state`) points at (a
+    """The position a loader state (`colo_data.state.make_state`) points at (a
     mixture's holds it as it is)."""
     if "mix" in state:
         return int(state["position"])
     return state["epoch"] * state["records"] + state["position"]
 
 
-class _Stream:
+class _Delivery:
     """A Loader with `hosts` simulated hosts (from `state`) on a one-device mesh, so that
     the batch size need only divide by the host count: the check is about hosts, not
     devices. `next` returns each global batch as numpy and records it in `run`."""
@@ -343,25 +343,25 @@ def _component_column(pipeline: Pipeline, batch: Batch, shape: tuple[int, ...]) 
 
 
 def _read_together(pipeline: Pipeline, hosts: list[int], steps: int | None) -> tuple[list[_Run], str | None]:
-    """Read `steps` batches (None: until the first host count's stream passes the first
+    """Read `steps` batches (None: until the first host count's run passes the first
     epoch) with every host count in lockstep, comparing each batch with the first host
     count's as it comes, so that no batch is kept: the runs, and the first difference."""
     with ExitStack() as stack:
-        streams = []
+        deliveries = []
         for h in hosts:
-            streams.append(_Stream(pipeline, h))
-            stack.callback(streams[-1].loader.close)
-        reference, labels = streams[0], [f"with {_hosts(h)}" for h in hosts]
+            deliveries.append(_Delivery(pipeline, h))
+            stack.callback(deliveries[-1].loader.close)
+        reference, labels = deliveries[0], [f"with {_hosts(h)}" for h in hosts]
         difference = None
         while steps is None or len(reference.run) < steps:
             step = len(reference.run)
             want = reference.next()
-            for stream, label in zip(streams[1:], labels[1:], strict=True):
-                got = stream.next() if len(stream.run) == step else None  # None: it ended before
+            for delivery, label in zip(deliveries[1:], labels[1:], strict=True):
+                got = delivery.next() if len(delivery.run) == step else None  # None: it ended before
                 difference = difference or _batch_difference(pipeline, step, want, got, (labels[0], label))
             if want is None or (steps is None and _read_through(pipeline, reference.run)):
                 break
-    return [stream.run for stream in streams], difference
+    return [delivery.run for delivery in deliveries], difference
 
 
 def _read_through(pipeline: Pipeline, run: _Run) -> bool:
@@ -379,7 +379,7 @@ def _read_through(pipeline: Pipeline, run: _Run) -> bool:
 def _batch_difference(
     pipeline: Pipeline, step: int, want: Batch | None, got: Batch | None, labels: tuple[str, str]
 ) -> str | None:
-    """How batch `step` of two runs differs (`labels` name them; None: that stream had
+    """How batch `step` of two runs differs (`labels` name them; None: that run had
     ended), naming the first differing row, its columns and records; None when equal."""
     if want is None or got is None:
         if want is got:
@@ -420,9 +420,9 @@ def _resume(pipeline: Pipeline, reference: _Run, resume_at: int, resume_hosts: i
     what = f"state after {resume_at} batches with {_hosts(reference.hosts)}, restored with {_hosts(resume_hosts)}"
     labels = ("in the uninterrupted run", "after the restore")
     with ExitStack() as stack:
-        uninterrupted = _Stream(pipeline, reference.hosts)
+        uninterrupted = _Delivery(pipeline, reference.hosts)
         stack.callback(uninterrupted.loader.close)
-        restored = _Stream(pipeline, resume_hosts, state=reference.states[resume_at])
+        restored = _Delivery(pipeline, resume_hosts, state=reference.states[resume_at])
         stack.callback(restored.loader.close)
         for _ in range(resume_at):
             uninterrupted.next()
@@ -444,7 +444,7 @@ def _keys(records: np.ndarray, components: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Expected:
-    """What the order defines for stream positions `[0, len(components))`: each position's
+    """What the order defines for positions `[0, len(components))`: each position's
     component, the index of its record within the component, the component's own position
     (its epoch is that // the component's size), and whether the keep (the pipeline's and
     the pack's) takes it."""
@@ -455,31 +455,31 @@ class _Expected:
     kept: np.ndarray
 
     def delivered(self, end: int) -> np.ndarray:
-        """The stream positions of the records delivered from `[0, end)`, in stream order."""
+        """The positions of the records delivered from `[0, end)`, in stream order."""
         return np.flatnonzero(self.kept[:end])
 
     def keys(self, positions: np.ndarray) -> np.ndarray:
-        """The records (`_keys`) at stream `positions`."""
+        """The records (`_keys`) at `positions`."""
         return _keys(self.indices[positions], self.components[positions])
 
 
 def _expected(pipeline: Pipeline, end: int) -> _Expected:
-    """The order's records for stream positions `[0, end)`, from the pipeline's stream bound
+    """The order's records for positions `[0, end)`, from the pipeline's stream bound
     to its order, and which of them the keep takes (all, without one)."""
     return _expected_at(pipeline, np.arange(end, dtype=np.int64))
 
 
-def _expected_at(pipeline: Pipeline, stream: np.ndarray) -> _Expected:
-    """`_expected` of the stream positions `stream`, one after the other (a partition's own
-    stream: `Partitioning.stream`)."""
+def _expected_at(pipeline: Pipeline, positions: np.ndarray) -> _Expected:
+    """`_expected` of the global positions `positions`, one after the other (a partition's
+    own stream: `Partitioning.global_positions`)."""
     order = pipeline.stream.bind(pipeline.order, pipeline.partitioning)
-    components, own = order.positions(stream)
+    components, own = order.components_at(positions)
     components = components.astype(np.int64)
     indices = order.own_indices(components, own)
-    end = len(stream)
+    end = len(positions)
     if pipeline.keep is None and (pipeline.pack is None or pipeline.pack.keep is None):
         return _Expected(components, indices, own, np.ones(end, bool))
-    host, records = HostPipeline(pipeline), order.stream_indices(stream)
+    host, records = HostPipeline(pipeline), order.indices_at(positions)
     verdicts = [np.zeros(0, bool)]  # none: a partition that has consumed no record yet
     for i in range(0, end, _KEEP_CHUNK):
         verdict = host.kept(records[i : i + _KEEP_CHUNK])
@@ -577,7 +577,7 @@ def _outside(pipeline: Pipeline, delivered: _Delivered) -> tuple[np.ndarray, str
 
 def _exactly_once(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
     """What is wrong with the records' counts: each delivered record as often as the order
-    puts it in the run's stream positions (once per epoch of its component), and never one
+    puts it in the run's positions (once per epoch of its component), and never one
     the keep rejects."""
     delivered, end = _delivered(run), run.end
     outside, problem = _outside(pipeline, delivered)
@@ -597,7 +597,7 @@ def _exactly_once(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | N
         elif keys[k] in expected.keys(np.arange(end)):
             problems.append(f"{seen}, but the pack's keep rejects it")
         else:
-            problems.append(f"{seen}, but the order puts it at none of the stream positions 0-{end - 1}")
+            problems.append(f"{seen}, but the order puts it at none of the positions 0-{end - 1}")
     if missing.any():
         j = int(np.flatnonzero(missing[want_at])[0])
         k, where = int(want_at[j]), f"the order puts it at {_expected_place(pipeline, run, int(positions[j]))}"
@@ -613,7 +613,7 @@ def _exactly_once(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | N
 
 
 def _covered(pipeline: Pipeline, end: int, expected: _Expected) -> str:
-    """What the exactly-once check covered, stream positions `[0, end)`: each component's
+    """What the exactly-once check covered, positions `[0, end)`: each component's
     whole epochs and part of the next one."""
     stream = pipeline.stream
     spans = []
@@ -625,7 +625,7 @@ def _covered(pipeline: Pipeline, end: int, expected: _Expected) -> str:
     rejected = int((~expected.kept[:end]).sum())
     dropped = f", none of the {rejected} that the pack's keep rejects" if rejected else ""
     epoch = "epoch of its component" if any(stream.names) else "epoch"
-    return f"each record once per {epoch} over stream positions 0-{end - 1}: {', '.join(spans)}{dropped}"
+    return f"each record once per {epoch} over positions 0-{end - 1}: {', '.join(spans)}{dropped}"
 
 
 def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
@@ -639,7 +639,7 @@ def _in_order(pipeline: Pipeline, run: _Run, expected: _Expected) -> str | None:
         place = _place(delivered.places[i])
         return f"{place} holds {_label(pipeline, got[i])} where the seed's order has {_label(pipeline, want[i])}"
     if len(got) != len(want):
-        return f"{len(got)} records delivered; the seed's order has {len(want)} in stream positions 0-{run.end - 1}"
+        return f"{len(got)} records delivered; the seed's order has {len(want)} in positions 0-{run.end - 1}"
     return None
 
 
@@ -662,10 +662,10 @@ def _shares_passed(pipeline: Pipeline, runs: list[_Run]) -> str:
     partitions = pipeline.partitioning.partitions
     if partitions == 1:
         end = runs[0].end
-        return f"in every prefix of stream positions 0-{end - 1} each component is within one record of its share ({weights})"
+        return f"in every prefix of positions 0-{end - 1} each component is within one record of its share ({weights})"
     # each partition runs the schedule from its own slot on (a difference of two prefixes); a partitioned
     # packed or filtered pipeline's partitions each read their own stream, as far as their pace took them
-    span = "" if pipeline.partitioned else f" in stream positions 0-{runs[0].end - 1}"
+    span = "" if pipeline.partitioned else f" in positions 0-{runs[0].end - 1}"
     within = f"each component is within two records of its share ({weights})"
     return f"in every prefix of each of the {partitions} partitions' records{span} {within}"
 
@@ -701,14 +701,14 @@ def _shares(pipeline: Pipeline, shares: tuple[int, ...], run: _Run) -> str | Non
 
 
 def _expected_place(pipeline: Pipeline, run: _Run, position: int) -> str:
-    """Where the order puts stream `position`: a batch and row, or for packed batches the
-    batch whose stream positions include it."""
+    """Where the order puts `position`: a batch and row, or for packed batches the
+    batch whose positions include it."""
     size = pipeline.global_batch_size
     if run.partition is not None:
-        return f"its own stream position {position}"
+        return f"its own position {position}"
     if not pipeline.variable_batches:
         return f"batch {position // size} row {position % size}"
-    return f"stream position {position}, in batch {int(np.searchsorted(run.ends, position, side='right'))}"
+    return f"position {position}, in batch {int(np.searchsorted(run.ends, position, side='right'))}"
 
 
 def _place(place: np.ndarray) -> str:

@@ -1,7 +1,7 @@
 """`ForkServer`: the process that worker processes are forked from. A fresh interpreter
-spends about 0.3 s importing numpy, pyarrow, cloudpickle and colo-data's chunk work before a
+spends a good part of a second importing numpy, pyarrow, cloudpickle and colo-data's chunk work before a
 worker can take a job, which a CPU-bound pipeline's first second runs without. A pool
-therefore starts one server with its first stream (a fresh interpreter that imports exactly
+therefore starts one server with its first feed (a fresh interpreter that imports exactly
 what a worker does, and never JAX or the user's `__main__`), in the background, at the
 workers' priority; each worker is then forked from it, ready in milliseconds. Forking the trainer
 itself would copy JAX's threads and locks into the worker: the server holds no thread of
@@ -16,7 +16,7 @@ with its exit code once it has reaped it.
 
 A sidecar is such an interpreter itself: at its start it has imported what a worker needs,
 holds no trainer's state and runs one thread. Its pool's server is therefore
-a fork of it (`from_here`), ready at once, where a fresh one would take about 0.2 s of a CPU
+a fork of it (`from_here`), ready at once, where a fresh one would take a fraction of a second of a CPU
 while the sidecar makes its first batches; a process running more than one thread (a
 trainer: JAX's) gets a fresh interpreter.
 
@@ -71,14 +71,12 @@ def lower(pid: int) -> None:
     schedules sessions as groups (autogroup, for processes outside a container's cgroup).
     Below the trainer and the host's own thread, a worker takes the CPU that those leave.
     Where sessions are grouped, nice ranks processes only within a session, and a nice
-    worker in the trainer's session held up the trainer's threads' wake-ups (its two
-    threads hand the GIL to each other thousands of times a second): a light pipeline in
-    process ran at 0.81x of none while a worker started; in a session of its own, 0.88x,
-    with none against none 0.89x. Not nice 19, the lowest: beside a busy process at nice 0
-    the kernel gives a process at 19 about 1.5% of a CPU (weights 15 and 1,024), at 10
-    about 10% (110); on 2 CPUs loaded by other jobs two workers at 19 took 11.7 s to be
-    ready, at 10 2.7 s (0.5 s on the idle machine): a loaded host slows its workers and
-    must not stop them. Any user may lower a process's priority."""
+    worker in the trainer's session would hold up the trainer's threads' wake-ups (its two
+    threads hand the GIL to each other thousands of times a second): hence a session of
+    its own. Not nice 19, the lowest: beside a busy process at nice 0 the kernel gives a
+    process at 19 about 1.5% of a CPU (weights 15 and 1,024), at 10 about 10% (110): a
+    loaded host slows its workers and must not stop them. Any user may lower a process's
+    priority."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, pid, WORKER_NICE)
     with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as group:

@@ -1,8 +1,9 @@
-"""Messages between a worker process and its parent over a stream socket, with the numpy
-arrays in them sent out of band (pickle protocol 5): the array bytes go from the worker's
-memory into the socket and from the socket into the buffer the parent's array will use, one
-kernel copy each way and no pickling of the data. `multiprocessing.connection` copies a
-message four or five times, which cost workers more than a light pipeline's whole work."""
+"""Messages between a worker process and its parent over a Unix socket (a socketpair's:
+bytes, no message bounds), with the numpy arrays in them sent out of band (pickle protocol
+5): the array bytes go from the worker's memory into the socket and from the socket into
+the buffer the parent's array will use, one kernel copy each way and no pickling of the
+data. `multiprocessing.connection` copies a message four or five times, which cost workers
+more than a light pipeline's whole work."""
 
 from __future__ import annotations
 

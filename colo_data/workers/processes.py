@@ -5,13 +5,13 @@ work (no JAX, no Grain) and never the user's `__main__` (cloudpickle sends the s
 functions by value), so scripts need no `if __name__ == "__main__":` guard for it, and a
 worker is ready in milliseconds once the server is; a sidecar's pool forks its server from
 the sidecar itself, which has imported all that already. Grain's multiprocessing spawns new
-processes for every iterator, each importing Grain and JAX. A pool outlives streams: a
+processes for every iterator, each importing Grain and JAX. A pool outlives feeds: a
 loader or a sidecar starts it once and every run or trainer session reuses it.
 
 Every worker computes its share of every chunk it is asked for: an equal run of the
 chunk's records in reading order (`Share`), so the shares are balanced and a row group is
 decoded by as few workers as that allows. The parent puts the shares back in their places,
-in chunk order, so the stream is the same for any worker count. A worker exits when its
+in chunk order, so the batches are the same for any worker count. A worker exits when its
 socket closes (its parent is gone) or its fork server dies; the pool's `close()` ends them
 within a deadline, killing what does not stop.
 """
@@ -43,7 +43,7 @@ from colo_data.workers import forks, frames
 from colo_data.workers.cpu_use import CpuUse
 from colo_data.workers.forks import EXIT_S, WORKER_NICE, ForkServer
 
-__all__ = ["READY", "WORKER_NICE", "ProcessStream", "WorkerPool"]
+__all__ = ["READY", "WORKER_NICE", "ProcessFeed", "WorkerPool"]
 
 READY = "ready"  # a worker's reply to a job it has set up
 _POLL_S = 0.5
@@ -52,7 +52,7 @@ _CODES_S = 2.0  # how long a worker's end waits for the fork server to tell its 
 
 
 def _serve(conn: socket.socket) -> None:
-    """A worker: take a job (a pickled pipeline, the host and the stream position it starts
+    """A worker: take a job (a pickled pipeline, the host and the position it starts
     near), set it up and warm it, say it is ready, then compute the share of each chunk
     asked of it, until the socket closes."""
     jobs: dict[int, ChunkWork] = {}
@@ -64,7 +64,7 @@ def _serve(conn: socket.socket) -> None:
         reply: Any
         if message[0] == "job":
             _, job, payload, host, hosts, position = message
-            jobs.clear()  # one stream at a time: a new job ends the last one
+            jobs.clear()  # one feed at a time: a new job ends the last one
             try:
                 jobs[job] = ChunkWork(cloudpickle.loads(payload), host, hosts).warmed(position)
                 reply = READY
@@ -72,7 +72,7 @@ def _serve(conn: socket.socket) -> None:
                 reply = to_wire(e)
         else:
             _, job, position, count, share = message
-            if job not in jobs:  # a request of a stream that a newer job ended
+            if job not in jobs:  # a request of a feed that a newer job ended
                 continue
             try:
                 reply = slices.compute(jobs[job], position, count, Share(*share))
@@ -136,8 +136,8 @@ class _Worker:
 
 class WorkerPool:
     """Up to `count` worker processes, owned by `owner`, on the CPUs of `budget`, below
-    everything else's scheduling priority. Each is forked when a stream first asks for it
-    (as many as the worker-count policy counts), and serves every stream after.
+    everything else's scheduling priority. Each is forked when a feed first asks for it
+    (as many as the worker-count policy counts), and serves every feed after.
 
     Args:
         count: worker processes, at most.
@@ -169,13 +169,13 @@ class WorkerPool:
 
     def _fork_server(self) -> ForkServer:
         """The fork server, started now if it is not (a fresh interpreter, at the workers'
-        priority: its imports take about 0.4 s of one CPU)."""
+        priority: its imports take a good part of a second of one CPU)."""
         if self._server is None:
             self._server = ForkServer(self._command, self._env)
         return self._server
 
     def _grow(self, count: int, job: tuple[Any, ...]) -> None:
-        """Start workers until `count` run, each handed `job` (the stream's set-up)."""
+        """Start workers until `count` run, each handed `job` (the feed's set-up)."""
         if self._closed:
             raise ColoDataError("the worker processes were stopped: their loader or sidecar was closed")
         try:
@@ -202,20 +202,20 @@ class WorkerPool:
             return used
         return max(0.0, used - max(0.0, spent - last[1]) / (now - last[0]))
 
-    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> ProcessStream:
-        """A stream of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
-        near stream `position`, which the workers set up in the background (`ProcessStream.ready`). Workers start
-        when a stream first needs them, one by one: each costs a start (imports, the
+    def feed(self, payload: bytes, host: int, hosts: int, position: int) -> ProcessFeed:
+        """A feed of chunks of host `host` of `hosts` of the pickled pipeline `payload`,
+        near `position`, which the workers set up in the background (`ProcessFeed.ready`). Workers start
+        when a feed first needs them, one by one: each costs a start (imports, the
         pipeline's set-up) that a pipeline working at full speed beside it feels. A pool
-        serves one stream at a time: a new one ends the last. The fork server starts with the
-        first stream, its imports beside the host's first chunks, so that the workers, once
+        serves one feed at a time: a new one ends the last. The fork server starts with the
+        first feed, its imports beside the host's first chunks, so that the workers, once
         counted, start in a fraction of a second."""
         if self.count:
             self._fork_server()
         job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
             self._send(worker, job)
-        return ProcessStream(self, job)
+        return ProcessFeed(self, job)
 
     def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         try:
@@ -224,7 +224,7 @@ class WorkerPool:
             raise self._died() from e
 
     def _receive(self, worker: _Worker, job: int, block: bool = True) -> HostChunk | str | None:
-        """The worker's next reply for `job` (replies for a stream that was left early are
+        """The worker's next reply for `job` (replies for a feed that was left early are
         passed over): its share of a chunk, or `READY`; None when `block` is False and none
         has come yet. A worker's error is raised here, as the same colo-data type."""
         while True:
@@ -285,9 +285,9 @@ def _ended(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class ProcessStream:
-    """One stream's requests to a `WorkerPool`: chunks asked for by position, shared out to
-    k workers that have set the stream up (k chosen per chunk, the first ready first),
+class ProcessFeed:
+    """One feed's requests to a `WorkerPool`: chunks asked for by position, shared out to
+    k workers that have set the feed up (k chosen per chunk, the first ready first),
     handed back whole in the order asked for."""
 
     def __init__(self, pool: WorkerPool, job: tuple[Any, ...]) -> None:
@@ -299,7 +299,7 @@ class ProcessStream:
         """How many of the first `workers` workers have set the job up (without waiting;
         those not started yet start now). A worker that could not (a module of the pipeline
         that it cannot import, say) raises its error here, and a worker that died is a
-        ColoDataError here, whether the stream uses the pool at the moment or not."""
+        ColoDataError here, whether the feed uses the pool at the moment or not."""
         self._pool._grow(workers, self._set_up)
         if any(worker.poll() is not None or worker.gone for worker in self._pool._workers):
             raise self._pool._died()
@@ -309,8 +309,8 @@ class ProcessStream:
         return sum(1 for i in self._ready if i < workers)
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
-        """Ask for the chunk of `count` global batches at stream `position`, shared out to
-        `workers` workers: those that have set the stream up first, in the order they did,
+        """Ask for the chunk of `count` global batches at `position`, shared out to
+        `workers` workers: those that have set the feed up first, in the order they did,
         then (where fewer have) others, which set it up first (those not started yet start
         now)."""
         self._pool._grow(workers, self._set_up)

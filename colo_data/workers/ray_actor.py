@@ -1,6 +1,6 @@
 """`ChunkActor`: the Ray actor that computes shares of a host pipeline's chunks, as a worker
 process does, and how a pool of them is placed on the cluster (`spawn`). An actor holds the
-jobs (a pipeline, a host) of the streams it serves, set up from the pickled pipeline that
+jobs (a pipeline, a host) of the feeds it serves, set up from the pickled pipeline that
 comes with every share, so one restarted by Ray, or one that let a job go, sets it up again."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from colo_data.host.chunk_work import ChunkWork, Resume, Share
 from colo_data.workers.processes import READY
 from colo_data.workers.ray_options import RayWorkers
 
-StreamKey = tuple[str, int]  # (the pool that opened the stream, its number there): unique on the cluster
+FeedKey = tuple[str, int]  # (the pool that opened the feed, its number there): unique on the cluster
 IDLE_S = 60.0  # a job no share asked for in this long is let go (its host left, or a shared pool's host moved on)
 
 
 class ChunkActor:
-    """One Ray actor: the jobs of the last `jobs` streams it served (1 for a host's own
+    """One Ray actor: the jobs of the last `jobs` feeds it served (1 for a host's own
     actors; a pool shared by hosts keeps one a host) and used in the last `IDLE_S` seconds,
     each set up from the pickled pipeline it is sent (at `set_up`, or again with a share
     after a restart or once let go): a job holds its pipeline's readers and buffers, so a
@@ -34,10 +34,10 @@ class ChunkActor:
 
     def __init__(self, jobs: int) -> None:
         self._limit = jobs
-        self._jobs: OrderedDict[StreamKey, tuple[ChunkWork, float]] = OrderedDict()  # oldest use first
+        self._jobs: OrderedDict[FeedKey, tuple[ChunkWork, float]] = OrderedDict()  # oldest use first
 
-    def set_up(self, key: StreamKey, payload: list[ray.ObjectRef], host: int, hosts: int, position: int) -> Any:
-        """Set the job up and warm it at stream `position` (`ChunkWork.warmed`): READY, or
+    def set_up(self, key: FeedKey, payload: list[ray.ObjectRef], host: int, hosts: int, position: int) -> Any:
+        """Set the job up and warm it at `position` (`ChunkWork.warmed`): READY, or
         the error as text (a module of the pipeline that this actor cannot import, say)."""
         try:
             self._keep(key, ChunkWork(cloudpickle.loads(ray.get(payload[0])), host, hosts).warmed(position))
@@ -48,7 +48,7 @@ class ChunkActor:
 
     def compute(
         self,
-        key: StreamKey,
+        key: FeedKey,
         payload: list[ray.ObjectRef],
         host: int,
         hosts: int,
@@ -78,8 +78,8 @@ class ChunkActor:
         """This actor's Ray and Python versions."""
         return ray.__version__, sys.version.split()[0]
 
-    def _keep(self, key: StreamKey, work: ChunkWork) -> None:
-        """`work` as the job of stream `key`, used now; the oldest beyond the limit, and those
+    def _keep(self, key: FeedKey, work: ChunkWork) -> None:
+        """`work` as the job of feed `key`, used now; the oldest beyond the limit, and those
         idle for `IDLE_S`, let go."""
         now = time.monotonic()
         self._jobs[key] = (work, now)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from colo_data.errors import ConfigError
-from colo_data.io.integers import as_int
+from colo_data.setting_checks import as_int
 
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement group strategies
 SPEC_PREFIX = "ray:"  # `--workers 'ray:{"actors": 4}'`: RayWorkers on a command line or in a sidecar's config

@@ -37,7 +37,7 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.telemetry.counters import TRANSFER, StageTimes
 from colo_data.workers import ray_shared
 from colo_data.workers.processes import READY
-from colo_data.workers.ray_actor import StreamKey, reserved, spawn
+from colo_data.workers.ray_actor import FeedKey, reserved, spawn
 from colo_data.workers.ray_options import RayWorkers
 
 _LOG = logging.getLogger(__name__)
@@ -166,10 +166,10 @@ class RayPool:
         self.budget = cpu_budget().cpus  # the host's (its own thread's work is the host's)
         # counted when a pool made the connection (one the user made is the user's to end)
         self._user = _RAY.acquire(lambda: connect(options.address, options.connect_timeout))
-        self._id = uuid.uuid4().hex  # names this pool's streams on the cluster (and it in a shared pool)
+        self._id = uuid.uuid4().hex  # names this pool's feeds on the cluster (and it in a shared pool)
         self._keys = itertools.count()
         self._closed = False
-        self.lost = False  # a stream found the cluster gone: nothing to kill or remove there
+        self.lost = False  # a feed found the cluster gone: nothing to kill or remove there
         self._own: list[Any] = []  # the host's own actors
         self._group: PlacementGroup | None = None
         self._member: ray_shared.Membership | None = None  # in a shared pool (`options.pool`), whose keeper owns the actors
@@ -216,10 +216,10 @@ class RayPool:
         """The actors' CPUs are the cluster's, not the host's: the policy counts none of the host's for them."""
         return None
 
-    def stream(self, payload: bytes, host: int, hosts: int, position: int) -> RayStream:
-        """A stream of host `host` of `hosts` of the pickled pipeline `payload`, which the
+    def feed(self, payload: bytes, host: int, hosts: int, position: int) -> RayFeed:
+        """A feed of host `host` of `hosts` of the pickled pipeline `payload`, which the
         actors set up (and warm at `position`) in the background."""
-        return RayStream(self, (self._id, next(self._keys)), payload, host, hosts, position)
+        return RayFeed(self, (self._id, next(self._keys)), payload, host, hosts, position)
 
     def close(self, timeout: float = 0.0) -> None:
         """Kill the actors (at once: `timeout` is not needed), or leave a shared pool (its
@@ -253,12 +253,12 @@ class _Asked(NamedTuple):
     shares: list[ray.ObjectRef | None]
 
 
-class RayStream:
-    """One stream's chunks asked of a `RayPool`'s actors, handed back whole in the order
+class RayFeed:
+    """One feed's chunks asked of a `RayPool`'s actors, handed back whole in the order
     asked for. Once the cluster is lost (Ray Client's connection gone for good), every
-    chunk is computed here, with a warning: the stream goes on, at the host's own speed."""
+    chunk is computed here, with a warning: the feed goes on, at the host's own speed."""
 
-    def __init__(self, pool: RayPool, key: StreamKey, payload: bytes, host: int, hosts: int, position: int) -> None:
+    def __init__(self, pool: RayPool, key: FeedKey, payload: bytes, host: int, hosts: int, position: int) -> None:
         self._pool, self._key, self._host, self._hosts = pool, key, host, hosts
         self._payload = payload
         self._ready = [False] * len(pool.actors)
@@ -268,8 +268,8 @@ class RayStream:
         self._lost = False  # the cluster is gone: nothing is asked of it any more
         self._position = position
         self._joins = pool.joins  # the actors' generation whose set-ups are below
-        # the actors asked to set the stream up: this host's (all its own, or its share of a shared pool's,
-        # whose other actors would each hold every host's stream), and others once its share moves to them
+        # the actors asked to set the feed up: this host's (all its own, or its share of a shared pool's,
+        # whose other actors would each hold every host's feed), and others once its share moves to them
         self._set_up: dict[int, ray.ObjectRef] = {}
         try:
             self._boxed = [ray.put(payload)]  # in a list: sent to the actors as a reference, fetched only to set up
@@ -286,7 +286,7 @@ class RayStream:
             self._ready, self._set_up, self._gone = [False] * len(self._pool.actors), {}, set()
 
     def _start_set_up(self, actor: int) -> None:
-        """Ask actor `actor` to set the stream up (and warm it where it starts)."""
+        """Ask actor `actor` to set the feed up (and warm it where it starts)."""
         job = (self._key, self._boxed, self._host, self._hosts, self._position)
         self._set_up[actor] = self._pool.actors[actor].set_up.remote(*job)
 
@@ -383,7 +383,7 @@ class RayStream:
             self._lost = self._pool.lost = True
             _LOG.warning(
                 "Ray workers of host %d: the Ray cluster is lost (%s: %s): this host computes every chunk itself from "
-                "here, at its own speed (the stream is the same); restart the job to use a cluster again",
+                "here, at its own speed (the batches are the same); restart the job to use a cluster again",
                 self._host, type(error).__name__, error,
             )
 

@@ -158,7 +158,7 @@ class Membership:
     def __init__(self, options: RayWorkers, member: str) -> None:
         self._options, self._member = options, member
         self.keeper, self.actors, self.share = join(options, member)
-        self.joins = 1  # how many times this host joined (a new keeper's actors: its streams are set up again)
+        self.joins = 1  # how many times this host joined (a new keeper's actors: its feeds are set up again)
         self._asking: ray.ObjectRef | None = None  # the keeper asked for this host's share
         self._asked_at = time.monotonic()
         self._lock = threading.Lock()  # the hand-over of a join again, and `leave`

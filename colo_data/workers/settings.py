@@ -14,8 +14,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import psutil
 
 from colo_data.errors import ConfigError
-from colo_data.io.integers import as_int
 from colo_data.runtime.budget import CpuBudget, auto_workers, cpu_budget, memory_limit
+from colo_data.setting_checks import as_int
 from colo_data.workers.ray_options import SPEC_PREFIX, RayWorkers
 
 # "auto"'s bound: a record that waits (a fetch, a remote call) more than it computes makes

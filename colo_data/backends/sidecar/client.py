@@ -1,4 +1,4 @@
-"""The trainer side of a sidecar: connects to one host's sidecar, opens a stream at a global
+"""The trainer side of a sidecar: connects to one host's sidecar, opens a session at a global
 position, and yields host batches as numpy views into shared memory. A slot (one or more
 batches) is released when the batch after its last one is asked for, so the consumer must
 be done with a batch (copied to the devices) by then; or, with `copy=True`, the slot is
@@ -234,7 +234,7 @@ class SidecarClient:
         position: Position,
         copy: bool = False,
     ) -> Iterator[HostChunk]:
-        """Open a stream and yield this host's batches: views valid until the next one, or,
+        """Open a session and yield this host's batches: views valid until the next one, or,
         with `copy`, arrays of the trainer's own (for a consumer that keeps them)."""
         try:
             self._send(
@@ -246,7 +246,7 @@ class SidecarClient:
                     "position": position,
                 }
             )
-            self.info = self._checked(self._receive("the stream to open"))
+            self.info = self._checked(self._receive("the session to open"))
             self._reader = ShmReader(self.info["shm_dir"], self.info["names"])
             while True:
                 began = time.monotonic()
@@ -276,7 +276,7 @@ class SidecarClient:
             if self._reader is not None and not self._frozen:
                 self._send({"op": "close"})
                 deadline = time.monotonic() + CLOSE_S
-                while not self._receive("the stream to close", deadline).get("closed"):
+                while not self._receive("the session to close", deadline).get("closed"):
                     pass  # announcements that were already on their way
         except SidecarError:
             pass

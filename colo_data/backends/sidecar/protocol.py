@@ -14,8 +14,8 @@ Messages, trainer -> sidecar:
           "remote_workers": bool, "copy_threads": t,
           "batches_per_slot": k, "slot_bytes": b, "budget": {...}}, then, unasked, one
          {"slot": i, "layout": [...], "after": e | None, "states": [...] | None, "stats": {...}} per filled
-         slot, in stream order (the slot holds k batches of r rows one after the other, the stream's
-         last slot maybe fewer; "after" is the stream position after its last batch for packed
+         slot, in order (the slot holds k batches of r rows one after the other, the session's
+         last slot maybe fewer; "after" is the position after its last batch for packed
          pipelines; "states" a Grain pipeline's host state after each of its batches), and
          {"end": True} after the last batch. "stats" are the session's cumulative telemetry
          counters (stage values, CPU sample, ring fill, stage values by worker, data-quality counts,

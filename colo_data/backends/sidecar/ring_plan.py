@@ -45,7 +45,7 @@ class RingPlan:
 
     @classmethod
     def of(cls, first: HostBatch, rows: int, most: int, total: int | None, shm_dir: str, slots: int) -> RingPlan:
-        """The ring for a stream whose first chunk is `first`, host batches of `rows` rows,
+        """The ring for a session whose first chunk is `first`, host batches of `rows` rows,
         at most `most` batches a slot (a chunk's worth), `total` batches in all (None:
         endless). A shared slot takes at most half the room over the ring (the shm dir's
         free space, the cgroup memory limit), so a small /dev/shm still gets one batch a
@@ -68,7 +68,7 @@ class RingPlan:
 def _layout(first: HostBatch, rows: int, most: int, total: int | None, target: float) -> tuple[int, int]:
     """Batches per slot and the slot size for slots of about `target` bytes."""
     per_slot = batches_per_slot(first, rows, most, target)
-    in_first = per_slot if total is None else min(per_slot, total)  # a short stream's one slot holds it all
+    in_first = per_slot if total is None else min(per_slot, total)  # a short session's one slot holds it all
     return per_slot, slot_bytes(_rows_like(first, rows * in_first))
 
 

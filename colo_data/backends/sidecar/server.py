@@ -58,7 +58,7 @@ def copy_threads(budget: CpuBudget) -> int:
 
 
 class _Session:
-    """One trainer's stream: the host pipeline, the ring, and a producer thread that fills
+    """One trainer's session: the host pipeline, the ring, and a producer thread that fills
     every free slot with the next `per_slot` host batches and announces it to the trainer
     unasked (so a slot costs the trainer one release message, not a round trip). Each
     announcement carries the session's cumulative telemetry counters (`stats`)."""
@@ -88,7 +88,7 @@ class _Session:
             first = next(self._chunks, None)
             chunks = iter(()) if first is None else itertools.chain([first], self._chunks)
             total = None if isinstance(position, np.ndarray) else pipeline.batches_from(position)
-            if first is None:  # an empty stream: a ring of one-byte slots announces its end
+            if first is None:  # no batch at all: a ring of one-byte slots announces the end
                 self.per_slot, size, limit = 1, 1, None
             else:
                 plan = RingPlan.of(first.columns, self.rows, host_share.chunk, total, shm_dir, slots)
@@ -304,7 +304,7 @@ class SidecarServer:
 
     def _serve(self, conn: Connection) -> None:
         """Answer one trainer's requests until it closes its session or goes away. While
-        the sidecar works for it (opening the stream, computing a batch) and has sent
+        the sidecar works for it (opening the session, computing a batch) and has sent
         nothing for `HEARTBEAT_S`, a heartbeat goes out, so that the trainer can tell a slow
         pipeline from a frozen sidecar."""
         lock = threading.Lock()  # the producer, the heartbeat and this thread all send

@@ -1,7 +1,7 @@
 """The sidecar transport: a sidecar process per local host runs that host's pipeline and
 writes its batches into shared memory; this side maps them and assembles global batches.
 The sidecars are given by address (a container beside the trainer) or started here, one
-per local host, when the backend is made (so that they load while the trainer compiles)."""
+per local host, when the transport is made (so that they load while the trainer compiles)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from colo_data.telemetry.report import HostCounters, HostInfo, added_by_worker
 from colo_data.workers.settings import Workers
 
 
-class SidecarBackend:
+class SidecarTransport:
     """One sidecar session per local host of `placement` for each run.
 
     Args:
@@ -70,11 +70,11 @@ class SidecarBackend:
             run.add(f"sidecar session at {address}", client.close, first=True)
             self._clients.append(client)
         hosts = self.placement.hosts
-        streams = [
+        feeds = [
             c.batches(self.pipeline, h, hosts, position, self.copy)
             for h, c in zip(self.local_hosts, self._clients, strict=True)
         ]
-        return assembled(streams, self.placement, self.handoff, wait_for_devices=not self.copy)
+        return assembled(feeds, self.placement, self.handoff, wait_for_devices=not self.copy)
 
     def counters(self) -> tuple[list[float], list[HostCounters]]:
         handoff = StageTimes(self.handoff.values)

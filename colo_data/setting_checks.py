@@ -1,7 +1,8 @@
-"""Integer settings (batch sizes, epoch counts, seeds, lengths, host and worker counts):
-any integral number is accepted, numpy's included (`np.int64(32)` from a config or an
-array), and stored as a Python `int`; `True` and `False` are not numbers of records and
-are refused, as are floats (`2.0`) and strings (`"2"`)."""
+"""The checks of settings: every integer a user gives (batch sizes, epoch counts, seeds,
+lengths, host and worker counts) is checked here. Any integral number is accepted, numpy's
+included (`np.int64(32)` from a config or an array), and stored as a Python `int`; `True`
+and `False` are not numbers of records and are refused, as are floats (`2.0`) and strings
+(`"2"`)."""
 
 from __future__ import annotations
 
