@@ -667,6 +667,7 @@ def test_doctor_checks_the_ray_cluster(cluster: ray_cluster_utils.Cluster, tmp_p
     assert (ray["ray"], ray["nodes"], ray["cpus"], ray["actors_need_cpus"]) == (ray_module.__version__, 2, 4.0, 6.0)
     assert gone.returncode != 0
     assert "UNREACHABLE" in gone.stdout and "cannot reach the Ray cluster" in gone.stderr, gone.stdout + gone.stderr
+    assert "3 Ray actor(s) of 1 CPU at 127.0.0.1:9" in gone.stdout, "the workers row names the config's actors"
 
 
 def test_ray_workers_options_are_checked_and_read_back() -> None:

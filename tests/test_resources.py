@@ -351,7 +351,7 @@ def test_doctor_json_reports_what_this_process_sees(monkeypatch: pytest.MonkeyPa
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert set(report) == {"cpu", "memory_limit", "shm", "jax", "versions", "warnings", "workers"}
-    assert report["workers"]["setting"] == "auto" and report["workers"]["most"] == auto_most(cpu_budget())
+    assert report["workers"]["most"] == auto_most(cpu_budget()) and report["workers"]["why"].startswith("auto: up to")
     assert report["warnings"] == []  # off Pathways there are none
     assert report["cpu"] == dataclasses.asdict(cpu_budget())
     assert report["memory_limit"] == memory_limit()

@@ -26,7 +26,7 @@ from colo_data.config import CONFIG_IS_CODE, Config, load_config
 from colo_data.errors import ColoDataError, ShmError
 from colo_data.runtime.budget import cpu_budget, memory_limit, shm_capacity
 from colo_data.workers.ray_options import RayWorkers
-from colo_data.workers.settings import choose_workers, workers_from
+from colo_data.workers.settings import Workers, choose_workers
 
 PACKAGES = ("colo-data", "jax", "jaxlib", "grain", "pyarrow", "pathwaysutils", "numpy")
 CLIENT_FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # read by the process that compiles
@@ -139,11 +139,12 @@ def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
     }
 
 
-def _workers(setting: Any) -> dict[str, Any]:
-    """The most worker processes (or Ray actors) the config's `[sidecar] workers` (else
-    "auto") allows a sidecar on this budget, and why, as the sidecar itself would say."""
-    choice = choose_workers(workers_from(setting, "[sidecar] workers"), cpu_budget())
-    return {"setting": str(setting), "most": choice.count, "why": choice.reason}
+def _workers(setting: Workers) -> dict[str, Any]:
+    """The most worker processes (or Ray actors) the config's `[sidecar] workers` (read by
+    `load_config`; without a config, "auto") allows a sidecar on this budget, and why, as
+    the sidecar itself would say."""
+    choice = choose_workers(setting, cpu_budget())
+    return {"most": choice.count, "why": choice.reason}
 
 
 def _report(shm_dir: str = defaults.SHM_DIR, deploy: Mapping[str, Any] | None = None) -> dict[str, Any]:
