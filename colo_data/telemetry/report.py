@@ -159,12 +159,14 @@ def added_by_worker(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) 
 
 @dataclass(frozen=True)
 class HostInfo:
-    """What does not change during a run: where the host runs and its resources."""
+    """What does not change during a run: where the host runs, the most workers it may use
+    (`workers_most`; 1, the host's own thread, where `workers_allowed` is false) and its
+    resources."""
 
     host: int
     runs_in: str
-    workers: int
-    worker_processes: bool
+    workers_most: int
+    workers_allowed: bool
     cpu_budget: float | None
     cpu_budget_source: str | None
     ring_slots: int | None
@@ -343,8 +345,8 @@ def summarize(
         values = np.asarray(current.stages) - (np.asarray(before.stages) if before is not None else 0.0)
         earlier = [[-v for v in w] for w in before.workers] if before is not None else []
         workers = tuple(_stages(w)[:HANDOFF] for w in added_by_worker(current.workers, earlier))
-        at_work, why = (current.at_work[0], current.at_work[1]) if current.at_work else (info.workers, "")
-        processes = info.worker_processes and at_work > 0
+        at_work, why = (current.at_work[0], current.at_work[1]) if current.at_work else (info.workers_most, "")
+        processes = info.workers_allowed and at_work > 0
         count = at_work if processes else 1
         cpu = None
         if current.cpu is not None:
@@ -374,7 +376,7 @@ def summarize(
                 remote_workers=info.remote_workers,
                 worker_stages=workers,
                 workers_why=why,
-                workers_most=info.workers if info.worker_processes else 0,
+                workers_most=info.workers_most if info.workers_allowed else 0,
             )
         )
     hand = np.asarray(handoff) - (np.asarray(handoff_at_warmup) if handoff_at_warmup is not None else 0.0)
