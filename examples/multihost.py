@@ -19,6 +19,13 @@ import subprocess
 import sys
 
 
+def say(line: str) -> None:
+    """Print `line` in one write: the processes share one terminal, where a line written in
+    two parts (as `print` does with PYTHONUNBUFFERED set) can interleave with another's."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def worker(coordinator: str, processes: int, process_id: int, steps: int, state: str | None) -> None:
     import jax
 
@@ -40,13 +47,13 @@ def worker(coordinator: str, processes: int, process_id: int, steps: int, state:
         partition_spec=PartitionSpec("data"),
         state=json.loads(state) if state else None,
     )  # hosts = jax.process_count(); this process computes only the hosts its devices hold
-    print(f"process {process_id} computes host(s) {loader.placement.local_hosts} of {loader.hosts}", flush=True)
+    say(f"process {process_id} computes host(s) {loader.placement.local_hosts} of {loader.hosts}")
     for step, batch in zip(range(steps), loader):
         tokens = batch["tokens"]  # a global jax.Array: (global_batch_size, 128), sharded over all devices
         rows = sorted({s.index[0].start for s in tokens.addressable_shards})
-        print(f"process {process_id} step {step}: global {tokens.shape}, holds rows starting at {rows}", flush=True)
+        say(f"process {process_id} step {step}: global {tokens.shape}, holds rows starting at {rows}")
     if process_id == 0:
-        print("state:", json.dumps(loader.get_state()), flush=True)
+        say("state: " + json.dumps(loader.get_state()))
     loader.close()
 
 

@@ -48,7 +48,9 @@ components = {f"c{c}": cd.ArrowSource(f"{root}/c{c}") for c in range(count)}
 pipeline = cd.Pipeline(source=cd.Mix(components, {name: 1 for name in components}), order=cd.Order(shuffle="global", seed=1),
                        transforms=[cd.pad_or_truncate("tokens", 8)], global_batch_size=64, epochs=None)
 me = psutil.Process()
-with cd.Loader(pipeline) as loader:
+# no workers: a pool the policy counts for the costlier mixture (its fork server's and workers' sockets)
+# comes with the workers, not with the components, and would be counted as theirs
+with cd.Loader(pipeline, backend=cd.InProcess(workers=0)) as loader:
     for _ in range(60):
         next(loader)
     state = loader.get_state()
