@@ -24,7 +24,7 @@ from colo_data.backends.sidecar.shm import check_directory
 from colo_data.cli.sidecar import check_config_ring, hosts_option, slots_option
 from colo_data.config import CONFIG_IS_CODE, Config, load_config
 from colo_data.errors import ColoDataError, ShmError
-from colo_data.runtime.budget import cpu_budget, memory_limit, shm_capacity
+from colo_data.runtime.budget import CpuBudget, cpu_budget, memory_limit, shm_capacity
 from colo_data.workers.ray_options import RayWorkers
 from colo_data.workers.settings import Workers, choose_workers
 
@@ -62,7 +62,7 @@ def doctor(
         options = settings.sidecar if settings else {}
         directory = shm_dir or options.get("shm_dir", defaults.SHM_DIR)
         report = _report(directory, settings.deploy if settings else {})
-        report["workers"] = _workers(options.get("workers", "auto"))
+        report["workers"] = _workers(options.get("workers", "auto"), CpuBudget(**report["cpu"]))
         if settings is not None:
             report["ring"] = _ring(settings, directory, slots or int(options.get("slots", defaults.SLOTS)), hosts)
         ray = RayWorkers(address=ray_address) if ray_address is not None else RayWorkers.of(options.get("workers"))
@@ -139,11 +139,11 @@ def _ray(workers: RayWorkers, hosts: int) -> dict[str, Any]:
     }
 
 
-def _workers(setting: Workers) -> dict[str, Any]:
+def _workers(setting: Workers, budget: CpuBudget) -> dict[str, Any]:
     """The most worker processes (or Ray actors) the config's `[sidecar] workers` (read by
-    `load_config`; without a config, "auto") allows a sidecar on this budget, and why, as
-    the sidecar itself would say."""
-    choice = choose_workers(setting, cpu_budget())
+    `load_config`; without a config, "auto") allows a sidecar on `budget` (the report's),
+    and why, as the sidecar itself would say."""
+    choice = choose_workers(setting, budget)
     return {"most": choice.count, "why": choice.reason}
 
 
