@@ -7,15 +7,18 @@ uneven row groups (150 to 1,500 rows), block shuffle, a 64-token pad, batch 32; 
 same with a CPU-bound per-record Python function before the pad. Each run builds
 `cd.Loader(pipeline, backend=cd.InProcess(workers=N) | cd.Sidecar(workers=N))` and reads
 `BATCHES` batches, each `jax.block_until_ready`, noting when each arrives. Rates are taken
-over windows of `WINDOW` batches after the first batch (the first window starts with it)
-and over the steady state (the second half of the run); configurations are interleaved
-within each round. A window's rate in a run is the median of it and its two neighbours on
-either side: an interpreter's pause (a garbage collection, say) halves one window's rate
-in every configuration, but near a different batch in each run, and would be taken for
-the configuration's own. Per window, the median over the rounds is compared. The light
-pipeline runs `2N + 1` rounds for the CPU-bound one's `N`: the margin of its window goals
-is about the noise of a window's median over 5 rounds, and its runs are the shorter (about
-3 s against 6). Goals:
+over windows of `WINDOW` batches after the first batch (the first window starts with it),
+about 0.1 s of each pipeline here, and over the steady state (the second half of the run);
+configurations are interleaved within each round. A window shorter than that measures the
+scheduler rather than the pipeline: on 2 CPUs shared by 3 or 4 busy processes, one of them
+waits several milliseconds at a time for a CPU, and windows of 100 light batches (about 15
+ms) read 0.6x to 0.8x between two runs of one configuration. A window's rate in a run is the
+median of it and its neighbour on either side: an interpreter's pause (a garbage
+collection, say) slows one window in every configuration, but near a different batch in
+each run, and would be taken for the configuration's own. Per window, the median over the
+rounds is compared. The light pipeline runs `2N + 1` rounds for the CPU-bound one's `N`:
+the margin of its window goals is about the noise of a window's median over 5 rounds, and
+its runs are the shorter (about 2 to 4 s against 6). Goals:
 
 - on the light pipeline, with 2 workers, every window at least 0.9x the same window with
   none, in process and through the sidecar: more workers are never slower, also while
@@ -84,12 +87,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHILD = "import json, sys, workers_child; workers_child.main(json.loads(sys.argv[1]))"
 BATCH = 32
-WINDOW = 100  # batches
+WINDOW = {"light": 1000, "cpu": 100, "cpu packed": 100, "cpu filtered": 100, "wait": 100}  # batches: about 0.1 s here
 EARLY = 120  # the first steps after the first batch, rated on their own
-NEIGHBOURS = 2  # windows on either side of one, for its rate
-# 1.3 to 10 s a run here; the sliced pipelines' long enough that the second half, their steady
+NEIGHBOURS = 1  # windows on either side of one, for its rate
+# 2 to 10 s a run here; the sliced pipelines' long enough that the second half, their steady
 # state, starts well after their workers have started
-BATCHES = {"light": 8000, "cpu": 4000, "cpu packed": 4000, "cpu filtered": 6000}
+BATCHES = {"light": 16000, "cpu": 4000, "cpu packed": 4000, "cpu filtered": 6000}
 PIPELINES = ("light", "cpu", "cpu packed", "cpu filtered", "wait")
 SLICED = ("cpu packed", "cpu filtered")  # partitioned: run with 0 and 2 workers
 # `wait` runs for `WAIT_S` seconds from `cd.Loader(...)` and is rated over `WAIT_RATED` of them
@@ -167,7 +170,8 @@ def one_run(spec: dict[str, Any], env: dict[str, str], tree: Path = ROOT) -> har
     arrived = got["arrived"]
     reached = {to_batch(n): arrived[n - 1] - got["made"] for goals in SOONER.values() for n, _ in goals if n <= len(arrived)}
     began = got["worker_first_chunk"]
-    windows = [WINDOW * BATCH / (arrived[end] - arrived[end - WINDOW]) for end in range(WINDOW, len(arrived), WINDOW)]
+    size = WINDOW[spec["pipeline"]]
+    windows = [size * BATCH / (arrived[end] - arrived[end - size]) for end in range(size, len(arrived), size)]
     since = [t - got["made"] for t in arrived]
     rated = sum(WAIT_RATED[0] < t <= WAIT_RATED[1] for t in since) * BATCH / (WAIT_RATED[1] - WAIT_RATED[0])
     half = len(arrived) // 2
@@ -287,7 +291,7 @@ def main() -> None:
         for backend in BACKENDS:
             for workers in (0, 2) if pipeline in SLICED else COUNTS:
                 spec = {"pipeline": pipeline, "backend": backend, "workers": workers, "corpus": str(corpus)}
-                spec["batches"] = 2 * WINDOW + 1 if args.quick else BATCHES[pipeline]
+                spec["batches"] = 2 * WINDOW[pipeline] + 1 if args.quick else BATCHES[pipeline]
                 contenders[key(pipeline, backend, workers)] = partial(one_run, spec, env)
                 if args.before and pipeline in SOONER and workers in (0, 2):
                     contenders[key(pipeline, backend, workers) + BEFORE] = partial(one_run, spec, env, args.before.resolve())
@@ -303,8 +307,8 @@ def main() -> None:
 
     lines = [
         f"Light and CPU-bound pipelines (block shuffle, 64-token pad, batch {BATCH}; CPU-bound packed and filtered ones); "
-        f"{', '.join(f'{BATCHES[p]}' for p in pipelines)} batches a run, each in a fresh process; windows of {WINDOW} "
-        "batches after the first; "
+        f"{', '.join(f'{BATCHES[p]}' for p in pipelines)} batches a run, each in a fresh process; windows of "
+        f"{', '.join(f'{WINDOW[p]}' for p in pipelines)} batches after the first; "
         f"medians of {rounds_of('light', args.rounds)} and {args.rounds} interleaved rounds; {os.cpu_count()} CPUs"
         + (f"; {BEFORE.strip()}: colo_data of {args.before}." if args.before else "."),
         "",

@@ -209,9 +209,12 @@ class WorkerPool:
         pipeline's set-up) that a pipeline working at full speed beside it feels. A pool
         serves one feed at a time: a new one ends the last. The fork server starts with the
         first feed, its imports beside the host's first chunks, so that the workers, once
-        counted, start in a fraction of a second."""
+        counted, start in a fraction of a second. A worker that has died is a ColoDataError
+        here, as the fork server tells it, whether or not its socket has told yet."""
         if self.count:
             self._fork_server()
+        if any(worker.gone or worker.poll() is not None for worker in self._workers):
+            raise self._died()
         job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
             self._send(worker, job)
