@@ -8,13 +8,15 @@ the host's thread `handoff` seconds to hand it on; the host's thread alone makes
 `cpu + wait + handoff`. Workers share `budget - others` CPUs (a worker at nice 10 takes
 what the trainer and the host's thread leave): beyond them, every busy worker slows in
 proportion, and each CPU asked for beyond them costs `CROWDING` of the rate too (switches,
-caches). A worker's speed in a step is 1 plus a normal draw of sd `noise` (the steps'
-sum of k workers has sd `noise * sqrt(k)`), and so is the host's thread's alone. The first
-worker is ready `SERVER_S` after it is first asked for (a fork server's start), each
-further one `FORK_S` after the one before, plus `WARM_S` to set its job up; workers
-once started stay. Downstream, a buffer holds `buffer_s` of the best rate; the trainer
-takes `demand` records a second (unbounded: whatever is made), and waits when the
-buffer is empty; the host's thread waits for room when it is full.
+caches); with workers at work everything runs `1 + hidden` times slower, unseen in what a
+record costs them (CPUs they contend for with the trainer, say). A worker's speed in a step
+is 1 plus a normal draw of sd `noise` (the steps' sum of k workers has sd `noise *
+sqrt(k)`), and so is the host's thread's alone. The first worker is ready `SERVER_S` after
+it is first asked for (a fork server's start), each further one `FORK_S` after the one
+before, plus `WARM_S` to set its job up; workers once started stay. Downstream, a buffer
+holds `buffer_s` of the best rate; the trainer takes `demand` records a second (unbounded:
+whatever is made), and waits when the buffer is empty; the host's thread waits for room
+when it is full.
 
 `Host.best` is the best fixed count and its mean rate; `meeting` the fewest workers whose
 mean rate meets the demand; `simulate(fixed=k)` runs one count from the start, all its
@@ -50,6 +52,7 @@ class Host:
     noise: float = 0.0
     remote: bool = False
     buffer_s: float = 0.25
+    hidden: float = 0.0
     steps: dict[float, dict[str, float]] = field(default_factory=dict)
 
     def at(self, seconds: float) -> Host:
@@ -73,7 +76,7 @@ class Host:
             return min(1 / (t * per + h), self.cpus / (c * per + h))
         wanted = workers * c / t  # CPUs the busy workers ask for
         crowded = max(0.0, wanted - self.cpus) / max(self.cpus, 1e-9)
-        return min(workers / (t * per), self.cpus / (c * per + h), 1 / h) / (1 + CROWDING * crowded)
+        return min(workers / (t * per), self.cpus / (c * per + h), 1 / h) / (1 + CROWDING * crowded) / (1 + self.hidden)
 
     def best(self) -> tuple[int, float]:
         """The best fixed count and its mean rate."""

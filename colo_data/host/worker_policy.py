@@ -15,15 +15,17 @@ The trainer takes `D` records a second, measured while it waits for input less t
 `INPUT_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
 The count is the fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to
 spare (at that rate k workers are busy D * t of the time), and none where the host's thread
-alone delivers that, or where workers would add less than `GAIN` to it.
+alone delivers that, or where workers would add less than `GAIN` to it. Workers at work that
+deliver less than half that gain while the trainer waits (a cost the model missed: CPUs they
+contend for) are given up, and what they delivered bounds the model's rate (as `T`).
 
-Costs are running means (`FadingMeans`) that fade over seconds and start afresh when two
-decisions in a row measure them far off: a 4x costlier record is followed within two
-decisions, and noise is averaged over seconds. Before any worker has worked the host's own
-chunks tell `t` and `c` (its first, warming up, left out), and its time besides them `h`.
-A decision comes every `DECIDE_S`; the count rises at once, and falls only after a lower
-one has been enough for `HOLD_S`, to a count with `SPARE_MOST` of a worker to spare:
-between the two it stays, so that noise does not move it.
+Costs are running means (`FadingMeans`) that fade over seconds (noise is averaged) and start
+afresh when two decisions in a row measure them far off (a 4x costlier record is followed
+within two). Before any worker has worked, the host's own chunks tell `t` and `c` (the
+first, warming up, left out) and its time besides them `h`. A decision comes every
+`DECIDE_S`; the count rises at once and falls only once a lower one has been enough for
+`HOLD_S`, to a count with `SPARE_MOST` to spare: between the two it stays, so that noise
+does not move it.
 """
 
 from __future__ import annotations
@@ -38,25 +40,22 @@ from colo_data import defaults
 from colo_data.host.fading_means import FadingMeans
 from colo_data.host.worker_words import Terms, sentence
 
-DECIDE_S = 0.25  # seconds between decisions (the first: `FIRST_S` after the feed starts)
-FIRST_S = 0.1
+DECIDE_S, FIRST_S = 0.25, 0.1  # seconds between decisions; to the first, after the feed starts
 INPUT_WAIT = 0.01  # the trainer waits for input more than this share of the time: it would take more
 FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time
 STARVED_S = 0.75  # the trainer waits for more after this long of waiting (noise drains a buffer at times)
-# workers to spare beyond those the rate needs, at least, and when the count falls, at most:
-# this much of a worker, or where few are needed, this share of them
-SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1
+# workers to spare beyond those the rate needs, at least, and when the count falls, at most: this much of a worker, or...
+SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1  # ...where few are needed, this share of them
 GAIN = 1.3  # workers are used where they would deliver this much more than the host's thread alone...
 # ...or this much, while the host's thread alone has been measured for less than `ALONE_S` (a process
 # runs slower in its first second: its caches, its allocator and the trainer's own start)
 EARLY_GAIN, ALONE_S = 1.5, 0.5
-ALONE_WINDOWS = 8  # the host's thread alone: the best of this many decisions' rates
+ALONE_WINDOWS = 8  # the host's thread alone, the workers at work: the best of this many decisions' rates
 ALONE = 1.1  # the host's thread alone serves a demand it meets with this much to spare
 HOLD_S = 1.0  # a lower count is taken once it has been enough for this long
 WARM_S = 0.5  # the host's first chunks are left out until they are full, or for this long at most
-# before workers have worked, the host's own records count at most this many times their CPU time as
-# work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
-FIRST_WAIT = 2.0
+FIRST_WAIT = 2.0  # before workers have worked, the host's own records count at most this many times their CPU
+# time as work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
 CEILING_S = 30.0  # what the trainer took at most with workers bounds the model's rate this long
 SHARE_S = 0.05  # a worker's share of a request takes about this long: its messages cost under 1% of it
 REQUEST_BYTES = 64 * 2**20  # a request's columns take at most this much memory
@@ -85,10 +84,11 @@ class WorkerPolicy:
         self._workers = FadingMeans(2)  # a worker's record: seconds of work, of CPU
         self._here = FadingMeans(2)  # a record the host's thread made: seconds of work, of CPU
         self._handoff = FadingMeans(1)  # the host's thread's seconds handing on a record the workers made
-        # records a second the host's thread alone delivered to a trainer that waited, in its last
-        # decisions (the best of them: its first seconds run slower), and for how long in all
+        # records a second the host's thread alone, and the workers at work now, delivered to a trainer
+        # that waited, in their last decisions (the best of them: the first seconds run slower)
         self._alone: deque[float] = deque(maxlen=ALONE_WINDOWS)
-        self._alone_s, self._restarts = 0.0, (0, 0)
+        self._pooled_rates: deque[float] = deque(maxlen=ALONE_WINDOWS)
+        self._alone_s, self._restarts = 0.0, (0, 0)  # the host's thread alone measured for so long
         self._demand = FadingMeans(1)  # records a second the trainer takes, while known
         self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
         self._bytes = 0.0  # of a record's columns
@@ -111,9 +111,8 @@ class WorkerPolicy:
         self._used: float | None = None
 
     def made(self, records: int, work_s: float, cpu_s: float, here: bool, nbytes: int = 0) -> None:
-        """A chunk (or a worker's share of one) of `records` records cost `work_s` seconds of
-        work (on a CPU, or waiting: not waiting for a CPU), `cpu_s` of them on a CPU; `here`:
-        the host's own thread made it; `nbytes`: its columns' bytes."""
+        """A chunk (or a worker's share) of `records` records cost `work_s` seconds of work (on a CPU or
+        waiting, not for a CPU), `cpu_s` on a CPU; `here`: the host's thread made it; `nbytes`: its columns'."""
         if here and self._warming():
             return
         at = 3 if here else 0
@@ -125,11 +124,10 @@ class WorkerPolicy:
     def handed(
         self, records: int, pooled: bool, pool_wait_s: float, room_wait_s: float, input_wait_s: float | None, taken: int | None
     ) -> None:
-        """The host's thread handed `records` records on (`pooled`: the workers made them),
-        after waiting `pool_wait_s` seconds for the workers and `room_wait_s` for room
-        downstream; meanwhile the trainer waited `input_wait_s` for input and took `taken`
-        records (None: not told; then what the host's thread handed on tells what the
-        trainer took). The host's first chunk is left out: the measurements start after it."""
+        """The host's thread handed `records` records on (`pooled`: the workers made them) after
+        waiting `pool_wait_s` seconds for the workers and `room_wait_s` for room downstream; the
+        trainer waited `input_wait_s` for input and took `taken` records meanwhile (None: not told,
+        the records handed on tell). The first chunk is left out: the measurements start after it."""
         if self._warming(handed=True):  # from the next chunk on the host's thread runs at its pace
             self._start = self._clock()
             return
@@ -165,6 +163,7 @@ class WorkerPolicy:
                 self._here = FadingMeans(2)
             self._restarts, self._alone_s = (self._workers.restarts, self._here.restarts), 0.0
             self._alone.clear()
+            self._pooled_rates.clear()
         host_s = max(0.0, elapsed - pool_wait - room_wait - h_work)  # the host's thread's own time, handing on
         if not self._pooled or not h_records:  # (alone, its time besides making the chunks: a sidecar's writes)
             self._handoff.add(self._handed, [host_s], elapsed)
@@ -185,17 +184,23 @@ class WorkerPolicy:
             if not self._pooled:  # the host's thread alone, as fast as it goes
                 self._alone.append(self._handed / elapsed)
                 self._alone_s += elapsed
+            elif self._pooled == self._handed:  # the workers at work, as fast as they go
+                self._pooled_rates.append(self._handed / elapsed)
         model = self._model()
         if model is not None:
-            low, high = model.counts(self.limits.most)
+            (low, high), before = model.counts(self.limits.most), self.count
             if low > self.count:
                 self.count, self._lower_since = low, None
             elif high < self.count:
                 self._lower_since = now if self._lower_since is None else self._lower_since
                 if now - self._lower_since >= HOLD_S:
                     self.count, self._lower_since = high, None
+                    if not high and model.pooled is not None:  # what workers delivered bounds the model
+                        self._ceiling = (model.pooled, now)
             else:
                 self._lower_since = None
+            if self.count != before:
+                self._pooled_rates.clear()
             self.reason = model.explain(self.count, self.limits)
         self._decided, self._start = True, now
         self._new_window()
@@ -211,14 +216,13 @@ class WorkerPolicy:
         cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
         gain = GAIN if self._alone_s >= ALONE_S or self.count else EARLY_GAIN
-        alone = max(self._alone, default=None)
-        return _Model(t, c, self._handoff.per() or 0.0, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t)
+        alone, pooled, h = max(self._alone, default=None), max(self._pooled_rates, default=None), self._handoff.per() or 0.0
+        return _Model(t, c, h, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t, pooled)
 
     def _warming(self, handed: bool = False) -> bool:
-        """Whether the host's chunks are still warming up (and left out of the measurements):
-        the first pays for imports and first reads, and the next ones, smaller than a full
-        chunk, for a call each (on a light pipeline, several times what their records cost),
-        until `WARM_S` after the first was `handed` on."""
+        """Whether the host's chunks still warm up (left out of the measurements): the first pays
+        for imports and first reads, the next, smaller than a full one, for a call each (on a light
+        pipeline, several times their records' cost), until `WARM_S` after the first was `handed`."""
         now = self._clock()
         if self._warm is None:  # the first chunk
             if handed:
@@ -230,10 +234,9 @@ class WorkerPolicy:
         return False
 
     def host_batches(self) -> int:
-        """Batches of the next chunk the host's thread makes: 1 at first, then twice the last
-        up to `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch
-        comes soon, and the sizes depend on the stream alone (a transform sees the same calls
-        in every run)."""
+        """Batches of the next chunk the host's thread makes: 1, then twice the last up to
+        `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch comes
+        soon, and the sizes depend on the stream alone (a transform sees the same calls each run)."""
         self._host_batches = min(2 * self._host_batches or 1, self._full_batches)
         return self._host_batches
 
@@ -253,10 +256,9 @@ _SPARES = ((SPARE, SPARE_SHARE), (SPARE_MOST, 2 * SPARE_SHARE))
 
 @dataclass(frozen=True)
 class _Model:
-    """The model's terms (seconds a record: a worker's work `t` and CPU `c`, the host's
-    thread's hand-off `h`; the CPUs there are for workers; records a second: the trainer's
-    demand, the host's thread's alone where measured, what the trainer took at most with
-    workers; seconds a record the host's own thread takes) and what follows from them."""
+    """The model's terms as the module's docstring names them (t, c, h, cpus, D, A where
+    measured, T, the gain asked for, t'; and what the workers at work delivered while the
+    trainer waited, where measured) and what follows from them."""
 
     t: float
     c: float
@@ -267,6 +269,7 @@ class _Model:
     ceiling: float
     gain: float
     here: float
+    pooled: float | None
 
     def rate(self, workers: float) -> float:
         """Records a second with `workers` workers (0: the host's thread alone)."""
@@ -277,24 +280,21 @@ class _Model:
         return min(workers / t, cpu, 1 / h if h else math.inf, self.ceiling)
 
     def counts(self, most: int) -> tuple[int, int]:
-        """The count to rise to, where there are fewer: the fewest workers that deliver the
-        goal with `SPARE` of a worker to spare, none where the host's thread alone delivers
-        it or workers would not add `gain`; and the count to fall to, where there are more:
-        with `SPARE_MOST` to spare (one more than the first, at most), none where the host's
-        thread alone delivers the goal with `ALONE` to spare or workers add less than half
-        of `gain`."""
+        """The count to rise to: the fewest workers that deliver the goal with `SPARE` to
+        spare, none where the host's thread alone does or workers would not add `gain`; and to
+        fall to: with `SPARE_MOST` to spare (one more, at most), none where the host's thread
+        alone does with `ALONE` to spare or workers add (or added) less than half of `gain`."""
         alone, best = self.rate(0), self.rate(most)
         goal = min(self.demand, best)
         need = goal * self.t  # workers busy at that rate
         low, high = (min(most, max(1, math.ceil(need + min(spare, share * need)))) for spare, share in _SPARES)
         if alone >= goal or best < self.gain * alone:
             low = 0
-        if alone >= ALONE * goal or best < (1 + self.gain) / 2 * alone:
+        if alone >= ALONE * goal or min(best, self.pooled or best) < (1 + self.gain) / 2 * alone:
             high = 0
         return low, min(high, low + 1)
 
     def explain(self, count: int, limits: WorkerLimits) -> str:
         """Why `count` workers, in one sentence (`worker_words`)."""
-        best = self.rate(limits.most)
-        terms = (self.t, self.c, self.h, self.cpus, self.demand, self.rate(0), best, self.ceiling)
+        terms = (self.t, self.c, self.h, self.cpus, self.demand, self.rate(0), self.rate(limits.most), self.ceiling)
         return sentence(count, Terms(*terms, limits.budget, limits.most))
