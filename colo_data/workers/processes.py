@@ -213,8 +213,7 @@ class WorkerPool:
         here, as the fork server tells it, whether or not its socket has told yet."""
         if self.count:
             self._fork_server()
-        if any(worker.gone or worker.poll() is not None for worker in self._workers):
-            raise self._died()
+        self._check_alive()
         job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
             self._send(worker, job)
@@ -244,6 +243,12 @@ class WorkerPool:
         if isinstance(result, HostChunk) or result == READY:
             return result
         raise from_wire(result, "a worker process", TransformError)
+
+    def _check_alive(self) -> None:
+        """Raise `_died`'s error where a worker has died (its socket closed, or the fork server
+        told its exit)."""
+        if any(worker.gone or worker.poll() is not None for worker in self._workers):
+            raise self._died()
 
     def _died(self) -> ColoDataError:
         """The error for a worker gone: how each gone worker ended (its exit code or the
@@ -304,8 +309,7 @@ class ProcessFeed:
         that it cannot import, say) raises its error here, and a worker that died is a
         ColoDataError here, whether the feed uses the pool at the moment or not."""
         self._pool._grow(workers, self._set_up)
-        if any(worker.poll() is not None or worker.gone for worker in self._pool._workers):
-            raise self._pool._died()
+        self._pool._check_alive()
         for i, worker in enumerate(self._pool._workers[:workers]):
             if i not in self._ready and self._pool._receive(worker, self._job, block=False) == READY:
                 self._ready.append(i)
