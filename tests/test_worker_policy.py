@@ -139,6 +139,18 @@ def test_cpus_that_other_work_takes_are_left_to_it() -> None:
     assert run.count_at(59.0) <= 5, run.count_at(59.0)  # the 4 CPUs left, and one to spare
 
 
+def test_a_host_thread_that_feeds_the_trainer_after_a_slow_start_gets_no_workers() -> None:
+    """For its first second everything else takes 1.5 of 2 CPUs (a trainer's start), and the
+    host's thread alone delivers 0.7 of the demand; then it delivers 1.4x the demand, and the
+    trainer is fed: what it takes shows the host's thread delivers that, and no worker is
+    started for the rate it had while slow."""
+    host = Host(2, 2, cpu=1e-4, others=1.5, demand=7_000.0, noise=0.05, steps={1.0: {"others": 0.2}})
+    assert host.rate(0, 1.0) < 0.75 * host.demand < 1.3 * host.demand < host.at(1.0).rate(0, 1.0)
+    run = simulate(host, 30.0, seed=13)
+    assert set(run.count) == {0}, [(t, c, why) for t, c, why in zip(run.times, run.count, run.reasons, strict=True) if c][:1]
+    assert run.waited_share(3.0) < 0.01
+
+
 def test_workers_that_deliver_less_than_their_costs_say_are_given_up_and_not_taken_again_for_a_while() -> None:
     """Beside 2 workers everything runs 1.7x slower, unseen in what a record costs them: the
     policy takes them on the model's word (1.8x the host's thread alone), gives them up once

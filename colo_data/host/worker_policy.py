@@ -4,28 +4,27 @@ host's schedule (`pool_schedule.py`) tells it what chunks cost and where time we
 reads the count back; the clock is given, so a simulation of big hosts tests it.
 
 The model. A record costs a worker `t` seconds of work, `c` of them on a CPU (the rest it
-waits: a fetch, a remote call), and the host's own thread `h` seconds to hand it on (take
-the workers' shares, join them, pass them downstream). With k workers the host delivers at
-most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
-less what the trainer and everything else use (no bound for workers on a cluster, whose
-CPUs are not the host's), and `T` what the trainer took at most while workers worked. The
-host's thread alone delivers `A`, the best of its rates while the trainer waited for it
-(until measured, 1 / (t' + h), t' what its own records cost it: a worker's may cost more).
-The trainer takes `D` records a second, measured while it waits for input less than
-`INPUT_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
-The count is the fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to
-spare (at that rate k workers are busy D * t of the time), and none where the host's thread
-alone delivers that, or where workers would add less than `GAIN` to it. Workers at work that
-deliver less than half that gain while the trainer waits (a cost the model missed: CPUs they
-contend for) are given up, and what they delivered bounds the model's rate (as `T`).
+waits: a fetch, a remote call), and the host's own thread `h` seconds to hand it on (take the
+workers' shares, join them, pass them downstream). With k workers the host delivers at most
+C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget less
+what the trainer and everything else use (no bound for workers on a cluster, whose CPUs are
+not the host's), and `T` what the trainer took at most while workers worked. The host's
+thread alone delivers `A`, the best of its rates, and of what the trainer took while it fed
+it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The
+trainer takes `D` records a second, measured while it waits for input less than `INPUT_WAIT`
+of the time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the
+fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate k
+workers are busy D * t of the time), and none where the host's thread alone delivers that, or
+where workers would add less than `GAIN` to it. Workers at work that deliver less than half
+that gain while the trainer waits (a cost the model missed: CPUs they contend for) are given
+up, and what they delivered bounds the model's rate (as `T`).
 
 Costs are running means (`FadingMeans`) that fade over seconds (noise is averaged) and start
 afresh when two decisions in a row measure them far off (a 4x costlier record is followed
-within two). Before any worker has worked, the host's own chunks tell `t` and `c` (the
-first, warming up, left out) and its time besides them `h`. A decision comes every
-`DECIDE_S`; the count rises at once and falls only once a lower one has been enough for
-`HOLD_S`, to a count with `SPARE_MOST` to spare: between the two it stays, so that noise
-does not move it.
+within two). Before any worker has worked, the host's own chunks tell `t` and `c` (the first,
+warming up, left out) and its time besides them `h`. A decision comes every `DECIDE_S`; the
+count rises at once and falls only once a lower one has been enough for `HOLD_S`, to a count
+with `SPARE_MOST` to spare: between the two it stays, so that noise does not move it.
 """
 
 from __future__ import annotations
@@ -172,8 +171,12 @@ class WorkerPolicy:
             self._others = others if self._others is None else 0.5 * (self._others + others)
         told = self._input_wait
         fed = room_wait > FED * elapsed if told is None else told <= INPUT_WAIT * elapsed
+        taken = self._handed if self._taken is None else self._taken
+        if not self._pooled:  # the host's thread alone: as fast as it goes, or (the trainer fed) what it took
+            self._alone.append(max(self._handed, taken if fed else 0) / elapsed)
+            self._alone_s += elapsed
         if fed:  # what the trainer takes is known: what it took
-            self._demand.add(elapsed, [self._handed if self._taken is None else self._taken], elapsed)
+            self._demand.add(elapsed, [taken], elapsed)
             self._fed_at = now
             took = self._demand.per()
             if self._pooled and took:
@@ -181,10 +184,7 @@ class WorkerPolicy:
         else:
             if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
                 self._demand = FadingMeans(1)
-            if not self._pooled:  # the host's thread alone, as fast as it goes
-                self._alone.append(self._handed / elapsed)
-                self._alone_s += elapsed
-            elif self._pooled == self._handed:  # the workers at work, as fast as they go
+            if self._pooled and self._pooled == self._handed:  # the workers at work, as fast as they go
                 self._pooled_rates.append(self._handed / elapsed)
         model = self._model()
         if model is not None:
