@@ -196,6 +196,32 @@ def test_the_host_threads_first_chunks_are_left_out_and_the_first_decision_comes
     assert policy.decide() > 0 and "a record costs 0.1 ms of a worker's CPU" in policy.reason, policy.reason
 
 
+def first_counts(others: float) -> list[int]:
+    """The first 4 decisions' counts on a host of 2 CPUs whose thread alone makes a record in
+    0.1 ms of CPU, for a trainer that waits, `others` CPUs used besides that thread."""
+    clock = Clock()
+    policy = WorkerPolicy(WorkerLimits(2.0, 2), rows=32, clock=clock)
+    counts: list[int] = []
+    while len(counts) < 4:
+        records = 32 * policy.host_batches()
+        policy.made(records, records * 1e-4, records * 1e-4, here=True)
+        clock.now += records * 1e-4
+        policy.handed(records, False, 0.0, 0.0, records * 1e-4, records)
+        if policy.due():
+            policy.cpus_used(others + 1.0)
+            counts.append(policy.decide())
+    return counts
+
+
+def test_workers_are_taken_at_the_first_decision_only_for_a_large_gain() -> None:
+    """The host's thread alone runs slower in its first second, and leaves more CPUs: the
+    first decision takes workers where they would deliver 2x its rate (the CPUs it leaves
+    are 2), not 1.7x (1.7 CPUs), which they get once its rate has been measured longer."""
+    assert first_counts(others=0.0)[0] == 2
+    slow = first_counts(others=0.3)
+    assert slow[0] == 0 and max(slow) == 2, slow
+
+
 def test_the_hosts_chunks_are_small_first() -> None:
     policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=Clock())
     assert [policy.host_batches() for _ in range(7)] == [1, 2, 4, 8, 16, 16, 16]  # up to CHUNK_RECORDS (512)

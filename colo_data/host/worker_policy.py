@@ -46,9 +46,9 @@ STARVED_S = 0.75  # the trainer waits for more after this long of waiting (noise
 # workers to spare beyond those the rate needs, at least, and when the count falls, at most: this much of a worker, or...
 SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1  # ...where few are needed, this share of them
 GAIN = 1.3  # workers are used where they would deliver this much more than the host's thread alone...
-# ...or this much, while the host's thread alone has been measured for less than `ALONE_S` (a process
-# runs slower in its first second: its caches, its allocator and the trainer's own start)
-EARLY_GAIN, ALONE_S = 1.5, 0.5
+# ...or up to this much, less the longer the host's thread alone has been measured, until `ALONE_S` (a process
+# runs slower in its first second: its caches, its allocator and the trainer's own start; the CPUs it leaves too)
+EARLY_GAIN, ALONE_S = 2.0, 0.5
 ALONE_WINDOWS = 8  # the host's thread alone, the workers at work: the best of this many decisions' rates
 ALONE = 1.1  # the host's thread alone serves a demand it meets with this much to spare
 HOLD_S = 1.0  # a lower count is taken once it has been enough for this long
@@ -215,7 +215,7 @@ class WorkerPolicy:
             return None
         cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
-        gain = GAIN if self._alone_s >= ALONE_S or self.count else EARLY_GAIN
+        gain = GAIN + (EARLY_GAIN - GAIN) * (0.0 if self.count else max(0.0, 1.0 - self._alone_s / ALONE_S))
         alone, pooled, h = max(self._alone, default=None), max(self._pooled_rates, default=None), self._handoff.per() or 0.0
         return _Model(t, c, h, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t, pooled)
 
