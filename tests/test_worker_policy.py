@@ -12,9 +12,10 @@ level:
   workers that meet it (one more at most), and the trainer waits less than 1% of the time.
 
 Beside them: a trainer that speeds up, a costly component of a mixture, workers on a
-cluster, a budget half taken by other work, workers that deliver less than their costs say;
-and what the policy asks of the host's mechanism (the first chunk left out, chunk and
-request sizes) and how it says why."""
+cluster, a budget half taken by other work, workers that deliver less than their costs say,
+a host's thread that feeds the trainer after a slow start, the gain asked at first; and
+what the policy asks of the host's mechanism (the first chunk left out, chunk and request
+sizes) and how it says why."""
 
 from __future__ import annotations
 
@@ -214,9 +215,9 @@ def first_counts(others: float) -> list[int]:
 
 
 def test_workers_are_taken_at_the_first_decision_only_for_a_large_gain() -> None:
-    """The host's thread alone runs slower in its first second, and leaves more CPUs: the
-    first decision takes workers where they would deliver 2x its rate (the CPUs it leaves
-    are 2), not 1.7x (1.7 CPUs), which they get once its rate has been measured longer."""
+    """The first decision knows the host's thread alone over 0.1 s only, which may be a slow
+    first second's: it takes workers where they would deliver 2x that rate (the CPUs left
+    are 2), not 1.7x (1.7 CPUs), which they get once that rate has been measured longer."""
     assert first_counts(others=0.0)[0] == 2
     slow = first_counts(others=0.3)
     assert slow[0] == 0 and max(slow) == 2, slow
