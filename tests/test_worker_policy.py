@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from worker_sim import DT, Host, Run, meeting, simulate
 
-from colo_data.host.worker_policy import CEILING_S, REQUEST_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
+from colo_data.host.worker_policy import CEILING_S, GAIN, REQUEST_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
 from colo_data.runtime.budget import CpuBudget
 from colo_data.workers.settings import auto_most
 
@@ -150,6 +150,17 @@ def test_a_host_thread_that_feeds_the_trainer_after_a_slow_start_gets_no_workers
     run = simulate(host, 30.0, seed=13)
     assert set(run.count) == {0}, [(t, c, why) for t, c, why in zip(run.times, run.count, run.reasons, strict=True) if c][:1]
     assert run.waited_share(3.0) < 0.01
+
+
+def test_no_workers_where_they_gain_too_little_once_the_trainers_cpu_grows_with_the_rate() -> None:
+    """On 2 CPUs the host's thread alone makes 200,000 records/s, and the trainer spends 2.25 µs
+    of CPU on each record it takes (0.45 of a CPU at that rate). Taken as fixed, that use leaves
+    workers 1.35 CPUs (1.35x); growing with the rate, it leaves them less: workers would deliver
+    1.24x, under `GAIN`, and none is taken."""
+    host = Host(2, 2, cpu=4e-6, handoff=1e-6, trainer=2.25e-6, noise=0.05)
+    assert 1.2 < host.rate(2, 2.0) / host.rate(0, 1.0) < GAIN
+    run = simulate(host, 30.0, seed=17)
+    assert set(run.count) == {0}, [(t, c, why) for t, c, why in zip(run.times, run.count, run.reasons, strict=True) if c][:1]
 
 
 def test_workers_that_deliver_less_than_their_costs_say_are_given_up_and_not_taken_again_for_a_while() -> None:

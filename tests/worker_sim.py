@@ -4,9 +4,10 @@ the chunks cost, where the host's thread waited, the CPUs in use, a decision ask
 at every step.
 
 The world. A record costs a worker `cpu` seconds on a CPU and `wait` seconds off it, and
-the host's thread `handoff` seconds to hand it on; the host's thread alone makes one in
-`cpu + wait + handoff`. Workers share `budget - others` CPUs (a worker at nice 10 takes
-what the trainer and the host's thread leave): beyond them, every busy worker slows in
+the host's thread `handoff` seconds to hand it on, and the trainer `trainer` seconds of CPU
+to take it; the host's thread alone makes one in `cpu + wait + handoff`. Workers share
+`budget - others` CPUs less the trainer's (a worker at nice 10 takes what the trainer and the
+host's thread leave): beyond them, every busy worker slows in
 proportion, and each CPU asked for beyond them costs `CROWDING` of the rate too (switches,
 caches); with workers at work everything runs `1 + hidden` times slower, unseen in what a
 record costs them (CPUs they contend for with the trainer, say). A worker's speed in a step
@@ -48,6 +49,7 @@ class Host:
     wait: float = 0.0
     handoff: float = 2e-6
     others: float = 0.2
+    trainer: float = 0.0
     demand: float = math.inf
     noise: float = 0.0
     remote: bool = False
@@ -72,11 +74,12 @@ class Host:
         host's thread alone, at `speed`)."""
         t, c, h = self.cpu + self.wait, self.cpu, self.handoff
         per = (workers or 1) / speed  # a record's cost in this step over the mean
+        cpu = self.cpus / (c * per + h + self.trainer)  # the CPUs' bound, the trainer's use growing with the rate
         if not workers:
-            return min(1 / (t * per + h), self.cpus / (c * per + h))
+            return min(1 / (t * per + h), cpu)
         wanted = workers * c / t  # CPUs the busy workers ask for
         crowded = max(0.0, wanted - self.cpus) / max(self.cpus, 1e-9)
-        return min(workers / (t * per), self.cpus / (c * per + h), 1 / h) / (1 + CROWDING * crowded) / (1 + self.hidden)
+        return min(workers / (t * per), cpu, 1 / h) / (1 + CROWDING * crowded) / (1 + self.hidden)
 
     def best(self) -> tuple[int, float]:
         """The best fixed count and its mean rate."""
@@ -175,7 +178,7 @@ def simulate(host: Host, seconds: float, seed: int = 0, fixed: int | None = None
         records = round(made)  # (what is made and taken is counted in whole records)
         policy.made(records, records * t * per, records * c * per, here=not working)
         policy.handed(records, bool(working), pool_wait, room_wait, waited, round(taken))
-        policy.cpus_used(world.others + made * (c * per + h) / DT)
+        policy.cpus_used(world.others + (made * (c * per + h) + taken * world.trainer) / DT)
         now[0] = (step + 1) * DT
         run.times.append(now[0])
         run.taken.append(taken)

@@ -4,20 +4,22 @@ host's schedule (`pool_schedule.py`) tells it what chunks cost and where time we
 reads the count back; the clock is given, so a simulation of big hosts tests it.
 
 The model. A record costs a worker `t` seconds of work, `c` of them on a CPU (the rest it
-waits: a fetch, a remote call), and the host's own thread `h` seconds to hand it on (take the
-workers' shares, join them, pass them downstream). With k workers the host delivers at most
-C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget less
-what the trainer and everything else use (no bound for workers on a cluster, whose CPUs are
-not the host's), and `T` what the trainer took at most while workers worked. The host's
-thread alone delivers `A`, the best of its rates, and of what the trainer took while it fed
-it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The
-trainer takes `D` records a second, measured while it waits for input less than `INPUT_WAIT`
-of the time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the
-fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate k
-workers are busy D * t of the time), and none where the host's thread alone delivers that, or
-where workers would add less than `GAIN` to it. Workers at work that deliver less than half
-that gain while the trainer waits (a cost the model missed: CPUs they contend for) are given
-up, and what they delivered bounds the model's rate (as `T`).
+waits: a fetch, a remote call), and the host's own thread `h` seconds to hand it on (take
+the workers' shares, join them, pass them downstream). With k workers the host delivers at
+most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
+less what the trainer and everything else use (no bound for workers on a cluster, whose CPUs
+are not the host's; before workers are taken, at most budget * (c + h) / (c + h + o), `o`
+the CPU that use is a record handed on: as if it grew with the rate, as a waiting trainer's
+does), and `T` what the trainer took at most while workers worked. The host's thread alone
+delivers `A`, the best of its rates, and of what the trainer took while it fed it (until
+measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The trainer
+takes `D` records a second, measured while it waits for input less than `INPUT_WAIT` of the
+time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the fewest
+workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate k
+workers are busy D * t of the time), and none where the host's thread alone delivers that,
+or where workers would add less than `GAIN` to it. Workers at work that deliver less than
+half that gain while the trainer waits (a cost the model missed: CPUs they contend for) are
+given up, and what they delivered bounds the model's rate (as `T`).
 
 Costs are running means (`FadingMeans`) that fade over seconds (noise is averaged) and start
 afresh when two decisions in a row measure them far off (a 4x costlier record is followed
@@ -78,8 +80,7 @@ class WorkerPolicy:
 
     def __init__(self, limits: WorkerLimits, rows: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits, self.rows, self._clock = limits, rows, clock
-        self.count = 0
-        self.reason = "no workers yet: measuring what a record costs"
+        self.count, self.reason = 0, "no workers yet: measuring what a record costs"
         self._workers = FadingMeans(2)  # a worker's record: seconds of work, of CPU
         self._here = FadingMeans(2)  # a record the host's thread made: seconds of work, of CPU
         self._handoff = FadingMeans(1)  # the host's thread's seconds handing on a record the workers made
@@ -91,10 +92,9 @@ class WorkerPolicy:
         self._demand = FadingMeans(1)  # records a second the trainer takes, while known
         self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
         self._bytes = 0.0  # of a record's columns
-        self._others: float | None = None  # CPUs of the budget that the trainer and the rest use
+        self._others: tuple[float, float] | None = None  # the trainer and the rest use: CPUs, seconds a record
         self._lower_since: float | None = None  # since when a lower count has been enough
-        self._fed_at = -math.inf  # when the trainer last waited less than `INPUT_WAIT`
-        self._decided = False  # a decision was made
+        self._fed_at, self._decided = -math.inf, False  # when the trainer last waited less than `INPUT_WAIT`; decided yet
         self._warm: float | None = None  # when the host's chunks came to their full size (see `_warming`)
         self._host_batches = 0  # of the host's last chunk
         self._full_batches = defaults.CHUNK_RECORDS // rows or 1  # of a full one
@@ -114,9 +114,8 @@ class WorkerPolicy:
         waiting, not for a CPU), `cpu_s` on a CPU; `here`: the host's thread made it; `nbytes`: its columns'."""
         if here and self._warming():
             return
-        at = 3 if here else 0
-        for i, amount in enumerate((records, work_s, cpu_s)):
-            self._made[at + i] += amount
+        for i, amount in enumerate((records, work_s, cpu_s), start=3 if here else 0):
+            self._made[i] += amount
         if records and nbytes:
             self._bytes = nbytes / records
 
@@ -130,10 +129,8 @@ class WorkerPolicy:
         if self._warming(handed=True):  # from the next chunk on the host's thread runs at its pace
             self._start = self._clock()
             return
-        self._handed += records
-        self._pooled += records if pooled else 0
-        self._waits[0] += pool_wait_s
-        self._waits[1] += room_wait_s
+        self._handed, self._pooled = self._handed + records, self._pooled + (records if pooled else 0)
+        self._waits = [self._waits[0] + pool_wait_s, self._waits[1] + room_wait_s]
         if input_wait_s is not None:
             self._input_wait = (self._input_wait or 0.0) + input_wait_s
         if taken is not None:
@@ -152,8 +149,7 @@ class WorkerPolicy:
         """The count now: a new decision every `DECIDE_S` (the first after `FIRST_S`), else the last."""
         if not self.due():
             return self.count
-        now = self._clock()
-        elapsed = now - self._start
+        elapsed = (now := self._clock()) - self._start
         (w_records, w_work, w_cpu, h_records, h_work, h_cpu), (pool_wait, room_wait) = self._made, self._waits
         self._workers.add(w_records, [w_work, w_cpu], elapsed)
         self._here.add(h_records, [h_work, h_cpu], elapsed)
@@ -166,9 +162,10 @@ class WorkerPolicy:
         host_s = max(0.0, elapsed - pool_wait - room_wait - h_work)  # the host's thread's own time, handing on
         if not self._pooled or not h_records:  # (alone, its time besides making the chunks: a sidecar's writes)
             self._handoff.add(self._handed, [host_s], elapsed)
-        if self._used is not None:
+        if self._used is not None:  # the trainer and the rest: CPUs, and CPU seconds a record handed on
             others = max(0.0, self._used - (w_cpu + h_cpu + host_s) / elapsed)
-            self._others = others if self._others is None else 0.5 * (self._others + others)
+            seen = self._others or (others, others * elapsed / self._handed)
+            self._others = (0.5 * (seen[0] + others), 0.5 * (seen[1] + others * elapsed / self._handed))
         told = self._input_wait
         fed = room_wait > FED * elapsed if told is None else told <= INPUT_WAIT * elapsed
         taken = self._handed if self._taken is None else self._taken
@@ -213,10 +210,13 @@ class WorkerPolicy:
         t, c = (self._workers.per(0), self._workers.per(1)) if self._workers.units else (here, c_here)
         if not t or c is None:  # (before a worker has worked, the host's own records tell)
             return None
-        cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - (self._others or 0.0))
+        alone, pooled, h = max(self._alone, default=None), max(self._pooled_rates, default=None), self._handoff.per() or 0.0
+        others, per = self._others or (0.0, 0.0)
+        cpus = math.inf if self.limits.remote else max(0.0, self.limits.budget - others)
+        if not self.count and per and not self.limits.remote:  # (as if the others' use grew with the rate)
+            cpus = min(cpus, self.limits.budget * (c + h) / (c + h + per))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
         gain = GAIN + (EARLY_GAIN - GAIN) * (0.0 if self.count else max(0.0, 1.0 - self._alone_s / ALONE_S))
-        alone, pooled, h = max(self._alone, default=None), max(self._pooled_rates, default=None), self._handoff.per() or 0.0
         return _Model(t, c, h, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t, pooled)
 
     def _warming(self, handed: bool = False) -> bool:
