@@ -67,10 +67,13 @@ def script(page: Path) -> str:
 
 
 def run_page(page: Path, directory: Path) -> subprocess.CompletedProcess[str]:
-    """The page's script, run as a reader would run it, in `directory`."""
+    """The page's script, run as a reader would run it, in `directory`, its temporary files
+    (a page's `tempfile.mkdtemp`) there too: pytest removes them with its old runs."""
     path = directory / f"{page.name}.py"  # a traceback names the page, at the page's line
     path.write_text(script(page))
+    (temp := directory / "tmp").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # a reader's JAX: one CPU device unless a page asks
+    env["TMPDIR"] = str(temp)
     with held(alone=False, queue=False):  # in the background (`page_runs`): not while a `serial` test runs elsewhere
         return subprocess.run([sys.executable, str(path)], cwd=directory, env=env, capture_output=True, text=True, timeout=600)
 
