@@ -12,10 +12,10 @@ level:
   workers that meet it (one more at most), and the trainer waits less than 1% of the time.
 
 Beside them: a trainer that speeds up, a costly component of a mixture, workers on a
-cluster, a budget half taken by other work, workers that deliver less than their costs say,
-a host's thread that feeds the trainer after a slow start, the gain asked at first; and
-what the policy asks of the host's mechanism (the first chunk left out, chunk and request
-sizes) and how it says why."""
+cluster, a budget half taken by other work, a trainer whose CPU grows with the rate, workers
+that deliver less than their costs say, a host's thread that feeds the trainer after a slow
+start, the gain asked at first; and what the policy asks of the host's mechanism (the first
+chunk left out, chunk and request sizes) and how it says why."""
 
 from __future__ import annotations
 
