@@ -8,8 +8,10 @@ Ray Client server log."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -19,13 +21,32 @@ from pathlib import Path
 
 from multihost import free_port
 
+RAY_WORKER_PORTS = range(10002, 20000)  # `ray start`'s default --min/max-worker-port
+
+
+def ray_port() -> int:
+    """A free port for a head's GCS or Ray Client server, between Ray's worker ports and the
+    kernel's ephemeral ones: the head's other services bind ephemeral ports at random, and
+    one of them could take an ephemeral port chosen here before the server binds it (its
+    log then says "Address already in use", and a client waits 30 s for nothing)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = range(RAY_WORKER_PORTS.stop, low)
+    for port in random.sample(ports, min(100, len(ports))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()  # no port there (a kernel whose ephemeral range starts low)
+
 
 @contextmanager
 def head_node(ray: Path, client_port: int | None = None, cpus: int = 1) -> Iterator[int]:
     """A head node of the `ray` command's Ray with `cpus` CPUs (and a Ray Client server on
     `client_port`), up with its node, until the block ends; its GCS port. Needs
     RAY_AUTH_MODE=disabled in the caller's environment too, to connect."""
-    port = free_port()
+    port = ray_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit
     client = [f"--ray-client-server-port={client_port}"] if client_port else []
     head = subprocess.Popen(

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 from container import SidecarImage, sidecar_image
-from multihost import free_port
 from pipelines import until_workers_made
-from ray_head import head_node
+from ray_head import head_node, ray_port
 from start_gate import demo_config, tmpfs
 
 import colo_data as cd
@@ -148,7 +147,7 @@ def test_a_container_sidecar_computes_its_chunks_on_a_ray_cluster(
     trainer's telemetry counts the records they made), and the trainer on the host gets the
     batches of no workers. (The container's Python is Debian's, the cluster's this venv's:
     Ray Client compares the minor version only.)"""
-    client = free_port()
+    client = ray_port()
     config = demo_config(configs(tmp_path), corpus, seq_len=16, global_batch_size=8)
     workers = f'{{ ray = "ray://127.0.0.1:{client}", actors = 1, num_cpus = 1, connect_timeout = 60 }}'
     config.write_text(f"{config.read_text()}epochs = 1000\n[sidecar]\nworkers = {workers}\n")

@@ -22,9 +22,8 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
-from multihost import free_port
 from pipelines import BATCH, WORKERS_S, backend_of, idle_records, make_pipeline, read_while_given_up, until_workers_made
-from ray_head import head_node
+from ray_head import head_node, ray_port
 
 import colo_data as cd
 from colo_data.bench.report import worker_line
@@ -577,7 +576,7 @@ def test_a_cluster_lost_through_ray_client_leaves_the_host_computing(
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the head runs (docs/ray.md, token authentication)
     monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "2")
-    client = free_port()
+    client = ray_port()
     ray = cd.RayWorkers(address=f"ray://127.0.0.1:{client}", actors=1, num_cpus=0.25, connect_timeout=60)
     with head_node(Path(sys.executable).parent / "ray", client_port=client, cpus=2):
         loader = cd.Loader(pipeline_of(token_corpus, slow), hosts=1, backend=cd.InProcess(workers=ray))
@@ -602,6 +601,27 @@ def test_a_cluster_lost_through_ray_client_leaves_the_host_computing(
     finally:
         ray_module.shutdown()
     assert_batches_equal(read_all(cd.Loader(pipeline_of(token_corpus), hosts=1), len(got)), got, "a cluster lost mid-stream")
+
+
+def test_a_failed_ray_client_connection_leaves_the_process_able_to_connect(
+    cluster: ray_cluster_utils.Cluster, token_corpus: Path
+) -> None:
+    """A Ray Client address that is the cluster's GCS port (a gRPC server, not a Ray Client
+    server): Ray Client gives up after about 30 s, and the loader's error names the address.
+    Ray Client leaves its client mode on after a failure, in which this process's next
+    `ray.init` failed with a bare AssertionError: the same process then reads from the
+    cluster at its right address."""
+    import ray as ray_module
+
+    wrong = cd.RayWorkers(address=f"ray://{cluster.address}", actors=1, num_cpus=0.25, connect_timeout=60)
+    with pytest.raises(cd.errors.RayClusterError, match=re.escape(f"RayWorkers(address='ray://{cluster.address}')")):
+        cd.Loader(pipeline_of(token_corpus), hosts=1, backend=cd.InProcess(workers=wrong))
+    assert not ray_module.is_initialized()
+    right = cd.RayWorkers(address=cluster.address, actors=1, num_cpus=0.25)
+    with cd.Loader(pipeline_of(token_corpus, slow), hosts=1, backend=cd.InProcess(workers=right)) as loader:
+        got = until_workers_made(loader)
+    assert not ray_module.is_initialized()
+    assert_batches_equal(read_all(cd.Loader(pipeline_of(token_corpus), hosts=1), len(got)), got, "after a failed connection")
 
 
 def other_ray(venv: Path) -> tuple[Path, str]:

@@ -108,7 +108,9 @@ def connect(address: str, timeout: float) -> bool:
     used as it is); whether this call connected it. A Ray Client head that could not start
     this client's server process (`_SERVER_FAILED`: a head without `_FORK_FIX` does so at
     random while other clients keep it busy) is asked again until `timeout`; Ray Client
-    reports each such failure only after about 40 s.
+    reports each such failure only after about 40 s. A failed attempt is undone
+    (`ray.shutdown()`): Ray Client leaves its client mode on after one, and this process's
+    next `ray.init` would then fail with a bare AssertionError.
 
     Raises:
         RayClusterError: the cluster cannot be reached in `timeout` seconds, or runs another
@@ -123,6 +125,7 @@ def connect(address: str, timeout: float) -> bool:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
             return True
         except Exception as e:
+            ray.shutdown()
             if _SERVER_FAILED not in str(e) or time.monotonic() >= deadline:
                 raise _not_connected(address, e) from e
             _LOG.warning(
