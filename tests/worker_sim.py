@@ -6,18 +6,17 @@ at every step.
 The world. A record costs a worker `cpu` seconds on a CPU and `wait` seconds off it, and
 the host's thread `handoff` seconds to hand it on, and the trainer `trainer` seconds of CPU
 to take it; the host's thread alone makes one in `cpu + wait + handoff`. Workers share
-`budget - others` CPUs less the trainer's (a worker at nice 10 takes what the trainer and the
-host's thread leave): beyond them, every busy worker slows in
-proportion, and each CPU asked for beyond them costs `CROWDING` of the rate too (switches,
-caches); with workers at work everything runs `1 + hidden` times slower, unseen in what a
-record costs them (CPUs they contend for with the trainer, say). A worker's speed in a step
-is 1 plus a normal draw of sd `noise` (the steps' sum of k workers has sd `noise *
-sqrt(k)`), and so is the host's thread's alone. The first worker is ready `SERVER_S` after
-it is first asked for (a fork server's start), each further one `FORK_S` after the one
-before, plus `WARM_S` to set its job up; workers once started stay. Downstream, a buffer
-holds `buffer_s` of the best rate; the trainer takes `demand` records a second (unbounded:
-whatever is made), and waits when the buffer is empty; the host's thread waits for room
-when it is full.
+`budget - others` CPUs less the trainer's (a worker at nice 10 takes what the trainer and
+the host's thread leave): beyond them, every busy worker slows in proportion, and each CPU
+asked for beyond them costs `CROWDING` of the rate too (switches, caches); with workers at
+work everything runs `1 + hidden` times slower, unseen in what a record costs them (CPUs
+they contend for with the trainer, say). A worker's speed in a step is 1 plus a normal draw
+of sd `noise` (the steps' sum of k workers has sd `noise * sqrt(k)`), and so is the host's
+thread's alone. The first worker is ready `SERVER_S` after it is first asked for (a fork
+server's start), each further one `FORK_S` after the one before, plus `WARM_S` to set its
+job up; workers once started stay. Downstream, a buffer holds `buffer_s` of the best rate;
+the trainer takes `demand` records a second (unbounded: whatever is made), and waits when
+the buffer is empty; the host's thread waits for room when it is full.
 
 `Host.best` is the best fixed count and its mean rate; `meeting` the fewest workers whose
 mean rate meets the demand; `simulate(fixed=k)` runs one count from the start, all its

@@ -9,14 +9,14 @@ the workers' shares, join them, pass them downstream). With k workers the host d
 most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being the budget
 less what the trainer and everything else use (no bound for workers on a cluster, whose CPUs
 are not the host's; before workers are taken, at most budget * (c + h) / (c + h + o), `o`
-the CPU that use is a record handed on: as if it grew with the rate, as a waiting trainer's
-does), and `T` what the trainer took at most while workers worked. The host's thread alone
-delivers `A`, the best of its rates, and of what the trainer took while it fed it (until
-measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The trainer
-takes `D` records a second, measured while it waits for input less than `INPUT_WAIT` of the
-time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the fewest
-workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate k
-workers are busy D * t of the time), and none where the host's thread alone delivers that,
+the CPU seconds that use takes a record handed on: as if it grew with the rate, as a waiting
+trainer's does), and `T` what the trainer took at most while workers worked. The host's
+thread alone delivers `A`, the best of its rates, and of what the trainer took while it fed
+it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The
+trainer takes `D` records a second, measured while it waits for input less than `INPUT_WAIT`
+of the time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the
+fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate
+k workers are busy D * t of the time), and none where the host's thread alone delivers that,
 or where workers would add less than `GAIN` to it. Workers at work that deliver less than
 half that gain while the trainer waits (a cost the model missed: CPUs they contend for) are
 given up, and what they delivered bounds the model's rate (as `T`).
