@@ -164,8 +164,8 @@ class WorkerPolicy:
             self._handoff.add(self._handed, [host_s], elapsed)
         if self._used is not None:  # the trainer and the rest: CPUs, and CPU seconds a record handed on
             others = max(0.0, self._used - (w_cpu + h_cpu + host_s) / elapsed)
-            seen = self._others or (others, others * elapsed / self._handed)
-            self._others = (0.5 * (seen[0] + others), 0.5 * (seen[1] + others * elapsed / self._handed))
+            seen, per = self._others, others * elapsed / self._handed
+            self._others = (others, per) if seen is None else (0.5 * (seen[0] + others), 0.5 * (seen[1] + per))
         told = self._input_wait
         fed = room_wait > FED * elapsed if told is None else told <= INPUT_WAIT * elapsed
         taken = self._handed if self._taken is None else self._taken
@@ -181,7 +181,7 @@ class WorkerPolicy:
         else:
             if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
                 self._demand = FadingMeans(1)
-            if self._pooled and self._pooled == self._handed:  # the workers at work, as fast as they go
+            if self._pooled == self._handed:  # the workers at work, as fast as they go (`due`: records were handed)
                 self._pooled_rates.append(self._handed / elapsed)
         model = self._model()
         if model is not None:
