@@ -44,6 +44,7 @@ from colo_data.io.files import (
 from colo_data.io.fsspec_store import as_pyarrow, describe
 from colo_data.io.gather import gather
 from colo_data.io.listing import default_retries, inspect_all, listed, split_uri, why_nothing
+from colo_data.io.local_tree import distinct
 from colo_data.io.redact import redacted
 from colo_data.io.remote import RUN_BYTES, RemoteFiles
 from colo_data.io.rowgroup_cache import RowGroupCache
@@ -173,6 +174,8 @@ class ArrowSource:
                 f"{describe(fs)}: {'; '.join(unmatched)}. A source reads every path it is given or none: "
                 "fix these paths (the name, the glob, the filesystem argument) or leave them out."
             )
+        if local and len(patterns) > 1:  # two paths may name one file (a link, a directory and a glob in it)
+            chosen = {path: chosen[path] for path in distinct(chosen)}
         unread = sorted(path for path, known in chosen.items() if known is None)
         read = dict(zip(unread, inspect_all(fs, unread, reading.retries, reading.io_concurrency, kept), strict=True))
         inspected = [known or read[path] for path, known in sorted(chosen.items())]

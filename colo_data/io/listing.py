@@ -18,6 +18,7 @@ from colo_data import defaults
 from colo_data.errors import ConfigError, SourceError
 from colo_data.io.files import DataFile, Kept, inspect_file, object_uri
 from colo_data.io.fsspec_store import describe, is_fsspec, schemes
+from colo_data.io.local_tree import hidden, local_files
 from colo_data.io.redact import redacted
 from colo_data.io.retry import Exhausted, transient, with_retries
 
@@ -78,7 +79,16 @@ def glob_base(path: str) -> str:
 def data_file(path: str) -> bool:
     """Whether a directory's file is one of its data files: a data suffix, and a name that
     does not start with "." or "_" (hidden files, `_SUCCESS`, the dataset index)."""
-    return path.lower().endswith(DATA_SUFFIXES) and not posixpath.basename(path).startswith((".", "_"))
+    return path.lower().endswith(DATA_SUFFIXES) and not hidden(posixpath.basename(path))
+
+
+def shown(rel: str, pattern: str | None) -> bool:
+    """Whether the path `rel`, under the directory a source lists, is the dataset's: no
+    part of it starts with "." or "_" (a Spark `_temporary`, a filer's `.snapshot`, as
+    pyarrow.dataset, Spark and Hive skip them), unless the glob `pattern` (relative to the
+    same directory) has a part that starts alike and matches it: a glob may name them."""
+    wanted = [q for q in pattern.split("/") if hidden(q)] if pattern else []
+    return all(not hidden(p) or any(q[0] == p[0] and fnmatch.fnmatchcase(p, q) for q in wanted) for p in rel.split("/"))
 
 
 def selects(pattern: str, path: str) -> bool:
@@ -91,7 +101,11 @@ def selects(pattern: str, path: str) -> bool:
         return False
     pattern, path = relative(pattern, base), relative(path, base)
     patterns = {pattern, pattern.replace("**/", "")}  # "**/" also matches no directory at all
-    return any(fnmatch.fnmatchcase(path, p) for p in patterns) and ("**" in pattern or path.count("/") == pattern.count("/"))
+    return (
+        any(fnmatch.fnmatchcase(path, p) for p in patterns)
+        and ("**" in pattern or path.count("/") == pattern.count("/"))
+        and shown(path, pattern)
+    )
 
 
 @dataclass(frozen=True)
@@ -110,7 +124,7 @@ def select(path: str, paths: Sequence[str]) -> list[str]:
     a glob's matches, a directory's data files."""
     if is_glob(path):
         return [p for p in paths if selects(path, p)]
-    return [p for p in paths if data_file(p)]
+    return [p for p in paths if data_file(p) and shown(relative(p, path), None)]
 
 
 def expand(fs: pafs.FileSystem, path: str) -> Found:
@@ -119,7 +133,7 @@ def expand(fs: pafs.FileSystem, path: str) -> Found:
     if is_glob(path):
         base = glob_base(path)
         try:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            infos = _tree(fs, base, relative(path, base), missing_ok=True)
         except OSError as e:
             if transient(e):  # the store did not answer: retried by the caller, not "no files"
                 raise
@@ -129,13 +143,44 @@ def expand(fs: pafs.FileSystem, path: str) -> Found:
     if info.type == pafs.FileType.File:
         return Found([info])
     if info.type == pafs.FileType.Directory:
-        return _found(fs.get_file_info(pafs.FileSelector(path, recursive=True)), path, path)
+        return _found(_tree(fs, path, None), path, path)
     return Found([])
+
+
+def _tree(fs: pafs.FileSystem, base: str, pattern: str | None, missing_ok: bool = False) -> list[pafs.FileInfo]:
+    """Every file under the directory `base`: a local tree as `local_files` walks it (never
+    into a directory that `shown` refuses, each real file once), any other as `fs` lists it."""
+    top = _local_top(fs)
+    if top is None:
+        return fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=missing_ok))
+    root = posixpath.join(top, base.lstrip("/")) if top else base
+    if missing_ok and not posixpath.isdir(root):
+        return []
+    infos = local_files(root, lambda rel: shown(rel, pattern))
+    if not top:
+        return infos
+    return [pafs.FileInfo(relative(i.path, top), i.type, mtime_ns=i.mtime_ns, size=i.size) for i in infos]
+
+
+def _local_top(fs: pafs.FileSystem) -> str | None:
+    """Where `fs`'s paths lie on the local disk: "" for the local filesystem itself, its
+    directory for a `SubTreeFileSystem` of it; None for any other filesystem."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return ""
+    if isinstance(fs, pafs.SubTreeFileSystem) and isinstance(fs.base_fs, pafs.LocalFileSystem):
+        return fs.base_path
+    return None
 
 
 def _found(infos: list[pafs.FileInfo], path: str, base: str) -> Found:
     files = {i.path: i for i in infos if i.type == pafs.FileType.File}
     index = next((i for p, i in files.items() if relative(p, base) == INDEX_NAME), None)
+    gone = select(path, [i.path for i in infos if i.type == pafs.FileType.NotFound])  # links whose target is gone
+    if gone:
+        raise SourceError(
+            f"{len(gone)} data file(s) under {base} are links whose targets are gone: {', '.join(gone[:5])}. "
+            "Restore their targets or remove the links (a source never skips a data file it lists)."
+        )
     return Found([files[p] for p in select(path, list(files))], base, index)
 
 
