@@ -6,7 +6,6 @@ global batch size where it divides, because the state is a record position. The 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -38,11 +37,14 @@ def active_mesh(slice_to_devices: Mapping[int, Sequence[jax.Device]], active: Co
 def rebuild(
     loader: Loader, mesh: Mesh, *, state: dict[str, Any] | None = None, global_batch_size: int | None = None
 ) -> Loader:
-    """Close `loader` and return one like it on `mesh`, continuing from `state` (default:
-    where `loader` stands) with `global_batch_size` (default: the same)."""
+    """Return a loader like `loader` on `mesh`, continuing from `state` (default: where
+    `loader` stands) with `global_batch_size` (default: the same), as one made from that
+    state at that size; then close `loader`. Where the new loader cannot be made, its error
+    is raised and `loader` is left open, where it stood."""
     state = loader.get_state() if state is None else state
-    loader.close()
     pipeline = loader.pipeline
     if global_batch_size is not None:
-        pipeline = dataclasses.replace(pipeline, global_batch_size=global_batch_size)
-    return Loader(pipeline, mesh=mesh, state=state, **loader.options)
+        pipeline = pipeline.with_global_batch_size(global_batch_size)
+    rebuilt = Loader(pipeline, mesh=mesh, state=state, **loader.options)
+    loader.close()
+    return rebuilt

@@ -143,6 +143,11 @@ class GrainPipeline:
             saved = [saved[0]] * hosts
         return dataclasses.replace(self, resume=tuple(saved), resume_position=position), position
 
+    def with_global_batch_size(self, size: int) -> GrainPipeline:
+        """This pipeline at another global batch size (only a state saved at that size
+        restores into it: a Grain pipeline continues with the batch size it saved)."""
+        return dataclasses.replace(self, global_batch_size=size)
+
     def continues(self, running: object) -> bool:
         """True: whatever state it restored, its hosts start again from the Grain states it
         carries, in a transport of their own (`host_states`)."""

@@ -53,6 +53,11 @@ class PipelineKind(Protocol):
         continues from; a StateError when the state is not one of its own."""
         ...
 
+    def with_global_batch_size(self, size: int) -> Self:
+        """This pipeline at another global batch size, for a state to be restored into:
+        without what a restore derived for its own batch size."""
+        ...
+
     def continues(self, running: object) -> bool:
         """Whether this pipeline, restored from a state, continues the stream of `running`,
         so that a loader running it can jump to the state without a new loader."""

@@ -107,7 +107,8 @@ class Pipeline:
         if origin is None or origin < 0 or origin and (self.partitions is None or origin % self.partitions or origin >= size):
             raise ConfigError(
                 f"partition_origin={self.partition_origin!r}: a restore sets it, with the partitions of the state it "
-                "continues; leave it 0"
+                "continues; leave it 0 (a restored pipeline goes to another batch size by "
+                "pipeline.with_global_batch_size(n), which drops it for the next restore to derive)"
             )
         object.__setattr__(self, "partition_origin", origin)
         if self.epochs is not None:
@@ -164,6 +165,25 @@ class Pipeline:
     def with_source(self, source: Any) -> Pipeline:
         """This pipeline over another source (a rebased `cd.Mix`, say)."""
         return dataclasses.replace(self, source=source)
+
+    def with_global_batch_size(self, size: int) -> Pipeline:
+        """This pipeline at another global batch size, to restore a state into. Its
+        `partition_origin` is a restore's for the batch size it restored at and means
+        nothing at another (where it may be no position of a batch at all): it is dropped,
+        and the restore derives it anew from the state, as for the pipeline as made.
+
+        Raises:
+            ConfigError: its `partitions` (a restored pipeline's are its state's) do not
+                divide `size`.
+        """
+        whole = as_int(size)
+        if self.partitions is not None and whole is not None and whole > 0 and whole % self.partitions:
+            raise ConfigError(
+                f"global_batch_size={size}: this pipeline's {self.partitions} partitions (a restored pipeline's are "
+                f"its state's, which a state restored into it must have) do not divide it: give a batch size that "
+                f"{self.partitions} divides"
+            )
+        return dataclasses.replace(self, global_batch_size=size, partition_origin=0)
 
     @property
     def records_per_epoch(self) -> int:
