@@ -263,3 +263,32 @@ def test_every_command_says_a_binary_config_is_not_toml(tmp_path: Path, command:
     if "--json" in command:
         report = json.loads(stdout)
         assert report["type"] == "ConfigError" and report["error"].startswith(f"{path}: not a TOML config"), report
+
+
+# Digits that are not ASCII: str.isdigit() accepts them and int() fails on "²" and "①" (a raw
+# ValueError traceback) or reads "٣" as 3. A count of workers is ASCII digits, else the one
+# error line that "x" gets.
+UNICODE_DIGITS = ["²", "①", "٣"]
+
+
+@pytest.mark.parametrize("value", ["x", *UNICODE_DIGITS])
+def test_workers_in_other_than_ascii_digits_are_a_config_error(tmp_path: Path, value: str) -> None:
+    """A config's `[sidecar] workers`: the ConfigError that "x" gets, naming the file and key."""
+    path = write(tmp_path, f'pipeline = "colo_data.demo:pipeline"\n[sidecar]\nworkers = "{value}"')
+    with pytest.raises(cd.errors.ConfigError, match=rf"^{path}: \[sidecar\] workers = '{value}': give a number >= 0, \"auto\""):
+        load_config(path)
+
+
+@pytest.mark.parametrize("command", ["bench --workers", "COLO_DATA_WORKERS= sidecar serve"])
+@pytest.mark.parametrize("value", UNICODE_DIGITS[:2])
+def test_workers_in_other_than_ascii_digits_are_one_error_line(tmp_path: Path, command: str, value: str) -> None:
+    """`colo-data bench --workers` and the sidecar's COLO_DATA_WORKERS (its `--workers`)."""
+    env = dict(os.environ)
+    if command == "bench --workers":
+        args = ["bench", str(CONFIGS / "demo.toml"), "--steps", "1", "--workers", value]
+    else:
+        args, env["COLO_DATA_WORKERS"] = ["sidecar", "serve", "--socket", str(tmp_path / "s.sock")], value
+    run = subprocess.run([str(COLO), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode in (1, 2) and "Traceback" not in run.stdout + run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error:") and f"--workers = '{value}': give a number >= 0, \"auto\", or Ray workers" in last, last

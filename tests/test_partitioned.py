@@ -423,8 +423,9 @@ def reject_all(columns: dict) -> np.ndarray:
 
 
 def test_a_filter_that_rejects_everything_is_named_not_read_forever(token_corpus: Path) -> None:
-    """An endless partitioned stream whose filter rejects two epochs' worth of a partition's
-    records in a row is a TransformError naming the partition, not a read that never ends."""
+    """An endless partitioned stream whose filter rejects two epochs' worth of records in a
+    row, those of the host's partitions together, is a TransformError naming them, not a
+    read that never ends."""
     pipeline = make_pipeline(token_corpus, keep=reject_all, partitions=4, epochs=None)
-    with pytest.raises(cd.errors.TransformError, match=r"keep=reject_all\) accepted none of the last [\d,]+ records of partition 0, .*two epochs.*Check the filter"):
+    with pytest.raises(cd.errors.TransformError, match=r"keep=reject_all\) accepted none of the last [\d,]+ records read in all, over 2 partitions \(partitions 0 and 1, .*two epochs.*Check the filter"):
         read_all(cd.Loader(pipeline, hosts=2), 1)

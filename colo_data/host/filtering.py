@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from time import perf_counter
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -22,8 +23,9 @@ from colo_data.telemetry.counters import ORDER, READ
 
 READ_RECORDS = 512  # records read at once, at least a global batch's
 # Records in a row that `keep` may reject, none accepted, before an endless stream is refused
-# (or two epochs' records, if fewer: two epochs in a row hold every record). A filter that
-# accepts one record in 10,000 rejects this many in a row with a chance of about e**-100.
+# (or two epochs' records, if fewer: two epochs in a row hold every record); of a partitioned
+# stream, those a host reads of all its partitions together, however many they are. A filter
+# that accepts one record in 10,000 rejects this many in a row with a chance of about e**-100.
 REJECTED_RECORDS = 1_000_000
 
 
@@ -73,21 +75,52 @@ def check_accepting(work: ChunkWork, rejected: int, where: str) -> None:
     """A TransformError when `keep` has rejected `rejected` records in a row of an endless
     stream (`where`: which), `REJECTED_RECORDS` or two epochs' records: it would read on
     forever (and a packing window grow with it)."""
-    pipeline = work.pipeline
-    limit = min(REJECTED_RECORDS, 2 * pipeline.records_per_epoch)
-    if pipeline.epochs is not None or rejected < limit:
+    if refused(work, rejected):
+        refuse(work, rejected, f"of {where}")
+
+
+def check_partitions_accepting(work: ChunkWork, rejected: int, partitions: np.ndarray, read: np.ndarray) -> None:
+    """`check_accepting` for partitions read together (their global numbers `partitions`,
+    read up to their own positions `read`): `rejected` counts the records that all of them
+    read in a row, so that one limit holds whatever their number. Counted a partition at
+    a time, 256 partitions (a batch of 4,096) read 256 times one partition's records before
+    the error."""
+    if not refused(work, rejected):
         return
+    count, first, last, low, high = len(partitions), int(partitions[0]), int(partitions[-1]), int(read.min()), int(read.max())
+    if count == 1:
+        where = f"partition {first}, up to its own position {high:,}"
+    else:
+        at = f"each up to its own position {low:,}" if low == high else f"up to their own positions {low:,} to {high:,}"
+        where = f"partitions {first} {'and' if count == 2 else 'to'} {last}, {at}"
+    refuse(work, rejected, f"read in all, over {count} partition{'s' * (count > 1)} ({where})")
+
+
+def refused(work: ChunkWork, rejected: int) -> bool:
+    """Whether `rejected` records in a row are too many: an endless stream's `rejection_limit`."""
+    return work.pipeline.epochs is None and rejected >= rejection_limit(work)
+
+
+def rejection_limit(work: ChunkWork) -> int:
+    """Records `keep` may reject in a row of an endless stream: `REJECTED_RECORDS` or two
+    epochs' records (which hold every record), the smaller."""
+    return min(REJECTED_RECORDS, 2 * work.pipeline.records_per_epoch)
+
+
+def refuse(work: ChunkWork, rejected: int, records: str) -> NoReturn:
+    """The TransformError of a `keep` that accepted none of `rejected` `records` in a row."""
+    pipeline = work.pipeline
     keeps = [
         f"{owner}(keep={getattr(keep, '__qualname__', repr(keep))})"
         for owner, keep in (("cd.Pipeline", pipeline.keep), ("cd.Pack", getattr(pipeline.pack, "keep", None)))
         if keep is not None
     ]
     raise TransformError(
-        f"{' and '.join(keeps)} accepted none of the last {rejected:,} records of {where}: an endless stream would read "
-        f"on forever. The limit is {limit:,} records in a row, the smaller of colo_data.host.filtering.REJECTED_RECORDS "
-        f"({REJECTED_RECORDS:,}) and two epochs' records (which hold every record). Check the filter on some of the "
-        "source's records; one that accepts fewer than one record in 10,000 is better applied once, writing the records "
-        "it accepts to files of their own"
+        f"{' and '.join(keeps)} accepted none of the last {rejected:,} records {records}: an endless stream would read "
+        f"on forever. The limit is {rejection_limit(work):,} records in a row, the smaller of "
+        f"colo_data.host.filtering.REJECTED_RECORDS ({REJECTED_RECORDS:,}) and two epochs' records (which hold every "
+        "record). Check the filter on some of the source's records; one that accepts fewer than one record in 10,000 is "
+        "better applied once, writing the records it accepts to files of their own"
     )
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from colo_data.host.chunk import HostBatch
 from colo_data.host.chunk_work import ChunkWork
-from colo_data.host.filtering import READ_RECORDS, check_accepting, filters, read_at, rejected_run, verdict_of
+from colo_data.host.filtering import READ_RECORDS, check_partitions_accepting, filters, read_at, rejected_run, verdict_of
 from colo_data.host.packing import Window, packed_rows, read_records
 from colo_data.io.columns import table_to_columns
 from colo_data.pipeline import parts
@@ -89,10 +89,12 @@ def _packed(
     # records each partition reads for its next plan: a record a row at first, then a fifth
     # more than its last plan took (a plan that needs more reads as many again)
     wanted = [rows * batches] * len(windows)
+    rejected = 0  # records the partitions' keep rejected in a row, read together (`check_partitions_accepting`)
 
     def fill(chosen: list[int], counts: list[int]) -> set[int]:
         """Read `counts` more records into the chosen partitions' windows, in one read (fewer
         at a partition's stream end); the partitions that had some left."""
+        nonlocal rejected
         spans, later = [], []
         for i, count in zip(chosen, counts, strict=True):
             first = windows[i].start + len(windows[i].indices)
@@ -106,8 +108,13 @@ def _packed(
             for i, first, stop in spans:
                 windows[i].append(records, at, at + stop - first)
                 at += stop - first
-                check_accepting(work, windows[i].rejected(), f"partition {mine.partitions[i]}, up to its own position {stop}")
+            rejected = rejected_run(records.lengths >= 0, rejected)
+            check_partitions_accepting(work, rejected, mine.partitions, own_read())
         return {i for i, _, _ in spans}
+
+    def own_read() -> np.ndarray:
+        """Each partition's first own position not read yet."""
+        return np.array([w.start + len(w.indices) for w in windows])
 
     def planned() -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Every partition's next plan; those whose records read do not fill theirs read as
@@ -159,7 +166,7 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
     read = own.copy()  # each partition's first own position not read yet
     tables: list[list[pa.Table]] = [[] for _ in range(count)]  # its accepted records read, in its own order
     places: list[list[np.ndarray]] = [[] for _ in range(count)]  # their own positions
-    rejected = [0] * count  # records each partition's keep rejected in a row, up to its last read
+    rejected = 0  # records the partitions' keep rejected in a row, read together (`check_partitions_accepting`)
     while True:
         short = [i for i in range(count) if sum(len(p) for p in places[i]) < rows]
         while short:
@@ -176,8 +183,8 @@ def _filtered(work: ChunkWork, mine: _Mine, own: np.ndarray) -> Iterator[tuple[H
                 tables[i].append(table.slice(at, stop - first).filter(pa.array(accepted)))
                 places[i].append(first + np.flatnonzero(accepted))
                 at, read[i] = at + stop - first, stop
-                rejected[i] = rejected_run(accepted, rejected[i])
-                check_accepting(work, rejected[i], f"partition {mine.partitions[i]}, up to its own position {stop}")
+            rejected = rejected_run(verdict, rejected)
+            check_partitions_accepting(work, rejected, mine.partitions, read)
             short = [i for i in short if sum(len(p) for p in places[i]) < rows]
         batch, pieces, ends = [], [], []
         for i in range(count):

@@ -68,12 +68,12 @@ def check_workers(owner: str, workers: Any) -> Workers:
 
 
 def workers_from(value: Any, where: str) -> Workers:
-    """`workers` as written in a config or on a command line: a count (an int or its digits),
-    "auto", or Ray workers ("ray", `RayWorkers.to_spec()`'s "ray:{...}", or a table
+    """`workers` as written in a config or on a command line: a count (an int or its ASCII
+    digits), "auto", or Ray workers ("ray", `RayWorkers.to_spec()`'s "ray:{...}", or a table
     `{ ray = "auto", actors = 4 }`); anything else is a ConfigError naming `where`."""
     if isinstance(value, Mapping) or isinstance(value, str) and (value == "ray" or value.startswith(SPEC_PREFIX)):
         return RayWorkers.from_spec(value, where)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # not "²", "①" nor "٣": str.isdigit() takes them
         value = int(value)
     if value == "auto" or as_int(value) is not None and value >= 0:
         return check_workers(where, value)
