@@ -135,7 +135,8 @@ def test_endless_stream_crosses_epochs_and_stops_early(token_corpus: Path) -> No
 
 
 def test_calls_are_chunks_of_batches(token_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One colocated call per `batches_per_call` batches, sized like the in-process chunks."""
+    """One colocated call per `batches_per_call` batches, sized like the in-process chunks,
+    but the first: one batch, whose bytes bound the rest (these are small: 4 batches a call)."""
     pipeline = make_pipeline(token_corpus, epochs=3)
     monkeypatch.setitem(shares._KINDS, cd.Pipeline, _SmallChunks)  # the host side a native pipeline runs as
     with ColocatedHosts(pipeline, mesh_of(jax.devices())) as hosts:
@@ -150,7 +151,8 @@ def test_calls_are_chunks_of_batches(token_corpus: Path, monkeypatch: pytest.Mon
         monkeypatch.setattr(hosts, "_call", counted)
         got = [to_numpy(b) for b in hosts.batches(3 * BATCH)]
     assert_batches_equal(reference(pipeline, 3 * BATCH), got, "4 batches a call")
-    assert calls == [("batches", (4, 4, 2))] * 6 + [("batches", (4, 3, 2)), ("close", (4, 1, 2))]  # 27 batches left
+    # 27 batches left: 1, then 4 a call, then the last 2
+    assert calls == [("batches", (4, 1, 2))] + [("batches", (4, 4, 2))] * 6 + [("batches", (4, 2, 2)), ("close", (4, 1, 2))]
 
 
 class _SmallChunks(HostPipeline):

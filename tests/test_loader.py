@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -347,3 +350,52 @@ def test_a_keyword_the_loader_does_not_take_is_pythons_type_error(token_corpus: 
     """The transport's settings are the backend's (`cd.InProcess(workers=2)`), not the loader's."""
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'workers'"):
         cd.Loader(make_pipeline(token_corpus), workers=2)
+
+
+# A loader over records of `width` bytes each (a transform makes them from the record's id),
+# batches of `batch` records, in a process of its own: its peak memory over what it held before
+# the loader (JAX started), in bytes.
+_PEAK_SCRIPT = """
+import resource, sys
+import jax, numpy as np, psutil
+import colo_data as cd
+
+width, batch, batches, backend, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+
+def payload(columns):
+    ids = columns["id"]
+    return {"id": ids, "payload": np.repeat((ids % 251).astype(np.uint8)[:, None], width, axis=1)}
+
+pipeline = cd.Pipeline(source=cd.ArrowSource(path, columns=["id"]), transforms=[payload], global_batch_size=batch, epochs=None)
+options = cd.InProcess(workers=0) if backend == "inprocess" else cd.Colocated()
+jax.device_put(np.zeros(1)).block_until_ready()
+held = psutil.Process().memory_info().rss
+with cd.Loader(pipeline, backend=options) as loader:
+    for _ in range(batches):
+        last = next(loader)
+    assert (np.asarray(last["payload"])[:, -1] == np.asarray(last["id"]) % 251).all()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - held)
+"""
+
+
+def _peak_growth(tmp_path: Path, width: int, batch: int, backend: str) -> int:
+    path = tmp_path / "ids.parquet"
+    if not path.exists():
+        pq.write_table(pa.table({"id": np.arange(20_000, dtype=np.int64)}), path, row_group_size=2_000)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}  # one CPU device: one host, batches of 2
+    args = [sys.executable, "-c", _PEAK_SCRIPT, str(width), str(batch), "100", backend, str(path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return int(result.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "colocated"])
+def test_memory_follows_the_bytes_of_the_batches_not_the_records_of_a_chunk(tmp_path: Path, backend: str) -> None:
+    """The same 8 MiB host batches, as 128 records of 64 KiB or 2 of 4 MiB, 100 of them: a
+    chunk (a colocated call) stops growing once its bytes reach the cap, so both peak alike.
+    Chunks of up to 512 records whatever they weigh took 1.7 to 4 GiB more here with records of
+    4 MiB, and 3.7 GiB in all further on (a colocated call at once: 4 GiB); 0.2 to 0.3 GiB of 64 KiB."""
+    small = _peak_growth(tmp_path, 64 * 2**10, 128, backend)
+    big = _peak_growth(tmp_path, 4 * 2**20, 2, backend)
+    peaks = f"{big / 2**20:.0f} MiB, {small / 2**20:.0f} MiB with records of 64 KiB"
+    assert big <= 2 * small + 128 * 2**20, f"peak memory over the loader's start: {peaks}"

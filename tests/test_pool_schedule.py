@@ -12,6 +12,7 @@ clock says so."""
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from colo_data.host.chunk import HostChunk, WorkCost
 from colo_data.host.chunk_work import Resume
 from colo_data.host.pool_schedule import AHEAD, Downstream, PooledChunks, SlicedChunks
 from colo_data.host.slices import cut
-from colo_data.host.worker_policy import WorkerLimits, WorkerPolicy
+from colo_data.host.worker_policy import CHUNK_BYTES, WorkerLimits, WorkerPolicy
 from colo_data.runtime.thread_time import ThreadTime
 
 pytestmark = pytest.mark.unit  # the fast tier: `make test-fast` (docs/development.md)
@@ -264,6 +265,26 @@ def test_without_a_pool_every_chunk_is_made_here_the_first_small_whatever_a_reco
         assert (at == np.arange(0, 3000 * SIZE, SIZE)).all()
         ramp = [1, 2, 4, 8, 16, 32, 64]
         assert made[:7] == ramp and set(made[7:-1]) == {most} and made[-1] <= most, (here_s, made[:12])
+
+
+def test_chunks_stop_growing_once_their_bytes_reach_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of 1 MiB, 8 MiB a batch: this thread's chunks and the pool's requests grow to
+    8 batches (`CHUNK_BYTES`, 64 MiB), not to `CHUNK_RECORDS`, a record's bytes learned from
+    the chunks made; the batches are the same."""
+    light = batches
+
+    def heavy(position: int, count: int, by: int) -> HostChunk:  # 1 MiB a record, nothing allocated
+        part = light(position, count, by)
+        part.columns["payload"] = np.broadcast_to(np.zeros((), np.uint8), (part.rows, 2**20))
+        return part
+
+    monkeypatch.setattr(sys.modules[__name__], "batches", heavy)
+    cap = CHUNK_BYTES // (ROWS * 2**20)
+    run = Run(lambda handed: 0 if handed < 60 else 3)
+    at, by = run.take(600)
+    assert (at == np.arange(0, 600 * SIZE, SIZE)).all() and (by == POOL).any()
+    assert [count for _, count, _ in run.made_here][:6] == [1, 2, 4, cap, cap, cap] and cap == 8
+    assert {count for _, count, _ in run.feeds[0].asks} == {cap}
 
 
 def test_a_remote_pool_opens_its_feed_at_once() -> None:

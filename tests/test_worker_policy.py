@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from worker_sim import DT, Host, Run, meeting, simulate
 
-from colo_data.host.worker_policy import CEILING_S, GAIN, REQUEST_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
+from colo_data.host.worker_policy import CEILING_S, GAIN, CHUNK_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
 from colo_data.runtime.budget import CpuBudget
 from colo_data.workers.settings import auto_most
 
@@ -259,7 +259,7 @@ def test_a_request_grows_to_about_50_ms_a_worker_never_shrinks_and_stays_within_
     assert policy.request_batches(16, 20) == 20  # never fewer than the last
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # 1 µs, 1 MiB a record: bounded by bytes
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # (a new cost: two decisions in a row)
-    assert policy.request_batches(16, 20) == math.ceil(REQUEST_BYTES / 2**20 / 32)
+    assert policy.request_batches(16, 20) == math.ceil(CHUNK_BYTES / 2**20 / 32)
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from colo_data.host.pool_schedule import AHEAD
-from colo_data.host.worker_policy import REQUEST_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
+from colo_data.host.worker_policy import CHUNK_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
 from colo_data.runtime.budget import CpuBudget
 from colo_data.workers.settings import auto_most
 
@@ -313,7 +313,7 @@ class Fixed:
         """`WorkerPolicy`'s rule, on the true cost."""
         h = self._host
         batches = max(last, min(2 * last, math.ceil(workers * SHARE_S / h.mean_cost / h.rows)))
-        return max(1, min(batches, math.ceil(REQUEST_BYTES / h.record_bytes / h.rows)))
+        return max(1, min(batches, math.ceil(CHUNK_BYTES / h.record_bytes / h.rows)))
 
 
 class Trainer:

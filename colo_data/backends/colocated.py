@@ -37,6 +37,7 @@ from colo_data.errors import ColoDataError, ConfigError, GrainError, SidecarErro
 from colo_data.host.chunk import HostChunk
 from colo_data.host.dtypes import jax_ready
 from colo_data.host.shares import HostShare, host_pipeline
+from colo_data.host.worker_policy import bounded
 from colo_data.pipeline import parts
 from colo_data.pipeline.kinds import AnyPipeline
 from colo_data.pipeline.native import Pipeline
@@ -80,8 +81,8 @@ class _ColocatedHost:
     `(hosts, count, 2)`, sharded over the hosts' CPU devices, holding the positions
     of `count` consecutive global batches; the shard a host holds says which host it is.
     Consecutive requests continue each host's feed of chunks (its worker processes and
-    row-group cache); any other position restarts it. The requests of one feed ask for
-    the same count (`ColocatedHosts.batches_per_call`), but the last one. `controller` is
+    row-group cache); any other position, or another count (`ColocatedHosts.batches_per_call`,
+    which its first call bounds by bytes) but the stream's last, restarts it. `controller` is
     the controller's `_PROCESS`: in another process (a sidecar's) this object carries each
     host's warnings back in the calls' notes; in the controller's own they show there."""
 
@@ -90,7 +91,7 @@ class _ColocatedHost:
         self.choice = choose_workers(workers, cpu_budget())
         self.carries_warnings = controller != _PROCESS
         self._pipelines: dict[int, HostShare] = {}
-        self._feeds: dict[int, tuple[Position, Iterator[HostChunk], Lifecycle]] = {}
+        self._feeds: dict[int, _Feed] = {}
         self._owner = Lifecycle("colocated host")
 
     @staticmethod
@@ -104,9 +105,10 @@ class _ColocatedHost:
         (fewer at the stream's end): its batches take as many records as fit or pass (a
         partitioned one's: its partitions' own positions)."""
         variable = self.pipeline.variable_batches  # each batch ends where the hosts say
+        cut = None if variable else count  # batches of the feed's chunks (None: one each, taken `count` at a time)
         current = self._feeds.get(host)
         key = self._key(host, hosts, position)
-        if current is None or not np.array_equal(current[0], key):
+        if current is None or not self._continues(current, key, cut):
             if current is not None:
                 _close(current)
             if host not in self._pipelines:  # its worker processes are kept across feeds
@@ -115,17 +117,32 @@ class _ColocatedHost:
             run = self._owner.child(f"host {host} feed")
             share = self._pipelines[host]  # the controller waits while its chunks are computed: its wait for input
             chunks = told(share.chunks(position, run, batches=None if variable else count), share.downstream, True)
-            current = (key, chunks, run)
-        if not variable:
-            self._feeds[host] = (int(position) + count * self.pipeline.global_batch_size, current[1], current[2])
-            return next(current[1], None), None
-        parts = list(itertools.islice(current[1], count))  # one batch each, with the position after it
+            current = (key, chunks, run, cut)
+        try:
+            if not variable:
+                chunk = next(current[1], None)
+                self._feeds[host] = (int(position) + count * self.pipeline.global_batch_size, *current[1:])
+                return chunk, None
+            parts = list(itertools.islice(current[1], count))  # one batch each, with the position after it
+        except BaseException:  # a feed whose chunk failed has ended: the next call starts another
+            self._feeds.pop(host, None)
+            _close(current)
+            raise
         ends = [part.end if isinstance(part.end, np.ndarray) else int(cast(int, part.end)) for part in parts]
-        self._feeds[host] = (ends[-1] if ends else key, current[1], current[2])
+        self._feeds[host] = (ends[-1] if ends else key, current[1], current[2], cut)
         if not parts:
             return None, None
         columns = {name: np.concatenate([part.columns[name] for part in parts]) for name in parts[0].columns}
         return HostChunk(columns, ends[-1]), ends
+
+    def _continues(self, feed: _Feed, key: Position, cut: int | None) -> bool:
+        """Whether `feed` continues at `key` in chunks of `cut` batches: its own, or fewer
+        where they are what is left of the stream (its last chunk holds them)."""
+        if not np.array_equal(feed[0], key):
+            return False
+        if feed[3] is None or cut is None or cut >= feed[3]:
+            return feed[3] == cut
+        return cut == self.pipeline.batches_from(cast(int, key))
 
     def _key(self, host: int, hosts: int, position: Position) -> Position:
         """What a host's feed continues from: the position, or a partitioned pipeline's
@@ -348,7 +365,11 @@ def _batch_sharding(request: jax.Array) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(_AXIS))
 
 
-def _close(feed: tuple[Position, Iterator[HostChunk], Lifecycle]) -> None:
+# a host's feed: the position it continues from, its chunks, what it started, the batches of its chunks
+_Feed = tuple[Position, Iterator[HostChunk], Lifecycle, int | None]
+
+
+def _close(feed: _Feed) -> None:
     """End a host's feed and whatever it started (worker processes, read-ahead)."""
     close_iterator(feed[1])
     feed[2].close()
@@ -389,7 +410,8 @@ class ColocatedHosts:
                 f"e.g. {size - size % count or count} or {size - size % count + count}"
             )
         self.sharding = NamedSharding(Mesh(np.array(self.hosts), (_AXIS,)), PartitionSpec(_AXIS))
-        self.batches_per_call = host_pipeline(pipeline, 0, count).chunk
+        self.batches_per_call = host_pipeline(pipeline, 0, count).chunk  # by records; by bytes too after a call
+        self._bounded = False  # whether a call told a record's bytes (until then, calls of one batch)
         self._remote: Any = None
         self._open()
 
@@ -431,8 +453,8 @@ class ColocatedHosts:
 
     def batches(self, start_position: Position) -> Iterator[dict[str, jax.Array]]:
         """Global batches from position `start_position` on (a trailing partial batch is
-        dropped), `batches_per_call` computed per colocated call. Reopens the hosts'
-        objects after `close()`."""
+        dropped), `batches_per_call` computed per colocated call (the first call, one: it tells
+        a record's bytes, which bound the rest). Reopens the hosts' objects after `close()`."""
         for batch, _, _ in self.batches_and_ends(start_position):
             yield batch
 
@@ -449,12 +471,14 @@ class ColocatedHosts:
         while left is None or left > 0:
             if self._remote is None:
                 raise SidecarError("ColocatedHosts was closed while its batches were read: call batches() again")
-            count = self.batches_per_call if left is None else min(self.batches_per_call, left)
+            most = self.batches_per_call if self._bounded else 1
+            count = most if left is None else min(most, left)
             batches, notes, states, after = self._call("batches", self._request(position, count))
             if notes is not None:
                 _reissue(np.asarray(notes))
             if not batches:
                 return
+            self._bound(batches[0])
             per_host = None if states is None else _unpacked_states(np.asarray(states))
             ends = None if after is None else _ends(_decode(np.asarray(after)))
             for i, batch in enumerate(batches):
@@ -462,6 +486,16 @@ class ColocatedHosts:
                 yield batch, host_states, None if ends is None else ends[i]
             position = int(position) + count * size if ends is None else ends[-1]
             left = None if left is None else left - count
+
+    def _bound(self, batch: dict[str, jax.Array]) -> None:
+        """`batches_per_call` bounded by bytes as well as records (`worker_policy.bounded`),
+        a record's bytes told by a global `batch`: a call holds its batches on the hosts
+        twice over (their chunk and the arrays), 4 GiB for 512 records of 4 MiB without it."""
+        if not self._bounded:
+            size = self.pipeline.global_batch_size
+            record = sum(column.nbytes for column in batch.values()) / size
+            self.batches_per_call = bounded(self.batches_per_call, record, size // len(self.hosts))
+            self._bounded = True
 
     def close(self) -> None:
         """Stop the hosts' feeds and release the colocated objects."""

@@ -4,7 +4,9 @@ workers (small ones at first: a costly record's first batch comes soon); from th
 pool makes them, `AHEAD` requests in its hands, each shared out among the workers in use
 and ready (the first as large as this thread's last chunk, then twice the last up to the
 policy's size: the pool's first chunks come as soon as this thread's would have), and this
-thread takes them in order, joins them and hands them on. It tells the
+thread takes them in order, joins them and hands them on. Every chunk, this thread's and the
+pool's, holds at most about `CHUNK_BYTES` of columns (the policy's sizes, a record's bytes
+learned from the first chunk on). It tells the
 policy what each chunk cost, how long it waited for the pool, and how long for room
 downstream (the time it was away handing a chunk on, less the consumer's own work there,
 `Downstream`)."""

@@ -59,7 +59,7 @@ FIRST_WAIT = 2.0  # before workers have worked, the host's own records count at 
 # time as work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
 CEILING_S = 30.0  # what the trainer took at most with workers bounds the model's rate this long
 SHARE_S = 0.05  # a worker's share of a request takes about this long: its messages cost under 1% of it
-REQUEST_BYTES = 64 * 2**20  # a request's columns take at most this much memory
+CHUNK_BYTES = 64 * 2**20  # a chunk's columns (the host's own, a request's, a colocated call's) take at most this much
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,12 @@ class WorkerPolicy:
     def made(self, records: int, work_s: float, cpu_s: float, here: bool, nbytes: int = 0) -> None:
         """A chunk (or a worker's share) of `records` records cost `work_s` seconds of work (on a CPU or
         waiting, not for a CPU), `cpu_s` on a CPU; `here`: the host's thread made it; `nbytes`: its columns'."""
+        if records and nbytes:  # the chunks' sizes need it from the first on
+            self._bytes = nbytes / records
         if here and self._warming():
             return
         for i, amount in enumerate((records, work_s, cpu_s), start=3 if here else 0):
             self._made[i] += amount
-        if records and nbytes:
-            self._bytes = nbytes / records
 
     def handed(
         self, records: int, pooled: bool, pool_wait_s: float, room_wait_s: float, input_wait_s: float | None, taken: int | None
@@ -237,18 +237,26 @@ class WorkerPolicy:
         """Batches of the next chunk the host's thread makes: 1, then twice the last up to
         `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch comes
         soon, and the sizes depend on the stream alone (a transform sees the same calls each run)."""
-        self._host_batches = min(2 * self._host_batches or 1, self._full_batches)
+        self._host_batches = bounded(min(2 * self._host_batches or 1, self._full_batches), self._bytes, self.rows)
         return self._host_batches
 
     def request_batches(self, workers: int, last: int) -> int:
         """Batches of a request to `workers` workers, `last` those of the last (at first, the
         host's last chunk's): twice the last up to a share of about `SHARE_S` of a worker's time,
-        never fewer (a share's cost holds a call's: smaller ones cost more a record), at most `REQUEST_BYTES`."""
+        never fewer (a share's cost holds a call's: smaller ones cost more a record), at most `CHUNK_BYTES`."""
         t = self._workers.per() or self._here.per()
         batches = max(last, min(2 * last, math.ceil(workers * SHARE_S / t / self.rows) if t else last))
-        if self._bytes:
-            batches = min(batches, math.ceil(REQUEST_BYTES / self._bytes / self.rows))
+        return bounded(batches, self._bytes, self.rows)
+
+
+def bounded(batches: int, record_bytes: float, rows: int) -> int:
+    """`batches` of `rows` records, or fewer where their columns would pass `CHUNK_BYTES`
+    (a record taking `record_bytes`; 0: not known yet), at least one: memory follows the
+    bytes of the batches, not the records of a chunk (chunks of 512 records of 4 MiB took
+    3.7 GiB at peak, where 2 records a batch need 8 MiB)."""
+    if not record_bytes:
         return max(1, batches)
+    return max(1, min(batches, math.ceil(CHUNK_BYTES / record_bytes / rows)))
 
 
 _SPARES = ((SPARE, SPARE_SHARE), (SPARE_MOST, 2 * SPARE_SHARE))
