@@ -242,10 +242,11 @@ def test_the_policy_is_told_what_chunks_cost_and_where_the_time_went() -> None:
     assert any(pooled and wait > 0 for _, pooled, wait, *_ in handed)  # the pool's chunks were waited for
 
 
-def test_without_a_pool_every_chunk_is_made_here_the_first_small_whatever_a_record_costs() -> None:
-    """A first chunk of one batch, then twice the last up to `CHUNK_RECORDS` records, for
-    cheap records and costly ones alike: the sizes are the stream's alone."""
-    for here_s in (1e-5, 0.2):
+def test_without_a_pool_every_chunk_is_made_here_the_first_small_then_a_decisions_worth() -> None:
+    """A first chunk of one batch, then twice the last up to `CHUNK_RECORDS` records and to
+    about `DECIDE_S` of this thread's time: cheap records double to the most, 0.2 s batches
+    stay at 2 (a decision comes between chunks, never a costly chunk later)."""
+    for here_s, ramp in ((1e-5, [1, 2, 4, 8, 16, 32, 64]), (0.2, [1, 2, 2, 2, 2, 2, 2])):
         most = defaults.CHUNK_RECORDS // ROWS
         clock = Clock()
         made: list[int] = []
@@ -263,7 +264,7 @@ def test_without_a_pool_every_chunk_is_made_here_the_first_small_whatever_a_reco
         )  # fmt: skip
         at = np.concatenate([p.columns["batch"] for p in chunks])[::ROWS]
         assert (at == np.arange(0, 3000 * SIZE, SIZE)).all()
-        ramp = [1, 2, 4, 8, 16, 32, 64]
+        most = ramp[-1] if here_s > 1e-3 else most
         assert made[:7] == ramp and set(made[7:-1]) == {most} and made[-1] <= most, (here_s, made[:12])
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from worker_sim import DT, Host, Run, meeting, simulate
 
-from colo_data.host.worker_policy import CEILING_S, GAIN, CHUNK_BYTES, SHARE_S, WorkerLimits, WorkerPolicy
+from colo_data.host.worker_policy import CEILING_S, CHUNK_BYTES, GAIN, SHARE_S, TARGET_WAIT, WorkerLimits, WorkerPolicy
 from colo_data.runtime.budget import CpuBudget
 from colo_data.workers.settings import auto_most
 
@@ -91,14 +91,16 @@ def test_records_that_wait_get_workers_past_the_cpus(budget: int, noise: float) 
 
 @pytest.mark.parametrize("noise", NOISES)
 @pytest.mark.parametrize("budget", BUDGETS)
-def test_a_trainer_that_takes_half_gets_the_fewest_workers_that_feed_it(budget: int, noise: float) -> None:
+def test_a_trainer_that_takes_half_is_fed_to_the_target_with_few_workers_to_spare(budget: int, noise: float) -> None:
+    """The closed loop: after the first seconds the trainer waits under `TARGET_WAIT`, with
+    at most 1.3 times the fewest workers that feed it, plus 2."""
     _, best = Host(budget, most(budget), noise=noise).best()
     host = Host(budget, most(budget), noise=noise, demand=0.5 * best)
     run = simulate(host, 120.0, seed=budget)
     fewest = meeting(host)  # (the host's thread alone, 0, where it meets the demand)
     counts = set(run.count[int(20.0 / DT) :])
-    assert counts <= {fewest, fewest + 1}, (sorted(counts), fewest)
-    assert run.waited_share() < 0.01
+    assert fewest <= min(counts) and max(counts) <= 1.3 * fewest + 2, (sorted(counts), fewest)
+    assert run.waited_share(20.0) < TARGET_WAIT
 
 
 def test_a_trainer_that_speeds_up_gets_workers_within_seconds_and_waits_under_1_percent() -> None:
@@ -106,10 +108,10 @@ def test_a_trainer_that_speeds_up_gets_workers_within_seconds_and_waits_under_1_
     _, best = Host(budget, most(budget)).best()
     host = Host(budget, most(budget), noise=0.1, demand=0.25 * best, steps={60.0: {"demand": 0.75 * best}})
     run = simulate(host, 120.0, seed=3)
-    assert run.count_at(59.0) in (meeting(host), meeting(host) + 1)
+    assert meeting(host) <= run.count_at(59.0) <= 1.3 * meeting(host) + 2
     faster = host.at(60.0)
     assert run.rate(62.5, 63.0) >= 0.97 * faster.demand  # it takes what it asks for again within 3 s
-    assert run.count_at(119.0) in (meeting(faster), meeting(faster) + 1)
+    assert meeting(faster) <= run.count_at(119.0) <= 1.3 * meeting(faster) + 2
     assert run.waited_share(63.0) < 0.01
 
 
@@ -247,7 +249,9 @@ def decided(policy: WorkerPolicy, clock: Clock, records: int, work_s: float, nby
     policy.decide()
 
 
-def test_a_request_grows_to_about_50_ms_a_worker_never_shrinks_and_stays_within_its_bytes() -> None:
+def test_a_request_is_about_50_ms_a_worker_at_most_twice_the_last_and_within_its_bytes() -> None:
+    """Also smaller than the last: a request to fewer workers than counted (the first ready
+    of many) holds them a share's time, no longer."""
     clock = Clock()
     policy = WorkerPolicy(WorkerLimits(8.0, 8), rows=32, clock=clock)
     policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out, and the warm-up after it
@@ -256,7 +260,8 @@ def test_a_request_grows_to_about_50_ms_a_worker_never_shrinks_and_stays_within_
     decided(policy, clock, 3200, 2e-3, 3200 * 256)  # 2 ms a record
     assert policy.request_batches(16, 1) == 2  # twice the last at most
     assert policy.request_batches(16, 8) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # 25 records a worker
-    assert policy.request_batches(16, 20) == 20  # never fewer than the last
+    assert policy.request_batches(16, 20) == math.ceil(16 * SHARE_S / 2e-3 / 32)  # fewer than the last
+    assert policy.request_batches(1, 20) == 1  # one worker: 50 ms, 25 records, in one batch
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # 1 µs, 1 MiB a record: bounded by bytes
     decided(policy, clock, 3200, 1e-6, 3200 * 2**20)  # (a new cost: two decisions in a row)
     assert policy.request_batches(16, 20) == math.ceil(CHUNK_BYTES / 2**20 / 32)

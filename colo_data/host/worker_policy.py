@@ -10,23 +10,31 @@ most C(k) = min(k / t, cpus / (c + h), 1 / h, T) records a second, `cpus` being 
 less what the trainer and everything else use (no bound for workers on a cluster, whose CPUs
 are not the host's; before workers are taken, at most budget * (c + h) / (c + h + o), `o`
 the CPU seconds that use takes a record handed on: as if it grew with the rate, as a waiting
-trainer's does), and `T` what the trainer took at most while workers worked. The host's
-thread alone delivers `A`, the best of its rates, and of what the trainer took while it fed
-it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more). The
-trainer takes `D` records a second, measured while it waits for input less than `INPUT_WAIT`
-of the time; once it has waited more for `STARVED_S`, it takes all it gets. The count is the
-fewest workers that deliver min(D, C(most)) with `SPARE` of a worker to spare (at that rate
-k workers are busy D * t of the time), and none where the host's thread alone delivers that,
-or where workers would add less than `GAIN` to it. Workers at work that deliver less than
-half that gain while the trainer waits (a cost the model missed: CPUs they contend for) are
-given up, and what they delivered bounds the model's rate (as `T`).
+trainer's does), and `T` what workers delivered before they were given up (below). The
+host's thread alone delivers `A`, the best of its rates, and of what the trainer took while
+it fed it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more).
+The trainer takes `D` records a second, measured while it waits for input no more than
+`TARGET_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
+
+The count is the fewest workers that deliver min(D, C(most)) (at that rate k workers are
+busy D * t of the time) and a margin of them to spare, none where the host's thread alone
+delivers that, or where workers would add less than `GAIN` to it. The margin closes the loop
+on the trainer's input wait, which the model cannot see coming (a request held by its
+slowest share, every CPU slower for seconds): it starts at `MARGIN`, grows by `GROW` at each
+decision at which the trainer waited more than `TARGET_WAIT` for a demand the workers could
+meet, and falls back over `FADE_S` while it did not. Accelerator time costs far more than
+the CPUs spared. Where the best rate is the bound, more workers add nothing: half a worker.
+Workers at work that deliver less than half the gain asked while the trainer waits (a cost
+the model missed: CPUs they contend for) are given up, and what they delivered bounds the
+model's rate (as `T`) for `CEILING_S`.
 
 Costs are running means (`FadingMeans`) that fade over seconds (noise is averaged) and start
 afresh when two decisions in a row measure them far off (a 4x costlier record is followed
 within two). Before any worker has worked, the host's own chunks tell `t` and `c` (the first,
-warming up, left out) and its time besides them `h`. A decision comes every `DECIDE_S`; the
-count rises at once and falls only once a lower one has been enough for `HOLD_S`, to a count
-with `SPARE_MOST` to spare: between the two it stays, so that noise does not move it.
+warming up, left out) and its time besides them `h`. A decision comes every `DECIDE_S`, and
+a decision comes between chunks: the host's thread's chunks hold about that much of its time,
+a request about `SHARE_S` of each worker's. The count rises at once and falls only once a
+lower one has been enough for `HOLD_S`, to one more than it needs: noise does not move it.
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from colo_data.host.fading_means import FadingMeans
 from colo_data.host.worker_words import Terms, sentence
 
 DECIDE_S, FIRST_S = 0.25, 0.1  # seconds between decisions; to the first, after the feed starts
-INPUT_WAIT = 0.01  # the trainer waits for input more than this share of the time: it would take more
+TARGET_WAIT = 0.005  # the trainer's input wait the count serves, a share of the time: waiting more, it would take more
 FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time
 STARVED_S = 0.75  # the trainer waits for more after this long of waiting (noise drains a buffer at times)
-# workers to spare beyond those the rate needs, at least, and when the count falls, at most: this much of a worker, or...
-SPARE, SPARE_MOST, SPARE_SHARE = 0.5, 1.0, 0.1  # ...where few are needed, this share of them
+# workers beyond those the rate needs, a share of them: at first and at least; grown this much at each decision at which
+# the trainer waited more than `TARGET_WAIT` (stragglers and slower spells cost what the model does not see), up to 1.0,
+# and back towards the least over `FADE_S` where it did not (accelerators cost far more than the CPUs spared)
+MARGIN, GROW, FADE_S = 0.1, 2.0, 8.0
 GAIN = 1.3  # workers are used where they would deliver this much more than the host's thread alone...
 # ...or up to this much, less the longer the host's thread alone has been measured, until `ALONE_S` (a process
 # runs slower in its first second: its caches, its allocator and the trainer's own start; the CPUs it leaves too)
@@ -57,7 +67,7 @@ HOLD_S = 1.0  # a lower count is taken once it has been enough for this long
 WARM_S = 0.5  # the host's first chunks are left out until they are full, or for this long at most
 FIRST_WAIT = 2.0  # before workers have worked, the host's own records count at most this many times their CPU
 # time as work: in a trainer's process its thread also waits for the interpreter's lock, which is not the records'
-CEILING_S = 30.0  # what the trainer took at most with workers bounds the model's rate this long
+CEILING_S = 30.0  # what workers given up delivered bounds the model's rate this long
 SHARE_S = 0.05  # a worker's share of a request takes about this long: its messages cost under 1% of it
 CHUNK_BYTES = 64 * 2**20  # a chunk's columns (the host's own, a request's, a colocated call's) take at most this much
 
@@ -90,11 +100,13 @@ class WorkerPolicy:
         self._pooled_rates: deque[float] = deque(maxlen=ALONE_WINDOWS)
         self._alone_s, self._restarts = 0.0, (0, 0)  # the host's thread alone measured for so long
         self._demand = FadingMeans(1)  # records a second the trainer takes, while known
-        self._ceiling: tuple[float, float] | None = None  # the most the trainer took with workers, and when
+        self._ceiling: tuple[float, float] | None = None  # what workers given up delivered, and when
         self._bytes = 0.0  # of a record's columns
+        self._record_s = 0.0  # seconds the host's thread's last chunk took a record
         self._others: tuple[float, float] | None = None  # the trainer and the rest use: CPUs, seconds a record
         self._lower_since: float | None = None  # since when a lower count has been enough
-        self._fed_at, self._decided = -math.inf, False  # when the trainer last waited less than `INPUT_WAIT`; decided yet
+        self._fed_at, self._decided = -math.inf, False  # when the trainer last waited less than `TARGET_WAIT`; decided yet
+        self._margin, self._rose_at = MARGIN, -math.inf  # workers beyond the need, a share of it; when the count last rose
         self._warm: float | None = None  # when the host's chunks came to their full size (see `_warming`)
         self._host_batches = 0  # of the host's last chunk
         self._full_batches = defaults.CHUNK_RECORDS // rows or 1  # of a full one
@@ -114,6 +126,8 @@ class WorkerPolicy:
         waiting, not for a CPU), `cpu_s` on a CPU; `here`: the host's thread made it; `nbytes`: its columns'."""
         if records and nbytes:  # the chunks' sizes need it from the first on
             self._bytes = nbytes / records
+        if here and records and self._warm is not None:  # (the first chunk's imports are not its records')
+            self._record_s = work_s / records
         if here and self._warming():
             return
         for i, amount in enumerate((records, work_s, cpu_s), start=3 if here else 0):
@@ -167,7 +181,13 @@ class WorkerPolicy:
             seen, per = self._others, others * elapsed / self._handed
             self._others = (others, per) if seen is None else (0.5 * (seen[0] + others), 0.5 * (seen[1] + per))
         told = self._input_wait
-        fed = room_wait > FED * elapsed if told is None else told <= INPUT_WAIT * elapsed
+        fed = room_wait > FED * elapsed if told is None else told <= TARGET_WAIT * elapsed
+        # the closed loop: the margin the workers at work leave grows while the trainer waits on a demand they could
+        # meet (once the last rise has had time to tell), and falls back slowly while it does not
+        if self.count and self._pooled == self._handed:
+            grow = not fed and now - self._rose_at >= HOLD_S / 2 and self._demand.per() is not None
+            least = MARGIN + (self._margin - MARGIN) * max(0.0, 1.0 - elapsed / FADE_S)
+            self._margin = min(1.0, self._margin * GROW) if grow else least
         taken = self._handed if self._taken is None else self._taken
         if not self._pooled:  # the host's thread alone: as fast as it goes, or (the trainer fed) what it took
             self._alone.append(max(self._handed, taken if fed else 0) / elapsed)
@@ -175,9 +195,6 @@ class WorkerPolicy:
         if fed:  # what the trainer takes is known: what it took
             self._demand.add(elapsed, [taken], elapsed)
             self._fed_at = now
-            took = self._demand.per()
-            if self._pooled and took:
-                self._ceiling = (max(took, self._ceiling[0]) if self._ceiling else took, now)
         else:
             if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
                 self._demand = FadingMeans(1)
@@ -187,7 +204,7 @@ class WorkerPolicy:
         if model is not None:
             (low, high), before = model.counts(self.limits.most), self.count
             if low > self.count:
-                self.count, self._lower_since = low, None
+                self.count, self._lower_since, self._rose_at = low, None, now
             elif high < self.count:
                 self._lower_since = now if self._lower_since is None else self._lower_since
                 if now - self._lower_since >= HOLD_S:
@@ -217,7 +234,8 @@ class WorkerPolicy:
             cpus = min(cpus, self.limits.budget * (c + h) / (c + h + per))
         ceiling = self._ceiling[0] if self._ceiling and self._clock() - self._ceiling[1] < CEILING_S else math.inf
         gain = GAIN + (EARLY_GAIN - GAIN) * (0.0 if self.count else max(0.0, 1.0 - self._alone_s / ALONE_S))
-        return _Model(t, c, h, cpus, self._demand.per() or math.inf, alone, ceiling, gain, here or t, pooled)
+        demand = self._demand.per() or math.inf
+        return _Model(t, c, h, cpus, demand, alone, ceiling, gain, here or t, pooled, self._margin)
 
     def _warming(self, handed: bool = False) -> bool:
         """Whether the host's chunks still warm up (left out of the measurements): the first pays
@@ -235,17 +253,22 @@ class WorkerPolicy:
 
     def host_batches(self) -> int:
         """Batches of the next chunk the host's thread makes: 1, then twice the last up to
-        `CHUNK_RECORDS` records, whatever a record costs: a costly record's first batch comes
-        soon, and the sizes depend on the stream alone (a transform sees the same calls each run)."""
-        self._host_batches = bounded(min(2 * self._host_batches or 1, self._full_batches), self._bytes, self.rows)
+        `CHUNK_RECORDS` records and `CHUNK_BYTES`, and to about `DECIDE_S` of the thread's
+        time (a decision comes between chunks: a costly record's chunk must not hold it)."""
+        batches = min(2 * self._host_batches or 1, self._full_batches)
+        if self._record_s:
+            batches = min(batches, max(1, math.ceil(DECIDE_S / self._record_s / self.rows)))
+        self._host_batches = bounded(batches, self._bytes, self.rows)
         return self._host_batches
 
     def request_batches(self, workers: int, last: int) -> int:
         """Batches of a request to `workers` workers, `last` those of the last (at first, the
-        host's last chunk's): twice the last up to a share of about `SHARE_S` of a worker's time,
-        never fewer (a share's cost holds a call's: smaller ones cost more a record), at most `CHUNK_BYTES`."""
+        host's last chunk's): a share of about `SHARE_S` of a worker's time (a share's cost
+        holds a call's: smaller ones cost more a record), at most twice the last, and at most
+        `CHUNK_BYTES`. Fewer workers get less at once: a request shared out to the first
+        ready of many holds them no longer than a share's time, so the next one reaches the rest."""
         t = self._workers.per() or self._here.per()
-        batches = max(last, min(2 * last, math.ceil(workers * SHARE_S / t / self.rows) if t else last))
+        batches = min(2 * last, math.ceil(workers * SHARE_S / t / self.rows)) if t else last
         return bounded(batches, self._bytes, self.rows)
 
 
@@ -257,9 +280,6 @@ def bounded(batches: int, record_bytes: float, rows: int) -> int:
     if not record_bytes:
         return max(1, batches)
     return max(1, min(batches, math.ceil(CHUNK_BYTES / record_bytes / rows)))
-
-
-_SPARES = ((SPARE, SPARE_SHARE), (SPARE_MOST, 2 * SPARE_SHARE))
 
 
 @dataclass(frozen=True)
@@ -278,6 +298,7 @@ class _Model:
     gain: float
     here: float
     pooled: float | None
+    margin: float
 
     def rate(self, workers: float) -> float:
         """Records a second with `workers` workers (0: the host's thread alone)."""
@@ -288,14 +309,16 @@ class _Model:
         return min(workers / t, cpu, 1 / h if h else math.inf, self.ceiling)
 
     def counts(self, most: int) -> tuple[int, int]:
-        """The count to rise to: the fewest workers that deliver the goal with `SPARE` to
-        spare, none where the host's thread alone does or workers would not add `gain`; and to
-        fall to: with `SPARE_MOST` to spare (one more, at most), none where the host's thread
-        alone does with `ALONE` to spare or workers add (or added) less than half of `gain`."""
+        """The count to rise to: the fewest workers that deliver the goal, and `margin` of
+        them to spare, none where the host's thread alone does or workers would not add
+        `gain`; and to fall to: one more, none where the host's thread alone does with
+        `ALONE` to spare or workers add (or added) less than half of `gain`."""
         alone, best = self.rate(0), self.rate(most)
         goal = min(self.demand, best)
         need = goal * self.t  # workers busy at that rate
-        low, high = (min(most, max(1, math.ceil(need + min(spare, share * need)))) for spare, share in _SPARES)
+        spare = need * self.margin if self.demand < best else min(0.5, need * MARGIN)  # (beyond the best rate's
+        low = min(most, max(1, math.ceil(need + spare)))  # bound, more would not add: half a worker)
+        high = min(most, low + 1)
         if alone >= goal or best < self.gain * alone:
             low = 0
         if alone >= ALONE * goal or min(best, self.pooled or best) < (1 + self.gain) / 2 * alone:
