@@ -91,21 +91,18 @@ def ready(pool: WorkerPool, payload: bytes, workers: int) -> None:
     assert settle(lambda: feed.ready(workers) == workers, WORKERS_S), f"the workers were not ready in {WORKERS_S:g} s"
 
 
-def test_workers_are_forked_from_a_server_started_with_the_first_worker_that_preloaded_their_imports(
+def test_workers_are_forked_from_a_server_started_with_the_first_feed_that_preloaded_their_imports(
     token_corpus: Path, tmp_path: Path
 ) -> None:
-    """No process before a feed asks for a worker: a pipeline whose host thread alone
-    keeps up never pays for the server's start (an interpreter's imports, beside its
-    first batches on a small host)."""
     owner = Lifecycle("test")
     try:
         pool = WorkerPool(2, owner)
+        assert not psutil.Process().children(), "a server before any feed"
         pipeline = make_pipeline(token_corpus, transforms=[NoteArrival(tmp_path), cd.pad_or_truncate("tokens", 8)])
         feed = pool.feed(cloudpickle.dumps(pipeline), 0, 1, 0)
-        assert feed.ready(0) == 0
-        assert not psutil.Process().children(), "a server before a worker was asked for"
-        feed.ready(2)
         (server,) = psutil.Process().children()
+        assert not pool.pids, "a worker before the feed asked for one"
+        feed.ready(2)
         maps = Path(f"/proc/{server.pid}/maps")
         assert settle(lambda: "libarrow" in maps.read_text(), WORKERS_S), "the server did not import pyarrow"
         assert "jaxlib" not in maps.read_text() and "xla_extension" not in maps.read_text(), "the server loaded JAX"

@@ -97,12 +97,10 @@ def test_a_request_is_done_when_its_slowest_share_is() -> None:
 
 
 def test_workers_are_ready_after_the_fork_server_their_fork_and_their_set_up() -> None:
-    """The fork server starts with the first worker asked for; each worker asked for forks
-    in turn, then sets up."""
+    """The fork server starts with the feed; each worker asked for forks in turn, then sets up."""
     workers = pool(Host(8), ready=0)
-    assert workers.ready(0, 0.1) == 0 and workers.server == math.inf
     assert workers.ready(3, 0.1) == 0
-    first = 0.1 + SERVER_S + FORK_S + WARM_S
+    first = SERVER_S + FORK_S + WARM_S
     assert workers.ready(3, first - 1e-6) == 0 and workers.ready(3, first + 1e-6) == 1
     assert workers.ready(3, first + 2 * FORK_S + 1e-6) == 3
     assert workers.ready(5, first + 2 * FORK_S + 1e-6) == 3  # the two more fork from now on

@@ -14,9 +14,8 @@ The world.
 - The host's thread makes a chunk of n records whole: n records of cost x take n x seconds
   and nothing is decided before it ends (sizes from `host_batches()`). Each chunk and each
   share costs its mean times a lognormal draw of σ `noise` (15%: a straggler tail).
-- The pool's fork server starts when its first worker is asked for, ready `SERVER_S` later
-  (`WorkerPool`); workers asked for are forked one by one, `FORK_S` each, and set the feed
-  up in `WARM_S`.
+- The pool's feed opens at time 0 and starts its fork server, ready `SERVER_S` later;
+  workers asked for are forked one by one, `FORK_S` each, and set the feed up in `WARM_S`.
 - A request (sizes from `request_batches()`) is shared out in equal runs, at ask time, to
   the workers ready then; each worker computes its shares in the order asked, `AHEAD`
   requests in the pool's hands; a request is done when its slowest share is. A share
@@ -206,7 +205,7 @@ class Pool:
         self.ready_at = np.full(host.most, math.inf)
         self.ready_at[:ready] = 0.0  # a fixed count: all started from time 0
         self.started, self.forked = ready, 0.0
-        self.server = 0.0 if ready else math.inf  # started with the first worker asked for
+        self.server = 0.0 if ready else SERVER_S  # the feed opens at 0, and with it the fork server
         self.free = np.zeros(host.most)  # each worker's progress when its last share asked ends
         self.starts, self.ends = np.empty(0), np.empty(0)  # the shares not done
         self.t = self.v = 0.0
@@ -216,7 +215,6 @@ class Pool:
     def ready(self, workers: int, t: float) -> int:
         """How many of the first `workers` are ready at `t`, those not started starting now."""
         if workers > self.started:
-            self.server = min(self.server, t + SERVER_S)
             first = max(self.forked, self.server, t)
             forks = first + FORK_S * np.arange(1, workers - self.started + 1)
             self.ready_at[self.started : workers] = forks + WARM_S

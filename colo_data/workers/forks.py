@@ -1,7 +1,7 @@
 """`ForkServer`: the process that worker processes are forked from. A fresh interpreter
 spends a good part of a second importing numpy, pyarrow, cloudpickle and colo-data's chunk work before a
 worker can take a job, which a CPU-bound pipeline's first second runs without. A pool
-therefore starts one server with its first worker (a fresh interpreter that imports exactly
+therefore starts one server with its first feed (a fresh interpreter that imports exactly
 what a worker does, and never JAX or the user's `__main__`), in the background, at the
 workers' priority; each worker is then forked from it, ready in milliseconds. Forking the trainer
 itself would copy JAX's threads and locks into the worker: the server holds no thread of

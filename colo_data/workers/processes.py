@@ -208,10 +208,11 @@ class WorkerPool:
         when a feed first needs them, one by one: each costs a start (imports, the
         pipeline's set-up) that a pipeline working at full speed beside it feels. A pool
         serves one feed at a time: a new one ends the last. The fork server starts with the
-        first worker asked for: a host whose own thread keeps up never pays for its imports
-        (a good part of a second of a CPU, which a small host's first batches would feel). A
-        worker that has died is a ColoDataError here, as the fork server tells it, whether or
-        not its socket has told yet."""
+        first feed, its imports beside the host's first chunks, so that the workers, once
+        counted, start in a fraction of a second. A worker that has died is a ColoDataError
+        here, as the fork server tells it, whether or not its socket has told yet."""
+        if self.count:
+            self._fork_server()
         self._check_alive()
         job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
