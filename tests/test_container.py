@@ -129,7 +129,7 @@ def test_a_container_sidecar_serves_a_host_trainer(image: SidecarImage, corpus: 
         wrong = image.podman("exec", "-e", "COLO_DATA_SOCKET=/run/colo/none.sock", name, *HEALTH, check=False)
         assert wrong.returncode == 1 and "no sidecar listens on /run/colo/none.sock" in wrong.stdout
         logs = container_log(image, name)
-        assert "cpu budget" in logs and "16 worker process(es); CPU budget 1 (cgroup" in logs, logs
+        assert "cpu budget" in logs and "CPU budget 1 (cgroup" in logs and "workers: auto: up to 16 " in logs, logs
         image.podman("stop", "--time", "10", name)  # SIGTERM: the sidecar removes its ring and socket
         state = image.podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
         assert state == "0", container_log(image, name)

@@ -64,6 +64,7 @@ def serve(socket: Path, shm_dir: Path) -> subprocess.Popen[bytes]:
     )
     banner = server.stderr.readline().decode()
     assert banner.startswith(f"colo-data sidecar on {socket}"), banner + server.stderr.read().decode()
+    assert "workers: none configured (workers=0)" in banner, banner
     return server
 
 

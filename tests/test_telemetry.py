@@ -259,12 +259,18 @@ def test_verdict_lines() -> None:
     assert report.limit([], handoff, False) == (None, None)
 
 
+CPUS_WHY = "1 worker: a record costs 1 ms of a worker's CPU, and the trainer waits for input; the 1.2 CPUs that the trainer and others leave of the budget of 4 deliver at most 1,200 records/s"
+FED_WHY = "1 worker: a record costs 1 ms of a worker's CPU, and the trainer takes 900 records/s: 1 deliver that"
+MOST_WHY = "2 workers: a record takes a worker 2 ms, 20 µs of it on a CPU (it waits the rest), and the trainer waits for input; 2 workers, the most allowed, deliver at most 1,000 records/s"
+HANDOFF_WHY = "2 workers: a record costs 1 ms of a worker's CPU, and the trainer waits for input; the host's thread hands on at most 5,000 records/s (200 µs a record)"
+
+
 def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
     """`colo-data bench`'s last line: worker processes where CPU work leaves room in the
     budget (none yet, or fewer than it holds), Ray workers where it is full, more reads in
-    flight where the read waits for I/O, nothing for the hand-off or where the workers are
-    Ray's already, nothing where the worker policy counts fewer than allowed: its sentence
-    says why (each host of a CPU budget of 2.0, as `host` makes it)."""
+    flight where the read waits for I/O, fewer bytes for the hand-off, and where the worker
+    policy counts the workers (or they are Ray's), what the bound its sentence names calls
+    for: always one line (each host of a CPU budget of 2.0, as `host` makes it)."""
     from colo_data.bench.report import next_step
 
     def said(stage: str, **side: object) -> str | None:
@@ -276,19 +282,28 @@ def test_the_next_step_follows_the_stage_and_the_room_in_the_budget() -> None:
     assert own and "on the host's own thread" in own and "--workers auto" in own and "Ray" not in own, own
     one = said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=1)
     assert one and "room for more than 1 worker process, all that --workers allows:" in one and "--workers auto" in one, one
-    assert said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=8) is None
+    # the worker policy counts fewer than allowed: what the bound its sentence names calls for
+    fewer = said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=8, workers_why=CPUS_WHY)
+    assert fewer and "host 0's workers are bound as its sentence above says: give the host more CPUs" in fewer, fewer
+    fed = said("transform", workers=1, processes=True, cpu_budget=4.0, workers_most=8, workers_why=FED_WHY)
+    assert fed and "run longer (--steps N)" in fed, fed
     full = said("batch", workers=1, processes=True)
     assert full and "budget of 2.0 is taken by 1 worker process and the host's own thread (at 50% CPU each)" in full, full
     assert "ray:" in full, full
     # the count fills the budget, but its CPUs are idle (the work waits): not "taken", no Ray;
     # the worker policy's sentence says why it counts what it counts, or with none allowed, workers
-    assert said("transform", workers=2, processes=True, cpu=0.0, workers_most=2) is None
+    most = said("transform", workers=2, processes=True, cpu=0.0, workers_most=2, workers_why=MOST_WHY)
+    assert most and "allow more workers (--workers N" in most and "Ray" not in most, most
     waits = said("transform", cpu=0.1, cpu_budget=1.0)
     assert waits and "waits more than it computes (it keeps 0.1 of its 1.0 CPUs busy)" in waits, waits
     assert "--workers auto" in waits and "Ray" not in waits, waits
     reads = said("read")
     assert reads and "waits for I/O 80% of its time" in reads and "io_concurrency" in reads, reads
-    assert said("handoff") is None and said("transform", workers=2, processes=True, remote_workers=True) is None
+    handoff = said("handoff")
+    assert handoff and "the hand-off stage is the limit" in handoff and "fewer bytes a batch" in handoff, handoff
+    ray = said("transform", workers=2, processes=True, remote_workers=True, workers_why=HANDOFF_WHY)
+    assert ray and "more hosts (or sidecars) share the batch" in ray, ray
+    assert "run longer" in next_step(SimpleNamespace(hosts=[], limit_stage=None))
 
 
 def test_prometheus_endpoint_and_json_lines(token_corpus: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from colo_data.bench.runs import Run
+from colo_data.host.worker_words import advice
 from colo_data.telemetry.counters import IO_WAIT, READ, STAGE_LABELS, STAGES, UNCOUNTED
 from colo_data.telemetry.quality import Quality
 from colo_data.telemetry.report import HostSide, Stage, Telemetry, cpus_text, who_computes
@@ -76,18 +77,23 @@ def _busy(host: HostSide) -> float | None:
     return None if host.worker_cpu is None else host.worker_cpu * host.workers
 
 
-def next_step(telemetry: Telemetry) -> str | None:
-    """The one thing to try next where the stage that limits the pipeline can be given more:
-    a read that mostly waits for I/O more reads in flight; CPU work with CPU to spare worker
-    processes (`--workers auto`), also where the work waits rather than computes (its CPUs
-    less than `BUSY` busy); CPU work whose thread and workers fill the CPU budget, Ray
-    workers, the CPUs of other machines. None where nothing here would help (the hand-off, a
-    stage not measured), where the worker policy counts the workers (its sentence says why)
-    and where the workers are Ray's already."""
+def next_step(telemetry: Telemetry) -> str:
+    """The one thing to try next, by the stage that limits the pipeline: a read that mostly
+    waits for I/O more reads in flight; CPU work with CPU to spare worker processes
+    (`--workers auto`), also where the work waits rather than computes (its CPUs less than
+    `BUSY` busy); CPU work whose thread and workers fill the CPU budget, Ray workers, the
+    CPUs of other machines; where the worker policy counts the workers (or they are Ray's),
+    what its sentence's bound calls for; the hand-off and the shared-memory write, fewer
+    bytes or more hosts; a stage not measured, a longer run."""
     hosts, stage = telemetry.hosts, telemetry.limit_stage
-    if not hosts or stage not in CPU_STAGES:
-        return None
+    if not hosts or stage is None:
+        return "next: no host stage was measured long enough to name the limit: run longer (--steps N)"
     label = STAGE_LABELS[stage]
+    if stage not in CPU_STAGES:
+        return (
+            f"next: the {label} stage is the limit, and no worker or CPU setting of the host speeds it: fewer bytes a "
+            "batch (narrower dtypes, fewer or shorter columns), or more hosts (sidecars) to share the batch"
+        )
     if stage == "read":
         read, io_wait = (sum(h.stages[i].seconds for h in hosts) for i in (READ, IO_WAIT))
         if io_wait >= read / 2:
@@ -97,7 +103,7 @@ def next_step(telemetry: Telemetry) -> str | None:
                 '(see "Object storage" in the docs)'
             )
     if any(host.remote_workers for host in hosts):
-        return None
+        return _policy_next(hosts, label)
     host = hosts[0]
     budget = cpus_text(host.cpu_budget or 0)
     spare = [h for h in hosts if h.cpu_budget is not None and h.workers + h.worker_processes < h.cpu_budget]
@@ -112,12 +118,12 @@ def next_step(telemetry: Telemetry) -> str | None:
             f"next: the {label} stage is CPU work, and the CPU budget of {budget} has room for more than "
             f"{who_computes([host])}, all that --workers allows: --workers auto (as many as the worker policy counts)"
         )
-    if spare:  # workers allowed, and the worker policy counts fewer: its sentence says why
-        return None
+    if spare:  # workers allowed, and the worker policy counts fewer
+        return _policy_next(hosts, label)
     busy = _busy(host)
     if busy is not None and host.cpu_budget and busy < BUSY * host.cpu_budget:  # the CPUs are not what it lacks
-        if any(h.workers_most for h in hosts):
-            return None  # the worker policy counts the workers of work that waits: its sentence says why
+        if any(h.workers_most for h in hosts):  # the worker policy counts the workers of work that waits
+            return _policy_next(hosts, label)
         return (
             f"next: the {label} stage waits more than it computes (it keeps {busy:.1f} of its {budget} CPUs busy): "
             "worker processes overlap the waits, more of them than CPUs: --workers auto"
@@ -132,6 +138,19 @@ def next_step(telemetry: Telemetry) -> str | None:
         '(in a config: [sidecar] workers = { ray = "HEAD:6379", actors = 2 }); see "When host CPUs run short: Ray" '
         "in the docs"
     )
+
+
+def _policy_next(hosts: Sequence[HostSide], label: str) -> str:
+    """The next step where the worker policy counts the workers: what the bound its sentence
+    names calls for (the first host's that names one)."""
+    said = next(((h, what) for h in hosts if h.workers_why and (what := advice(h.workers_why))), None)
+    if said is None:
+        return (
+            f"next: the {label} stage is the limit, and the worker policy counted its workers for a trainer that "
+            "took less than now: run longer (--steps N); the count follows within a few seconds"
+        )
+    host, what = said
+    return f"next: the {label} stage is the limit, and host {host.host}'s workers are bound as its sentence above says: {what}"
 
 
 def report(runs: Sequence[Run], step_ms: float) -> str:
@@ -224,8 +243,7 @@ def report(runs: Sequence[Run], step_ms: float) -> str:
     for run in runs[1:]:
         lines += [f"{run.name}: {note}" for note in run.notes]
     lines += ["", f"verdict: {colo.verdict}"] if step_ms else ["", *capacity(colo)]
-    advice = next_step(colo) if colo.input_bound or not step_ms else None
-    lines += [advice] if advice else []
+    lines += [next_step(colo)] if colo.input_bound or not step_ms else []
     return "\n".join(lines)
 
 

@@ -131,8 +131,7 @@ def serve(
         raise click.ClickException(str(e)) from e
     budget = server.budget
     click.echo(
-        f"colo-data sidecar on {socket_path}: {server.workers} worker process(es); CPU budget {budget.cpus:g} "
-        f"({budget.source}); workers: {server.choice.reason}",
+        f"colo-data sidecar on {socket_path}: CPU budget {budget.cpus:g} ({budget.source}); workers: {server.choice.reason}",
         err=True,
     )
     try:
