@@ -14,6 +14,9 @@ PACK_PLAN_ROWS = 256
 # hold 16 batches' rows (PARTITIONS * min(B, PACK_PLAN_ROWS) rows up to B = 256).
 PARTITIONS = 16
 PARTITION_ROWS = 16
+# The trainer's input wait that the worker policy counts workers for, a share of the time
+# (`COLO_DATA_INPUT_WAIT`): an accelerator's time costs far more than the CPUs that spare it.
+INPUT_WAIT = 0.005
 CHUNK_RECORDS = 512  # records of one host computed per call, at most, so that per-call costs are shared
 LOCAL_SIDECAR_DIR_PREFIX = "colo-data-sidecar-"  # a trainer's own sidecar's socket directory, in the temp dir
 # A sidecar that works (opens a session, computes a batch) sends a heartbeat this often when

@@ -340,3 +340,16 @@ def test_a_trainer_with_another_key_gets_a_clear_error(
     monkeypatch.delenv("COLO_DATA_SIDECAR_KEY")
     assert_serves(socket, token_corpus, "the right key, after a wrong one")
     assert server.poll() is None
+
+
+@pytest.mark.parametrize("value", ["0", "2", "lots", "150%"])
+def test_a_bad_input_wait_target_is_refused_at_start(tmp_path: Path, shm_dir: Path, value: str) -> None:
+    """`COLO_DATA_INPUT_WAIT` that is not a share of the time: one line naming it, before
+    the sidecar listens, not at the first feed."""
+    result = subprocess.run(
+        [str(COLO), "sidecar", "serve", "--socket", str(tmp_path / "host0.sock"), "--shm-dir", str(shm_dir)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLO_DATA_INPUT_WAIT": value},
+    )  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"COLO_DATA_INPUT_WAIT={value!r}: give the trainer's input wait" in result.stderr, result.stderr
+    assert "colo-data sidecar on" not in result.stderr and not (tmp_path / "host0.sock").exists(), result.stderr

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 from worker_sim import DT, Host, Run, meeting, simulate
 
-from colo_data.host.worker_policy import CEILING_S, CHUNK_BYTES, GAIN, SHARE_S, TARGET_WAIT, WorkerLimits, WorkerPolicy
+from colo_data.defaults import INPUT_WAIT
+from colo_data.host.worker_policy import CEILING_S, CHUNK_BYTES, GAIN, SHARE_S, WorkerLimits, WorkerPolicy
 from colo_data.runtime.budget import CpuBudget
 from colo_data.workers.settings import auto_most
 
@@ -92,7 +93,7 @@ def test_records_that_wait_get_workers_past_the_cpus(budget: int, noise: float) 
 @pytest.mark.parametrize("noise", NOISES)
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_a_trainer_that_takes_half_is_fed_to_the_target_with_few_workers_to_spare(budget: int, noise: float) -> None:
-    """The closed loop: after the first seconds the trainer waits under `TARGET_WAIT`, with
+    """The closed loop: after the first seconds the trainer waits under `INPUT_WAIT`, with
     at most 1.3 times the fewest workers that feed it, plus 2."""
     _, best = Host(budget, most(budget), noise=noise).best()
     host = Host(budget, most(budget), noise=noise, demand=0.5 * best)
@@ -100,7 +101,7 @@ def test_a_trainer_that_takes_half_is_fed_to_the_target_with_few_workers_to_spar
     fewest = meeting(host)  # (the host's thread alone, 0, where it meets the demand)
     counts = set(run.count[int(20.0 / DT) :])
     assert fewest <= min(counts) and max(counts) <= 1.3 * fewest + 2, (sorted(counts), fewest)
-    assert run.waited_share(20.0) < TARGET_WAIT
+    assert run.waited_share(20.0) < INPUT_WAIT
 
 
 def test_a_trainer_that_speeds_up_gets_workers_within_seconds_and_waits_under_1_percent() -> None:
@@ -284,3 +285,50 @@ def test_the_count_is_explained_in_one_sentence(host: Host, said: str) -> None:
     the host's thread, workers that would not pay or were given up), in figures for people."""
     run = simulate(host, 30.0 if not host.hidden else 5.0, seed=11)
     assert re.match(said, run.reasons[-1]), run.reasons[-1]
+
+
+def test_a_pool_is_judged_only_once_each_worker_has_worked_a_share_at_its_count() -> None:
+    """Records that wait 2 ms for 20 µs of CPU: the first decisions take workers; while the
+    requests asked of the first one ready drain (for 9 s, at a tenth of the host's thread's
+    rate, the trainer waiting), the pool is not judged; once a request shared out to all of
+    them comes back and they still deliver that, they are given up."""
+    clock = Clock()
+    policy = WorkerPolicy(WorkerLimits(2.0, 32), rows=32, clock=clock)
+    policy.made(32, 1.0, 1.0, here=True)  # the first chunk: left out, and the warm-up after it
+    policy.handed(32, False, 0.0, 0.0, 1.0, 32)
+    clock.now += 1.0
+
+    def window(records: int, pooled: bool) -> None:
+        """A quarter of a second in which `records` were handed on, the trainer waiting."""
+        policy.handed(records, pooled, 0.25 if pooled else 0.0, 0.0, 0.25, records)
+        clock.now += 0.25
+        policy.decide()
+
+    for _ in range(8):  # the host's thread alone: 500 records/s
+        policy.made(125, 0.25, 0.0025, here=True)
+        window(125, False)
+    assert policy.count > 1, policy.reason
+    for _ in range(3):  # three requests asked of the one worker ready
+        policy.request_batches(1, 1)
+    for _ in range(3):  # each back after 3 s: 50 records/s
+        for _ in range(12):
+            window(12, True)
+            assert policy.count, f"judged at {clock.now:.2f} s on one worker's requests: {policy.reason}"
+        policy.made(144, 0.288, 0.00288, here=False)
+    policy.request_batches(policy.count, 1)  # one shared out to all of them, back as slowly
+    policy.made(144, 0.288, 0.00288, here=False)
+    for _ in range(12):
+        window(12, True)
+    assert policy.count == 0 and "given up" in policy.reason, policy.reason
+
+
+
+
+@pytest.mark.parametrize(("text", "share"), [(None, 0.005), ("0.02", 0.02), ("2%", 0.02), (" 0.5% ", 0.005)])
+def test_the_input_wait_target_is_a_setting(monkeypatch: pytest.MonkeyPatch, text: str | None, share: float) -> None:
+    from colo_data.workers.settings import INPUT_WAIT_ENV, input_wait_target
+
+    if text is not None:
+        monkeypatch.setenv(INPUT_WAIT_ENV, text)
+    assert input_wait_target() == pytest.approx(share)
+

@@ -16,17 +16,23 @@ from worker_world import (
     CROWDING,
     FORK_S,
     SERVER_S,
+    SETTLE_S,
     WARM_S,
     Case,
     Host,
     Plateaus,
+    PolicyFactory,
     Pool,
     Trainer,
+    best_fixed,
     policy_now,
     run,
     simulate,
     targets,
 )
+
+from colo_data.defaults import INPUT_WAIT
+from colo_data.host.worker_policy import WorkerPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -136,3 +142,24 @@ def test_todays_policy_runs_in_the_world() -> None:
     result = run(policy_now, Case(Host.of("cpu 1 ms", 32), seconds=12.0), seed=0)
     assert result.unbounded.decided[:, 1].max() > 8
     assert result.figures.lowest_window > 0.5 and result.figures.time_to_90 < 12.0
+
+
+def test_the_input_wait_target_is_the_one_the_loop_serves() -> None:
+    """A trainer that takes half, 224 CPUs, stragglers and 20% plateaus: the loop serves the
+    target it is given (`COLO_DATA_INPUT_WAIT`): at 5% it keeps fewer workers on average
+    than at the default 0.5%, and the trainer waits more, within 5%."""
+    host = Host.of("cpu 1 ms", 224, 0.2)
+    _, best_rate, _ = best_fixed(Case(host, 20.0), 3)
+
+    def serving(target: float) -> PolicyFactory:
+        return lambda limits, rows, clock: WorkerPolicy(replace(limits, input_wait=target), rows, clock)
+
+    def mean_count(trace: Trace) -> float:
+        times, counts, _ = trace.decided.T
+        held = np.diff(np.clip(np.concatenate([times, [trace.seconds]]), SETTLE_S, trace.seconds))
+        return float((counts * held).sum() / held.sum())
+
+    tight, loose = (simulate(serving(t), host, 0.5 * best_rate, seed=3, seconds=20.0) for t in (INPUT_WAIT, 0.05))
+    assert mean_count(loose) < mean_count(tight), (mean_count(loose), mean_count(tight))
+    waits = tight.waited_share(SETTLE_S), loose.waited_share(SETTLE_S)
+    assert waits[0] < waits[1] < 0.05, waits

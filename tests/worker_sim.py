@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from colo_data.defaults import INPUT_WAIT
 from colo_data.host.worker_policy import WorkerLimits, WorkerPolicy
 
 DT = 0.05  # seconds a step
@@ -131,18 +132,20 @@ class Fixed:
     def handed(self, *args: object) -> None: ...
     def due(self) -> bool: return False
     def host_batches(self) -> int: return 1
+    def request_batches(self, workers: int, last: int) -> int: return 1
     def cpus_used(self, cpus: float | None) -> None: ...
 
     def decide(self) -> int:
         return self.count
 
 
-def simulate(host: Host, seconds: float, seed: int = 0, fixed: int | None = None) -> Run:
-    """`host` driven for `seconds` by a `WorkerPolicy` (or, with `fixed`, that count)."""
+def simulate(host: Host, seconds: float, seed: int = 0, fixed: int | None = None, input_wait: float = INPUT_WAIT) -> Run:
+    """`host` driven for `seconds` by a `WorkerPolicy` serving the trainer's `input_wait`
+    (or, with `fixed`, that count)."""
     rng = np.random.default_rng(seed)
     now = [0.0]
     policy: WorkerPolicy | Fixed = Fixed(fixed) if fixed is not None else WorkerPolicy(
-        WorkerLimits(host.budget, host.most, host.remote), rows=32, clock=lambda: now[0]
+        WorkerLimits(host.budget, host.most, host.remote, input_wait), rows=32, clock=lambda: now[0]
     )
     ready: list[float] = [0.0] * fixed if fixed is not None else []  # when each worker started is ready
     room = host.buffer_s * host.best()[1]
@@ -174,6 +177,8 @@ def simulate(host: Host, seconds: float, seed: int = 0, fixed: int | None = None
         pool_wait = max(0.0, DT - busy - room_wait) if working else 0.0
         if not working:  # the host's thread makes a chunk (its sizes grow at first)
             policy.host_batches()
+        else:  # a request to the workers at work, taken back within the step
+            policy.request_batches(working, 1)
         records = round(made)  # (what is made and taken is counted in whole records)
         policy.made(records, records * t * per, records * c * per, here=not working)
         policy.handed(records, bool(working), pool_wait, room_wait, waited, round(taken))

@@ -105,7 +105,7 @@ def serve(
     from colo_data.backends.sidecar.server import SidecarServer
     from colo_data.config import load_config
     from colo_data.errors import ColoDataError
-    from colo_data.workers.settings import workers_from
+    from colo_data.workers.settings import input_wait_target, workers_from
 
     signal.signal(signal.SIGTERM, functools.partial(_stop, None))
     if exit_with is not None:  # a trainer's own sidecar: the trainer stops it (SIGTERM) after a Ctrl-C, not the terminal
@@ -114,6 +114,7 @@ def serve(
         settings = load_config(config) if config else None
         options = settings.sidecar if settings else {}
         chosen = workers_from(workers, "--workers") if workers is not None else options.get("workers", "auto")
+        input_wait_target()  # (a bad COLO_DATA_INPUT_WAIT is refused at start, not at the first feed)
         server = SidecarServer(
             path_of(socket_path),
             pipeline=settings.build() if settings else None,

@@ -29,6 +29,7 @@ from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 from colo_data.telemetry.quality import QualityCounts
+from colo_data.workers.settings import input_wait_target
 
 
 class HostPipeline:
@@ -138,7 +139,7 @@ class HostPipeline:
     def _new_policy(self, most: int) -> WorkerPolicy:
         """The worker-count policy of a new feed, with `most` workers at most."""
         pool = self.pool
-        limits = WorkerLimits(0.0, 0) if pool is None else WorkerLimits(pool.budget, most, pool.remote)
+        limits = WorkerLimits(0.0, 0) if pool is None else WorkerLimits(pool.budget, most, pool.remote, input_wait_target())
         self.policy = WorkerPolicy(limits, len(self.rows))
         return self.policy
 

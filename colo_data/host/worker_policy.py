@@ -14,19 +14,21 @@ trainer's does), and `T` what workers delivered before they were given up (below
 host's thread alone delivers `A`, the best of its rates, and of what the trainer took while
 it fed it (until measured, 1 / (t' + h), t' its own records' cost: a worker's may cost more).
 The trainer takes `D` records a second, measured while it waits for input no more than
-`TARGET_WAIT` of the time; once it has waited more for `STARVED_S`, it takes all it gets.
+its target share of the time (`WorkerLimits.input_wait`, by default `defaults.INPUT_WAIT`);
+once it has waited more for `STARVED_S`, it takes all it gets.
 
 The count is the fewest workers that deliver min(D, C(most)) (at that rate k workers are
 busy D * t of the time) and a margin of them to spare, none where the host's thread alone
 delivers that, or where workers would add less than `GAIN` to it. The margin closes the loop
 on the trainer's input wait, which the model cannot see coming (a request held by its
 slowest share, every CPU slower for seconds): it starts at `MARGIN`, grows by `GROW` at each
-decision at which the trainer waited more than `TARGET_WAIT` for a demand the workers could
+decision at which the trainer waited more than its target for a demand the workers could
 meet, and falls back over `FADE_S` while it did not. Accelerator time costs far more than
 the CPUs spared. Where the best rate is the bound, more workers add nothing: half a worker.
 Workers at work that deliver less than half the gain asked while the trainer waits (a cost
-the model missed: CPUs they contend for) are given up, and what they delivered bounds the
-model's rate (as `T`) for `CEILING_S`.
+the model missed: CPUs they contend for), judged only once each has worked a share at that
+count (not while they start, nor while older requests drain), are given up, and what they
+delivered bounds the model's rate (as `T`) for `CEILING_S`.
 
 Costs are running means (`FadingMeans`) that fade over seconds (noise is averaged) and start
 afresh when two decisions in a row measure them far off (a 4x costlier record is followed
@@ -50,11 +52,10 @@ from colo_data.host.fading_means import FadingMeans
 from colo_data.host.worker_words import Terms, sentence
 
 DECIDE_S, FIRST_S = 0.25, 0.1  # seconds between decisions; to the first, after the feed starts
-TARGET_WAIT = 0.005  # the trainer's input wait the count serves, a share of the time: waiting more, it would take more
 FED = 0.002  # where its waits are not told: the host's thread waited for room this share of the time
 STARVED_S = 0.75  # the trainer waits for more after this long of waiting (noise drains a buffer at times)
 # workers beyond those the rate needs, a share of them: at first and at least; grown this much at each decision at which
-# the trainer waited more than `TARGET_WAIT` (stragglers and slower spells cost what the model does not see), up to 1.0,
+# the trainer waited more than its target (stragglers and slower spells cost what the model does not see), up to 1.0,
 # and back towards the least over `FADE_S` where it did not (accelerators cost far more than the CPUs spared)
 MARGIN, GROW, FADE_S = 0.1, 2.0, 8.0
 GAIN = 1.3  # workers are used where they would deliver this much more than the host's thread alone...
@@ -75,11 +76,13 @@ CHUNK_BYTES = 64 * 2**20  # a chunk's columns (the host's own, a request's, a co
 @dataclass(frozen=True)
 class WorkerLimits:
     """What bounds the count: the host's CPU budget, the most workers its pool may use
-    (configured, "auto"'s bound, Ray actors, partitions), whether they are a cluster's."""
+    (configured, "auto"'s bound, Ray actors, partitions), whether they are a cluster's; and
+    the trainer's input wait it serves, a share of the time (`input_wait_target`)."""
 
     budget: float
     most: int
     remote: bool = False
+    input_wait: float = defaults.INPUT_WAIT
 
 
 class WorkerPolicy:
@@ -105,9 +108,11 @@ class WorkerPolicy:
         self._record_s = 0.0  # seconds the host's thread's last chunk took a record
         self._others: tuple[float, float] | None = None  # the trainer and the rest use: CPUs, seconds a record
         self._lower_since: float | None = None  # since when a lower count has been enough
-        self._fed_at, self._decided = -math.inf, False  # when the trainer last waited less than `TARGET_WAIT`; decided yet
+        self._fed_at, self._decided = -math.inf, False  # when the trainer last waited less than its target; decided yet
         self._margin, self._rose_at = MARGIN, -math.inf  # workers beyond the need, a share of it; when the count last rose
         self._warm: float | None = None  # when the host's chunks came to their full size (see `_warming`)
+        # requests asked of the workers and taken back; the first asked of every worker counted; when it was taken
+        self._asks, self._takes, self._all_asked, self._all_worked = 0, 0, None, math.inf
         self._host_batches = 0  # of the host's last chunk
         self._full_batches = defaults.CHUNK_RECORDS // rows or 1  # of a full one
         self._start = clock()
@@ -128,6 +133,10 @@ class WorkerPolicy:
             self._bytes = nbytes / records
         if here and records and self._warm is not None:  # (the first chunk's imports are not its records')
             self._record_s = work_s / records
+        if not here:  # a request of the workers taken back: once the first shared out to all of them is, they are judged
+            self._takes += 1
+            if self._all_asked is not None and self._takes >= self._all_asked:
+                self._all_worked = min(self._all_worked, self._clock())
         if here and self._warming():
             return
         for i, amount in enumerate((records, work_s, cpu_s), start=3 if here else 0):
@@ -181,7 +190,7 @@ class WorkerPolicy:
             seen, per = self._others, others * elapsed / self._handed
             self._others = (others, per) if seen is None else (0.5 * (seen[0] + others), 0.5 * (seen[1] + per))
         told = self._input_wait
-        fed = room_wait > FED * elapsed if told is None else told <= TARGET_WAIT * elapsed
+        fed = room_wait > FED * elapsed if told is None else told <= self.limits.input_wait * elapsed
         # the closed loop: the margin the workers at work leave grows while the trainer waits on a demand they could
         # meet (once the last rise has had time to tell), and falls back slowly while it does not
         if self.count and self._pooled == self._handed:
@@ -198,8 +207,8 @@ class WorkerPolicy:
         else:
             if now - self._fed_at >= STARVED_S:  # the trainer waits: what it took before no longer tells
                 self._demand = FadingMeans(1)
-            if self._pooled == self._handed:  # the workers at work, as fast as they go (`due`: records were handed)
-                self._pooled_rates.append(self._handed / elapsed)
+            if self._pooled == self._handed and self._start >= self._all_worked:  # the workers at work, as fast as they
+                self._pooled_rates.append(self._handed / elapsed)  # go, once each has worked a share at this count
         model = self._model()
         if model is not None:
             (low, high), before = model.counts(self.limits.most), self.count
@@ -215,6 +224,7 @@ class WorkerPolicy:
                 self._lower_since = None
             if self.count != before:
                 self._pooled_rates.clear()
+                self._all_asked, self._all_worked = None, math.inf
             self.reason = model.explain(self.count, self.limits)
         self._decided, self._start = True, now
         self._new_window()
@@ -267,6 +277,9 @@ class WorkerPolicy:
         holds a call's: smaller ones cost more a record), at most twice the last, and at most
         `CHUNK_BYTES`. Fewer workers get less at once: a request shared out to the first
         ready of many holds them no longer than a share's time, so the next one reaches the rest."""
+        self._asks += 1
+        if self._all_asked is None and workers >= self.count:
+            self._all_asked = self._asks
         t = self._workers.per() or self._here.per()
         batches = min(2 * last, math.ceil(workers * SHARE_S / t / self.rows)) if t else last
         return bounded(batches, self._bytes, self.rows)
