@@ -29,6 +29,7 @@ BENCHMARKS = (
     ("startup", "benchmarks/startup.py"),
     ("workers", "benchmarks/workers.py"),
     ("worker_sim", "benchmarks/worker_sim.py"),
+    ("worker_world", "benchmarks/worker_world.py"),
     ("ray", "benchmarks/ray.py"),
     ("ray_hosts", "benchmarks/ray_hosts.py"),
     ("ray_hosts_pool", "benchmarks/ray_hosts.py --pool 16"),
@@ -67,9 +68,9 @@ SHOWN: dict[str, tuple[str | tuple[str, str], ...]] = {
         "records that wait 2 ms, in process: 16 workers allowed",
         "records that wait 2 ms: `cd.Loader(pipeline)`",
     ),
-    "worker_sim": (
-        "simulated hosts of 2 to 224 CPUs, CPU-bound: rate 3 s after the start, worst case",
-        "simulated hosts, a trainer that takes half: its input wait",
+    "worker_world": (
+        "harsh simulated world, 8 to 224 CPUs, 20% speed plateaus, a trainer that takes half: most input wait",
+        "harsh simulated world, 8 to 224 CPUs, 20% speed plateaus: latest time to 0.9 of the best fixed count",
     ),
     "ray": ("CPU-bound pipeline, host on 1 CPU + 1 Ray actor",),
     "lm": (

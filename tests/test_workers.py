@@ -355,6 +355,58 @@ def test_a_feed_left_early_does_not_leak_into_the_next(token_corpus: Path) -> No
         owner.close()
 
 
+class OneSlowWorker:
+    """A transform that, in the first worker process to call it, sleeps 50 ms a call (a
+    straggler: another job's CPUs, a slow disk), and in every process notes its pid a call."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, batch: dict) -> dict:
+        try:
+            (self.directory / "slow").open("x").write(str(os.getpid()))
+        except FileExistsError:
+            pass
+        if (self.directory / "slow").read_text() == str(os.getpid()):
+            time.sleep(0.05)
+        with (self.directory / "calls").open("a") as calls:
+            calls.write(f"{os.getpid()}\n")
+        return batch
+
+
+@pytest.mark.serial
+def test_shares_go_to_the_workers_as_they_have_room(token_corpus: Path, tmp_path: Path) -> None:
+    """A chunk's shares go to whichever worker has room: beside a straggling worker, the
+    other computes most of them (before, each worker got one share of every chunk, and
+    every chunk waited for the straggler's); the chunks are those of no workers."""
+    transforms = [OneSlowWorker(tmp_path), cd.pad_or_truncate("tokens", 8)]
+    pipeline = make_pipeline(token_corpus, "block", epochs=None, transforms=transforms)
+    payload, work = cloudpickle.dumps(pipeline), ChunkWork(pipeline)
+    owner = Lifecycle("test")
+    try:
+        pool = WorkerPool(2, owner)
+        feed = pool.feed(payload, 0, 1, 0)
+        assert settled(lambda: feed.ready(2) == 2), "the workers did not set the feed up"
+        (tmp_path / "calls").unlink(missing_ok=True)  # (their warm-up's calls)
+        positions = [2 * BATCH * i for i in range(16)]  # 16 chunks of 2 batches, 2 shares each
+        for position in positions[:3]:
+            feed.ask(position, 2, 2)
+        for i, position in enumerate(positions):
+            got, want = feed.take(), work.compute(position, 2)
+            for name in want.columns:
+                np.testing.assert_array_equal(got.columns[name], want.columns[name], f"{name} at {position}")
+            if i + 3 < len(positions):
+                feed.ask(positions[i + 3], 2, 2)
+        pids = pool.pids
+    finally:
+        owner.close()
+    slow = int((tmp_path / "slow").read_text())
+    calls = [int(pid) for pid in (tmp_path / "calls").read_text().split()]
+    assert slow in pids, "a worker was not the first to call the transform"
+    fast = len([pid for pid in calls if pid in pids and pid != slow])
+    assert fast >= 2 * calls.count(slow), f"the straggler computed {calls.count(slow)} shares, the other {fast}"
+
+
 @pytest.mark.usefixtures("own_cpu_budget")
 def test_a_script_without_a_main_guard_can_use_workers(tmp_path: Path, token_corpus: Path) -> None:
     script = tmp_path / "unguarded.py"

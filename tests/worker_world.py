@@ -16,10 +16,10 @@ The world.
   share costs its mean times a lognormal draw of σ `noise` (15%: a straggler tail).
 - The pool's feed opens at time 0 and starts its fork server, ready `SERVER_S` later;
   workers asked for are forked one by one, `FORK_S` each, and set the feed up in `WARM_S`.
-- A request (sizes from `request_batches()`) is shared out in equal runs, at ask time, to
-  the workers ready then; each worker computes its shares in the order asked, `AHEAD`
-  requests in the pool's hands; a request is done when its slowest share is. A share
-  costs `share_s` on top (its messages).
+- A request (sizes from `request_batches()`) is cut into equal runs (shares) that go, in
+  order, to whichever of the workers ready at ask time is free first (`ProcessFeed`'s
+  queue); `AHEAD` requests in the pool's hands; a request is done when its slowest share
+  is. A share costs `share_s` on top (its messages).
 - Workers (nice 10) share the CPUs the trainer and the rest (`others`) and the host's thread
   leave; past them every busy worker slows alike, and each CPU's worth asked for beyond them
   costs `CROWDING` of their throughput. The work told excludes the wait for a CPU, as
@@ -222,15 +222,18 @@ class Pool:
         return int((self.ready_at[:workers] <= t).sum())
 
     def ask(self, position: int, batches: int, workers: int) -> Request:
-        """A request of `batches` at `position` shared out, now, to the first `workers` (ready),
-        in equal runs as `ChunkWork._share_rows` cuts them (the same workers get the longer
-        runs at each request of the same size)."""
+        """A request of `batches` at `position` cut into `workers` equal runs as
+        `ChunkWork._share_rows` cuts them, each share going, in order, to whichever of the
+        first `workers` (ready) is free first (`ProcessFeed`'s queue: a slow worker takes
+        fewer)."""
         records = batches * self.host.rows
-        sizes = np.diff(np.arange(workers + 1) * records // workers)  # worker w's run: [w n // k, (w + 1) n // k)
+        sizes = np.diff(np.arange(workers + 1) * records // workers)  # share s's run: [s n // k, (s + 1) n // k)
         units = sizes * self.rng.lognormal(0.0, self.host.noise, workers) + self.host.share_s / (self.host.cpu + self.host.wait)
-        begin = np.maximum(self.free[:workers], self.v)
-        end = begin + units
-        self.free[:workers] = end
+        begin, end = np.empty(workers), np.empty(workers)
+        for share, cost in enumerate(units):
+            w = int(np.argmin(self.free[:workers]))
+            begin[share] = max(self.free[w], self.v)
+            end[share] = self.free[w] = begin[share] + cost
         live = self.ends > self.v
         self.starts, self.ends = np.concatenate([self.starts[live], begin]), np.concatenate([self.ends[live], end])
         return Request(position, batches, float(end.max()), float(units.sum()))

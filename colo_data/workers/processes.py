@@ -8,16 +8,18 @@ the sidecar itself, which has imported all that already. Grain's multiprocessing
 processes for every iterator, each importing Grain and JAX. A pool outlives feeds: a
 loader or a sidecar starts it once and every run or trainer session reuses it.
 
-Every worker computes its share of every chunk it is asked for: an equal run of the
-chunk's records in reading order (`Share`), so the shares are balanced and a row group is
-decoded by as few workers as that allows. The parent puts the shares back in their places,
-in chunk order, so the batches are the same for any worker count. A worker exits when its
+A chunk is cut into one share per worker asked for: an equal run of the chunk's records in
+reading order (`Share`), so the shares are balanced and a row group is decoded by as few
+workers as that allows; the shares go to the workers as each has room (`ProcessFeed`).
+The parent puts the shares back in their places, in chunk order, so the batches are the
+same for any worker count. A worker exits when its
 socket closes (its parent is gone) or its fork server dies; the pool's `close()` ends them
 within a deadline, killing what does not stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import queue
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import cloudpickle
@@ -49,6 +51,8 @@ READY = "ready"  # a worker's reply to a job it has set up
 _POLL_S = 0.5
 _GONE: Any = (-1, None)  # a reader's last word: its worker is gone
 _CODES_S = 2.0  # how long a worker's end waits for the fork server to tell its exit code (it reaps at once)
+DEPTH = 2  # shares in a worker's hands at most: it starts the next as it sends the last
+_Shares = list[HostChunk | None]  # a chunk's shares, in share order, None until each comes back
 
 
 def _serve(conn: socket.socket) -> None:
@@ -87,9 +91,9 @@ def _serve(conn: socket.socket) -> None:
 class _Worker:
     """One worker process, forked by `server`, its socket, and the thread that receives its
     replies as they come (so that a worker finishing ahead of the consumer is never blocked
-    on a full socket)."""
+    on a full socket) and tells `replied` of each (a worker gone: `_GONE`)."""
 
-    def __init__(self, server: ForkServer) -> None:
+    def __init__(self, server: ForkServer, replied: Callable[[_Worker, Any], None]) -> None:
         ours, theirs = socket.socketpair()
         try:
             self.number = server.fork(theirs)
@@ -101,6 +105,7 @@ class _Worker:
         self._server = server
         self.sock = ours
         self.replies: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self._replied, self._sending = replied, threading.Lock()  # (sent to from the host's thread and this one's)
         self.gone = False  # its socket closed: it died (or the pool closed it)
         self.reader = threading.Thread(target=self._read, name=f"colo-data-worker-{self.number}", daemon=True)
         self.reader.start()
@@ -117,13 +122,17 @@ class _Worker:
     def _read(self) -> None:
         try:
             while True:
-                self.replies.put(frames.receive(self.sock, lambda: self.poll() is None, _POLL_S))
+                reply = frames.receive(self.sock, lambda: self.poll() is None, _POLL_S)
+                self.replies.put(reply)
+                self._replied(self, reply)
         except (EOFError, OSError, ValueError):  # the worker died or the pool closed the socket
             self.gone = True
             self.replies.put(_GONE)
+            self._replied(self, _GONE)
 
     def send(self, message: tuple[Any, ...]) -> None:
-        frames.send(self.sock, message)
+        with self._sending:
+            frames.send(self.sock, message)
 
     def hang_up(self) -> None:
         """Close the socket: an idle worker exits at once, a busy one when it next replies."""
@@ -156,6 +165,8 @@ class WorkerPool:
     ) -> None:
         self.count = count
         self._workers: list[_Worker] = []
+        self.arrived = threading.Event()  # a worker replied (or is gone) since a feed last looked
+        self._feed: ProcessFeed | None = None  # the feed in use (one at a time)
         self._jobs = itertools.count()
         budget = budget or cpu_budget()
         self.budget = budget.cpus
@@ -180,7 +191,7 @@ class WorkerPool:
             raise ColoDataError("the worker processes were stopped: their loader or sidecar was closed")
         try:
             while len(self._workers) < count:
-                self._workers.append(_Worker(self._fork_server()))
+                self._workers.append(_Worker(self._fork_server(), self._replied))
                 self._send(self._workers[-1], job)
         except BaseException:
             self.close(0.0)
@@ -217,7 +228,16 @@ class WorkerPool:
         job = ("job", next(self._jobs), payload, host, hosts, position)
         for worker in self._workers:
             self._send(worker, job)
-        return ProcessFeed(self, job)
+        self._feed = ProcessFeed(self, job)
+        return self._feed
+
+    def _replied(self, worker: _Worker, reply: Any) -> None:
+        """On `worker`'s reader thread, at each reply: wake the feed waiting for one, and let
+        it send that worker its next share at once (not when the host's thread next looks)."""
+        feed = self._feed
+        if feed is not None and reply is not _GONE:
+            feed._freed(worker, reply)
+        self.arrived.set()
 
     def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         try:
@@ -294,14 +314,24 @@ def _ended(code: int | None) -> str:
 
 
 class ProcessFeed:
-    """One feed's requests to a `WorkerPool`: chunks asked for by position, shared out to
-    k workers that have set the feed up (k chosen per chunk, the first ready first),
-    handed back whole in the order asked for."""
+    """One feed's requests to a `WorkerPool`: each chunk asked for by position is cut into
+    shares, one per worker asked for, that go to the workers ready as each has room (at most
+    `DEPTH` shares in a worker's hands; a worker's reply sends it the next at once, from its
+    reader thread), worker k first offered share k (its read-ahead guessed that one): a
+    worker that starts late or runs slow takes fewer, and a new one is busy within a share's
+    time of its set-up. A partitioned pipeline's slices (a `Resume`) stay with the worker
+    asked for, which keeps their partitions' state. Chunks are handed back whole, in the
+    order asked for."""
 
     def __init__(self, pool: WorkerPool, job: tuple[Any, ...]) -> None:
         self._pool, self._set_up, self._job = pool, job, job[1]
+        self._lock = threading.Lock()  # what the host's thread and the workers' reader threads share
         self._ready: list[int] = []  # the workers that have set the job up, in the order they did
-        self._asked: deque[list[int]] = deque()  # the workers each chunk asked for and not taken yet is shared out to
+        self._asked: deque[_Shares] = deque()  # each chunk not taken yet: its shares, filled in as they come back
+        self._pending: deque[tuple[_Shares, int, tuple[Any, ...]]] = deque()  # shares not sent: whose, which, the message
+        self._hands: dict[int, deque[tuple[_Shares, int]]] = {}  # by worker: the shares sent to it not taken back, in order
+        self._busy: dict[int, int] = {}  # by worker: the shares sent to it that it has not replied to
+        self._chosen: list[int] = []  # the workers the last chunk was asked of, those ready first
 
     def ready(self, workers: int) -> int:
         """How many of the first `workers` workers have set the job up (without waiting;
@@ -312,31 +342,88 @@ class ProcessFeed:
         self._pool._check_alive()
         for i, worker in enumerate(self._pool._workers[:workers]):
             if i not in self._ready and self._pool._receive(worker, self._job, block=False) == READY:
-                self._ready.append(i)
+                self._set_ready(i)
         return sum(1 for i in self._ready if i < workers)
 
     def ask(self, position: int | Resume, count: int, workers: int) -> None:
-        """Ask for the chunk of `count` global batches at `position`, shared out to
-        `workers` workers: those that have set the feed up first, in the order they did,
-        then (where fewer have) others, which set it up first (those not started yet start
-        now)."""
+        """Ask for the chunk of `count` global batches at `position`, cut into `workers`
+        shares for the first `workers` workers: those that have set the feed up first, in
+        the order they did, then (where fewer have) others, which set it up first (those not
+        started yet start now)."""
         self._pool._grow(workers, self._set_up)
-        chosen = [*self._ready, *(i for i in range(workers) if i not in self._ready)][:workers]
-        for share, i in enumerate(chosen):
-            self._pool._send(self._pool._workers[i], ("chunk", self._job, position, count, (share, len(chosen))))
-        self._asked.append(chosen)
+        with self._lock:
+            self._chosen = [*self._ready, *(i for i in range(workers) if i not in self._ready)][:workers]
+            shares: _Shares = [None] * len(self._chosen)
+            for share, i in enumerate(self._chosen):
+                message = ("chunk", self._job, position, count, (share, len(self._chosen)))
+                if isinstance(position, Resume):  # (its partitions' state is that worker's)
+                    self._send(i, shares, share, message)
+                else:
+                    self._pending.append((shares, share, message))
+            self._asked.append(shares)
+            self._deal()
 
     def take(self) -> HostChunk:
         """The chunk asked for first of those not taken yet (waiting for it), put together
-        from the workers' shares."""
-        shares = []
-        for i in self._asked.popleft():
-            reply = self._pool._receive(self._pool._workers[i], self._job)
-            if reply == READY:  # before its share: `ready` had not seen it
-                self._ready.append(i)
-                reply = self._pool._receive(self._pool._workers[i], self._job)
-            shares.append(cast(HostChunk, reply))
-        return merge_shares(shares)
+        from its shares."""
+        shares = self._asked[0]
+        while any(share is None for share in shares):
+            self._pool.arrived.clear()
+            if not self._collect():
+                self._pool.arrived.wait(_POLL_S)
+        self._asked.popleft()
+        return merge_shares(cast(list[HostChunk], shares))
+
+    def _freed(self, worker: _Worker, reply: tuple[int, Any]) -> None:
+        """On `worker`'s reader thread: its reply to a share of this feed leaves it room for
+        the next share, sent now."""
+        job, result = reply
+        if job != self._job or result == READY:
+            return
+        with self._lock:
+            i = self._pool._workers.index(worker)
+            self._busy[i] -= 1
+            with contextlib.suppress(ColoDataError):  # (it died: the host's thread finds it gone)
+                self._deal()
+
+    def _set_ready(self, i: int) -> None:
+        with self._lock:
+            self._ready.append(i)
+            self._deal()
+
+    def _deal(self) -> None:
+        """Send the shares not sent yet to the chosen workers that have set the feed up (to
+        all of them while none has) and have room, each offered its own numbered share first
+        (the lock held)."""
+        ready = [i for i in self._chosen if i in self._ready] or self._chosen
+        for place, i in enumerate(self._chosen):
+            while self._pending and i in ready and self._busy.get(i, 0) < DEPTH:
+                own = next((n for n, (_, share, _) in enumerate(self._pending) if share == place), 0)
+                shares, share, message = self._pending[own]
+                del self._pending[own]
+                self._send(i, shares, share, message)
+
+    def _send(self, i: int, shares: _Shares, share: int, message: tuple[Any, ...]) -> None:
+        self._hands.setdefault(i, deque()).append((shares, share))
+        self._busy[i] = self._busy.get(i, 0) + 1
+        self._pool._send(self._pool._workers[i], message)
+
+    def _collect(self) -> bool:
+        """Take the replies that have come (without waiting) from the workers with shares in
+        hand; whether a share came."""
+        came = False
+        for i in list(self._hands):
+            while self._hands[i]:
+                reply = self._pool._receive(self._pool._workers[i], self._job, block=False)
+                if reply is None:
+                    break
+                if reply == READY:  # before its share: `ready` had not seen it
+                    self._set_ready(i)
+                    continue
+                with self._lock:
+                    shares, share = self._hands[i].popleft()
+                shares[share], came = cast(HostChunk, reply), True
+        return came
 
 
 if __name__ == "__main__":  # the pool's fork server; its workers, forked from it, have this module as `__main__`
