@@ -326,7 +326,7 @@ def test_a_pool_is_judged_only_once_each_worker_has_worked_a_share_at_its_count(
 
 @pytest.mark.parametrize(("text", "share"), [(None, 0.005), ("0.02", 0.02), ("2%", 0.02), (" 0.5% ", 0.005)])
 def test_the_input_wait_target_is_a_setting(monkeypatch: pytest.MonkeyPatch, text: str | None, share: float) -> None:
-    from colo_data.workers.settings import INPUT_WAIT_ENV, input_wait_target
+    from colo_data.runtime.input_wait import INPUT_WAIT_ENV, input_wait_target
 
     if text is not None:
         monkeypatch.setenv(INPUT_WAIT_ENV, text)

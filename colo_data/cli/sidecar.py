@@ -105,7 +105,8 @@ def serve(
     from colo_data.backends.sidecar.server import SidecarServer
     from colo_data.config import load_config
     from colo_data.errors import ColoDataError
-    from colo_data.workers.settings import input_wait_target, workers_from
+    from colo_data.runtime.input_wait import input_wait_target
+    from colo_data.workers.settings import workers_from
 
     signal.signal(signal.SIGTERM, functools.partial(_stop, None))
     if exit_with is not None:  # a trainer's own sidecar: the trainer stops it (SIGTERM) after a Ctrl-C, not the terminal

@@ -25,11 +25,11 @@ from colo_data.io.record_source import ReadAhead
 from colo_data.pipeline import parts
 from colo_data.pipeline.native import Pipeline
 from colo_data.pipeline.order import Position
+from colo_data.runtime.input_wait import input_wait_target
 from colo_data.runtime.lifecycle import Lifecycle
 from colo_data.runtime.prefetch import Prefetcher, close_iterator
 from colo_data.telemetry.counters import POOL_WAIT, CpuMeter, StageTimes, metered
 from colo_data.telemetry.quality import QualityCounts
-from colo_data.workers.settings import input_wait_target
 
 
 class HostPipeline:

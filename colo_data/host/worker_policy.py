@@ -112,7 +112,8 @@ class WorkerPolicy:
         self._margin, self._rose_at = MARGIN, -math.inf  # workers beyond the need, a share of it; when the count last rose
         self._warm: float | None = None  # when the host's chunks came to their full size (see `_warming`)
         # requests asked of the workers and taken back; the first asked of every worker counted; when it was taken
-        self._asks, self._takes, self._all_asked, self._all_worked = 0, 0, None, math.inf
+        self._asks, self._takes, self._all_worked = 0, 0, math.inf
+        self._all_asked: int | None = None
         self._host_batches = 0  # of the host's last chunk
         self._full_batches = defaults.CHUNK_RECORDS // rows or 1  # of a full one
         self._start = clock()

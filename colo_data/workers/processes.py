@@ -381,7 +381,9 @@ class ProcessFeed:
         if job != self._job or result == READY:
             return
         with self._lock:
-            i = self._pool._workers.index(worker)
+            i = next((n for n, w in enumerate(self._pool._workers) if w is worker), None)
+            if i is None or not self._busy.get(i):  # (a pool closed; an error setting the job up, before any share)
+                return
             self._busy[i] -= 1
             with contextlib.suppress(ColoDataError):  # (it died: the host's thread finds it gone)
                 self._deal()

@@ -1,20 +1,18 @@
 """The `workers` setting: the most worker processes a host pipeline may use (a count, or
 "auto": from the CPU budget and the memory), or workers of their own kind (`RemoteWorkers`:
 Ray actors), as code, configs and command lines give it; that bound and why
-(`choose_workers`; how many of them work at a time, `WorkerPolicy` counts, for the input
-wait `input_wait_target` names); Grain's multiprocessing options sized from the budget."""
+(`choose_workers`; how many of them work at a time, `WorkerPolicy` counts); Grain's
+multiprocessing options sized from the budget."""
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import psutil
 
-from colo_data import defaults
 from colo_data.errors import ConfigError
 from colo_data.runtime.budget import CpuBudget, auto_workers, cpu_budget, memory_limit
 from colo_data.setting_checks import as_int
@@ -27,7 +25,6 @@ from colo_data.workers.ray_options import SPEC_PREFIX, RayWorkers
 WAITING_PER_CPU = 16
 MOST_WORKERS = 256
 WORKER_MEMORY = 128 * 2**20
-INPUT_WAIT_ENV = "COLO_DATA_INPUT_WAIT"
 
 
 @runtime_checkable
@@ -99,30 +96,6 @@ class WorkerChoice:
     count: int
     reason: str
     ray: RemoteWorkers | None = None  # the count is of these workers (Ray actors), not of local processes
-
-
-def input_wait_target() -> float:
-    """The trainer's input wait that the worker policy counts workers for, a share of the
-    time: `COLO_DATA_INPUT_WAIT` ("0.5%" or 0.005), read where the host pipeline runs (the
-    trainer's process, each sidecar, each colocated host), else `defaults.INPUT_WAIT`.
-
-    Raises:
-        ConfigError: it is not a share of the time above 0 and under 100%.
-    """
-    text = os.environ.get(INPUT_WAIT_ENV)
-    if text is None:
-        return defaults.INPUT_WAIT
-    spoken = text.strip()
-    try:
-        value = float(spoken[:-1]) / 100 if spoken.endswith("%") else float(spoken)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < 1:
-        raise ConfigError(
-            f"{INPUT_WAIT_ENV}={text!r}: give the trainer's input wait that the workers are counted for as a share of "
-            f"the time above 0 and under 1, as 0.005 or 0.5% (the default, {defaults.INPUT_WAIT:.1%}), or unset it"
-        )
-    return value
 
 
 def grain_multiprocessing_options(per_worker_buffer_size: int = 1) -> Any:
